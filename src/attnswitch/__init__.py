@@ -1,0 +1,35 @@
+"""attnswitch: switch, profile and compare the attention implementation of transformers models.
+
+>>> import attnswitch
+>>> with attnswitch.backend("cudnn"):
+...     model(input_ids)
+"""
+
+from __future__ import annotations
+
+from ._versions import require_supported_versions
+
+require_supported_versions()
+
+from .backends import BACKENDS, resolve_name  # noqa: E402
+from .check import CheckResult, Eligibility, check  # noqa: E402
+from .errors import BackendUnavailable, UnsupportedModel  # noqa: E402
+from .switch import active_backend, attention, backend, is_patched, patch, unpatch  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BACKENDS",
+    "BackendUnavailable",
+    "CheckResult",
+    "Eligibility",
+    "UnsupportedModel",
+    "active_backend",
+    "attention",
+    "backend",
+    "check",
+    "is_patched",
+    "patch",
+    "resolve_name",
+    "unpatch",
+]

@@ -1,0 +1,72 @@
+"""``check``: which backends can run a model's inputs here, and, where not, PyTorch's reasons."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+import torch
+import torch.nn as nn
+
+from .backends import BACKENDS, recording_notes, resolve_name
+from .errors import BackendUnavailable
+from .switch import backend as use_backend
+
+__all__ = ["Eligibility", "CheckResult", "check"]
+
+
+@dataclass(frozen=True)
+class Eligibility:
+    backend: str
+    ok: bool
+    reasons: tuple[str, ...] = ()
+    where: str | None = None
+    notes: tuple[str, ...] = ()  # layout changes made so that the backend could run
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    results: Mapping[str, Eligibility] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Eligibility:
+        return self.results[resolve_name(name)]
+
+    def __iter__(self):
+        return iter(self.results.values())
+
+    @property
+    def eligible(self) -> list[str]:
+        return [n for n, e in self.results.items() if e.ok]
+
+    def __str__(self) -> str:
+        lines = []
+        for e in self:
+            head = f"{e.backend:<14} {'ok' if e.ok else 'UNAVAILABLE'}"
+            if e.where and not e.ok:
+                head += f" at {e.where}"
+            lines.append(head)
+            lines += [f"    - {r}" for r in e.reasons]
+            lines += [f"    note: {n}" for n in e.notes]
+        return "\n".join(lines)
+
+
+def check(model: nn.Module, *args, backends: Iterable[str] | None = None, **batch) -> CheckResult:
+    """Run one forward of ``model(*args, **batch)`` under each backend (no grad) and record whether
+    the backend could run it; nothing is kept but the verdicts."""
+    names = [resolve_name(b) for b in (backends or BACKENDS)]
+    results: dict[str, Eligibility] = {}
+    for name in names:
+        with recording_notes() as notes:
+            try:
+                with torch.no_grad(), use_backend(name, model=model):
+                    model(*args, **batch)
+                results[name] = Eligibility(name, True, notes=_distinct(n[2] for n in notes))
+            except BackendUnavailable as e:
+                results[name] = Eligibility(name, False, tuple(e.reasons), e.where)
+            except (RuntimeError, ValueError, NotImplementedError) as e:
+                results[name] = Eligibility(name, False, (f"{type(e).__name__}: {e}",))
+    return CheckResult(results)
+
+
+def _distinct(items) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(items))

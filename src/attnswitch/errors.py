@@ -1,0 +1,31 @@
+"""Exceptions raised by attnswitch."""
+
+from __future__ import annotations
+
+__all__ = ["BackendUnavailable", "UnsupportedModel"]
+
+
+class BackendUnavailable(RuntimeError):
+    """A forced backend cannot run the given inputs here.
+
+    attnswitch never falls back to another kernel: the error names the backend, the call site
+    (module path) and PyTorch's own reasons.
+    """
+
+    def __init__(self, backend: str, where: str | None, reasons: list[str], inputs: str = ""):
+        self.backend = backend
+        self.where = where
+        self.reasons = list(reasons)
+        self.inputs = inputs
+        lines = [f"backend {backend!r} cannot run the attention call at {where or '(bare call)'}"]
+        if inputs:
+            lines.append(f"  inputs: {inputs}")
+        lines += [f"  - {r}" for r in self.reasons] or ["  - (PyTorch gave no reason)"]
+        super().__init__("\n".join(lines))
+
+    def __reduce__(self):
+        return (type(self), (self.backend, self.where, self.reasons, self.inputs))
+
+
+class UnsupportedModel(TypeError):
+    """The model does not compute attention through transformers' attention interface."""

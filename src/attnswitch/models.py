@@ -1,0 +1,255 @@
+"""Built-in model presets (configs of real architectures, random weights), model loading, inputs.
+
+A preset needs no download: the config is written here and the weights are random, which is all
+attention timing needs. ``load_model`` also takes a local folder (``from_pretrained``, safetensors
+only), a ``config.json`` (random weights) or a hub id where the hub is reachable.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSeq2SeqLM,
+    BertConfig,
+    GPT2Config,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
+    T5Config,
+)
+
+__all__ = ["PRESETS", "Preset", "default_preset", "load_model", "make_workload", "Workload", "parse_dtype"]
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    make_config: Callable[[], Any]
+    task: str  # "causal-lm", "masked-lm" or "seq2seq"
+    about: str
+
+
+def _llama_1b():
+    return LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                       num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
+                       rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True)
+
+
+def _qwen25_05b():
+    return Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                       num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                       rope_theta=1000000.0, tie_word_embeddings=True)
+
+
+def _mistral_7b():
+    return MistralConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, sliding_window=4096,
+                         max_position_embeddings=32768, rope_theta=10000.0)
+
+
+def _tiny_mistral():
+    # Mistral's shape scaled down, with a window shorter than the sequences it is tested on
+    return MistralConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=8, num_key_value_heads=2, sliding_window=16,
+                         max_position_embeddings=4096)
+
+
+def _tiny_llama():
+    return LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                       num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in [
+    Preset("llama-3.2-1b", _llama_1b, "causal-lm", "Llama-3.2-1B shape: 16 layers, 32 q / 8 kv heads, d 64"),
+    Preset("qwen2.5-0.5b", _qwen25_05b, "causal-lm", "Qwen2.5-0.5B shape: 24 layers, 14 q / 2 kv heads, d 64"),
+    Preset("mistral-7b", _mistral_7b, "causal-lm", "Mistral-7B shape: 32 layers, 32 q / 8 kv heads, window 4096"),
+    Preset("gpt2", GPT2Config, "causal-lm", "GPT-2 (124M): 12 layers, 12 heads, d 64"),
+    Preset("bert-base", BertConfig, "masked-lm", "BERT-base: 12 layers, 12 heads, bidirectional encoder"),
+    Preset("t5-small", T5Config, "seq2seq", "T5-small: encoder-decoder with relative position bias"),
+    Preset("tiny-llama", _tiny_llama, "causal-lm", "a 4-layer Llama with GQA, for CPUs and tests"),
+    Preset("tiny-mistral", _tiny_mistral, "causal-lm", "a 2-layer Mistral with a 16-token sliding window"),
+]}
+
+
+def default_preset(device: torch.device | str) -> str:
+    """The preset ``compare`` uses without a model: real-sized on a GPU, tiny on a CPU."""
+    return "llama-3.2-1b" if torch.device(device).type == "cuda" else "tiny-llama"
+
+
+_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
+           "half": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    try:
+        return _DTYPES[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; use one of fp32, fp16, bf16") from None
+
+
+def _task_of(config) -> str:
+    if getattr(config, "is_encoder_decoder", False):
+        return "seq2seq"
+    archs = getattr(config, "architectures", None) or []
+    if any("MaskedLM" in a for a in archs) or config.model_type in ("bert", "roberta", "distilbert", "xlm-roberta"):
+        return "masked-lm"
+    return "causal-lm"
+
+
+_AUTO = {"causal-lm": AutoModelForCausalLM, "masked-lm": AutoModelForMaskedLM, "seq2seq": AutoModelForSeq2SeqLM}
+
+
+def _from_config(config, task: str, dtype: torch.dtype, device: torch.device, seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    config = copy.deepcopy(config)  # from_config mutates the config it is given
+    with torch.device(device):
+        try:
+            model = _AUTO[task].from_config(config, dtype=dtype)
+        except ValueError:
+            model = AutoModel.from_config(config, dtype=dtype)
+    return model.eval()
+
+
+def load_model(spec: str, *, dtype: torch.dtype | str = torch.float32, device: torch.device | str = "cpu",
+               trust_remote_code: bool = False, layers: int | None = None, seed: int = 0) -> tuple[nn.Module, str]:
+    """Build or load a model from ``spec``; returns ``(model in eval mode, description)``.
+
+    ``spec`` is a preset name, a local folder (``from_pretrained``, safetensors only), a path to a
+    ``config.json`` (random weights) or a hub id. ``layers`` truncates the layer count of configs.
+    """
+    dtype, device = parse_dtype(dtype), torch.device(device)
+    if spec in PRESETS:
+        preset = PRESETS[spec]
+        config = preset.make_config()
+        _set_layers(config, layers)
+        return _from_config(config, preset.task, dtype, device, seed), f"preset {spec} ({preset.about}), random weights"
+    path = Path(spec)
+    if path.is_file():
+        if path.suffix != ".json":
+            raise ValueError(f"{spec}: expected a config.json, a model folder, a preset or a hub id")
+        try:
+            config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        except (OSError, ValueError, json.JSONDecodeError, KeyError) as e:
+            raise ValueError(f"{spec}: cannot read this config ({type(e).__name__}: {e})") from None
+        _set_layers(config, layers)
+        return _from_config(config, _task_of(config), dtype, device, seed), f"config {spec}, random weights"
+    if path.is_dir():
+        if not any(path.glob("*.safetensors")):
+            raise ValueError(f"{spec}: no *.safetensors weights in this folder (pickle weights are not loaded)")
+        return _pretrained(str(path), dtype, device, trust_remote_code, layers), f"folder {spec}"
+    if os.sep in spec and not _looks_like_hub_id(spec) or spec.startswith((".", "/", "~")):
+        raise ValueError(f"{spec}: no such file or folder, and not a preset ({', '.join(PRESETS)})")
+    if not _looks_like_hub_id(spec):
+        raise ValueError(f"unknown model {spec!r}: not a preset ({', '.join(PRESETS)}), a folder, a config.json "
+                         "or a hub id (owner/name)")
+    try:
+        return _pretrained(spec, dtype, device, trust_remote_code, layers), f"hub {spec}"
+    except OSError as e:
+        raise ValueError(f"{spec}: cannot load from the hub here ({str(e).splitlines()[0]}); download it "
+                         "elsewhere and pass the folder, or pass its config.json for random weights") from None
+
+
+def _looks_like_hub_id(spec: str) -> bool:
+    parts = spec.split("/")
+    return len(parts) == 2 and all(parts) and not spec.startswith((".", "/"))
+
+
+def _set_layers(config, layers: int | None) -> None:
+    if layers is None:
+        return
+    for attr in ("num_hidden_layers", "n_layer", "num_layers"):
+        if hasattr(config, attr):
+            setattr(config, attr, layers)
+    if hasattr(config, "num_decoder_layers"):
+        config.num_decoder_layers = layers
+
+
+def _pretrained(where: str, dtype, device, trust_remote_code: bool, layers: int | None) -> nn.Module:
+    config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code)
+    _set_layers(config, layers)
+    task = _task_of(config)
+    kwargs = dict(config=config, dtype=dtype, use_safetensors=True, trust_remote_code=trust_remote_code)
+    try:
+        model = _AUTO[task].from_pretrained(where, **kwargs)
+    except ValueError:
+        model = AutoModel.from_pretrained(where, **kwargs)
+    return model.to(device).eval()
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+
+
+@dataclass
+class Workload:
+    """What one forward takes. ``calls(n)`` gives ``n`` ready argument sets: decode workloads need a
+    fresh copy of the KV cache per call (a forward appends to it), made before any timing starts."""
+
+    model: nn.Module
+    kwargs: dict[str, Any]
+    mode: str = "prefill"
+    description: str = ""
+    tokens: torch.Tensor | None = field(default=None, repr=False)  # non-padding positions [b, s]
+
+    def calls(self, n: int) -> list[dict[str, Any]]:
+        if self.mode != "decode":
+            return [self.kwargs] * n
+        return [{**self.kwargs, "past_key_values": copy.deepcopy(self.kwargs["past_key_values"])} for _ in range(n)]
+
+    def __call__(self, kwargs: dict[str, Any] | None = None):
+        return self.model(**(kwargs if kwargs is not None else self.calls(1)[0]))
+
+
+def make_workload(model: nn.Module, *, batch: int = 1, seq: int = 128, padding: bool = False,
+                  mode: str = "prefill", seed: int = 0) -> Workload:
+    """Random token inputs for ``model``: ``padding`` left-pads a decoder's batch (right-pads an
+    encoder's); ``mode="decode"`` is one new token against a KV cache of ``seq`` tokens."""
+    if batch < 1 or seq < 1:
+        raise ValueError(f"batch and seq must be positive, got batch={batch}, seq={seq}")
+    if mode not in ("prefill", "decode"):
+        raise ValueError(f"mode must be 'prefill' or 'decode', not {mode!r}")
+    config = model.config
+    device = next(model.parameters()).device
+    g = torch.Generator().manual_seed(seed)
+    vocab = getattr(config, "vocab_size", 1000)
+    ids = torch.randint(0, vocab, (batch, seq), generator=g)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    task = _task_of(config)
+    if padding:
+        for i in range(1, batch):  # row 0 full length, the others shorter
+            pad = min(seq - 1, (seq * i) // (2 * batch))
+            if task == "causal-lm":
+                mask[i, :pad] = 0
+            else:
+                mask[i, seq - pad:] = 0
+    ids, mask = ids.to(device), mask.to(device)
+    kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+    if task == "seq2seq":
+        dec = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
+        kwargs["decoder_input_ids"] = dec
+    desc = f"batch {batch}, seq {seq}, {mode}" + (", padded" if padding else "")
+    if mode == "decode":
+        if task != "causal-lm":
+            raise ValueError("decode mode needs a causal language model")
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        nxt = torch.randint(0, vocab, (batch, 1), generator=g).to(device)
+        mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype, device=device)], dim=1)
+        kwargs = {"input_ids": nxt, "attention_mask": mask, "past_key_values": out.past_key_values, "use_cache": True}
+        return Workload(model, kwargs, "decode", desc, tokens=torch.ones(batch, 1, dtype=torch.bool, device=device))
+    tokens = mask.bool() if task != "seq2seq" else torch.ones_like(mask, dtype=torch.bool)
+    return Workload(model, kwargs, "prefill", desc, tokens=tokens)

@@ -1,0 +1,103 @@
+import pytest
+import torch
+from transformers import (
+    BertConfig, BertModel, FalconConfig, FalconForCausalLM, GPT2Config, GPT2LMHeadModel, Gemma2Config,
+    Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+    Qwen2ForCausalLM, T5Config, T5ForConditionalGeneration,
+)
+
+VOCAB = 211
+
+
+def tiny(kind: str, **over):
+    """Tiny random-weight models of real architectures, built from their configs."""
+    torch.manual_seed(0)
+    common = dict(vocab_size=VOCAB)
+    if kind == "llama":
+        cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
+                          num_key_value_heads=2, **common)
+        cls = LlamaForCausalLM
+    elif kind == "mistral":
+        cfg = MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, sliding_window=5, **common)
+        cls = MistralForCausalLM
+    elif kind == "qwen2":
+        cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=4, **common)
+        cls = Qwen2ForCausalLM
+    elif kind == "gpt2":
+        cfg = GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=64, **common)
+        cls = GPT2LMHeadModel
+    elif kind == "bert":
+        cfg = BertConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         max_position_embeddings=64, **common)
+        cls = BertModel
+    elif kind == "t5":
+        cfg = T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, **common)
+        cls = T5ForConditionalGeneration
+    elif kind == "gemma2":
+        cfg = Gemma2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=16, sliding_window=4, attn_logit_softcapping=5.0,
+                           **common)
+        cls = Gemma2ForCausalLM
+    elif kind == "falcon":
+        cfg = FalconConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, **common)
+        cls = FalconForCausalLM
+    else:
+        raise KeyError(kind)
+    for k, v in over.items():
+        setattr(cfg, k, v)
+    return cls(cfg).eval()
+
+
+def batch_for(model, batch=3, seq=12, pad=True, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (batch, seq), generator=g)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    if pad:
+        encoder = model.config.model_type in ("bert", "t5")
+        for i in range(1, batch):
+            if encoder:
+                mask[i, seq - 2 * i:] = 0  # right padding
+            else:
+                mask[i, : 2 * i] = 0  # left padding
+    out = {"input_ids": ids, "attention_mask": mask}
+    if model.config.is_encoder_decoder:
+        out["decoder_input_ids"] = torch.randint(0, VOCAB, (batch, seq - 3), generator=g)
+    return out
+
+
+def output_of(out):
+    return out.logits if hasattr(out, "logits") and out.logits is not None else out.last_hidden_state
+
+
+def valid_positions(model, batch):
+    if model.config.is_encoder_decoder:
+        return torch.ones_like(batch["decoder_input_ids"], dtype=torch.bool)
+    return batch["attention_mask"].bool()
+
+
+def eager_reference(model, batch):
+    """The model's own transformers eager attention, independent of attnswitch."""
+    before = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            return output_of(model(**batch))
+    finally:
+        model.set_attn_implementation(before)
+
+
+def op_names(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.name for e in prof.events()}
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

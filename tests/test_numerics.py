@@ -1,0 +1,161 @@
+"""Each backend against the model's own transformers eager attention, on real architectures."""
+
+import pytest
+import torch
+
+import attnswitch
+from conftest import batch_for, eager_reference, output_of, tiny, valid_positions
+
+CPU_BACKENDS = ["naive", "naive-inplace", "math", "flash"]
+MODELS = ["llama", "mistral", "qwen2", "gpt2", "bert", "t5"]
+
+
+def rel_err(out, ref, where):
+    return ((out - ref)[where].abs().max() / ref[where].abs().max()).item()
+
+
+@pytest.fixture(scope="module")
+def cases():
+    out = {}
+    for kind in MODELS:
+        m = tiny(kind)
+        # mistral: sequences longer than its 5-token window, so the window really masks
+        b = batch_for(m, seq=12)
+        out[kind] = (m, b, eager_reference(m, b))
+    return out
+
+
+@pytest.mark.parametrize("kind", MODELS)
+@pytest.mark.parametrize("name", CPU_BACKENDS)
+def test_fp32_matches_eager(cases, kind, name):
+    m, b, ref = cases[kind]
+    with torch.no_grad(), attnswitch.backend(name, model=m):
+        out = output_of(m(**b))
+    assert rel_err(out, ref, valid_positions(m, b)) < 1e-5
+
+
+@pytest.mark.parametrize("name", CPU_BACKENDS)
+def test_global_switch_matches_eager(cases, name):
+    m, b, ref = cases["llama"]
+    with torch.no_grad(), attnswitch.backend(name):
+        out = output_of(m(**b))
+    assert rel_err(out, ref, valid_positions(m, b)) < 1e-5
+
+
+@pytest.mark.parametrize("name", CPU_BACKENDS)
+def test_bf16_within_bf16_tolerance(name):
+    m = tiny("llama").to(torch.bfloat16)
+    b = batch_for(m)
+    ref = eager_reference(m, b).float()
+    with torch.no_grad(), attnswitch.backend(name, model=m):
+        out = output_of(m(**b)).float()
+    assert rel_err(out, ref, valid_positions(m, b)) < 2e-2
+
+
+def test_sliding_window_is_honoured():
+    # with a window of 5 and 12 tokens, full causal attention would give other outputs
+    m = tiny("mistral")
+    b = batch_for(m, pad=False)
+    ref = eager_reference(m, b)
+    full = tiny("mistral", sliding_window=None)
+    full_out = eager_reference(full, b)
+    assert (ref - full_out).abs().max() > 1e-3
+    with torch.no_grad(), attnswitch.backend("naive", model=m):
+        out = output_of(m(**b))
+    assert rel_err(out, ref, valid_positions(m, b)) < 1e-5
+
+
+def test_softcap_naive_matches_eager_and_sdpa_refuses():
+    m = tiny("gemma2")
+    m.set_attn_implementation("eager")  # Gemma 2's own choice for softcapping
+    b = batch_for(m, pad=False)
+    ref = eager_reference(m, b)
+    with torch.no_grad(), attnswitch.backend("naive", model=m):
+        out = output_of(m(**b))
+    assert rel_err(out, ref, valid_positions(m, b)) < 1e-5
+    with pytest.raises(attnswitch.BackendUnavailable, match="softcap") as e:
+        with torch.no_grad(), attnswitch.backend("math", model=m):
+            m(**b)
+    assert e.value.where == "model.layers.0.self_attn"
+    assert m.config._attn_implementation == "eager"
+
+
+def test_eager_backend_is_the_models_own(cases):
+    m, b, ref = cases["gpt2"]
+    with torch.no_grad(), attnswitch.backend("eager", model=m):
+        out = output_of(m(**b))
+    assert torch.equal(out[valid_positions(m, b)], ref[valid_positions(m, b)])
+
+
+@pytest.mark.parametrize("name", CPU_BACKENDS + ["eager", "auto"])
+def test_generate_with_kv_cache_matches_eager(name):
+    m = tiny("llama")
+    b = batch_for(m, batch=2, seq=6)
+    m.set_attn_implementation("eager")
+    ref = m.generate(**b, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    m.set_attn_implementation("sdpa")
+    with attnswitch.backend(name, model=m):
+        out = m.generate(**b, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(out, ref)
+
+
+def test_output_attentions_weights_from_naive_match_eager():
+    m = tiny("llama")
+    b = batch_for(m, pad=False)
+    m.set_attn_implementation("eager")
+    with torch.no_grad():
+        ref = m(**b, output_attentions=True).attentions
+    m.set_attn_implementation("sdpa")
+    with torch.no_grad(), attnswitch.backend("naive-inplace", model=m):
+        got = m(**b, output_attentions=True).attentions
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
+    with torch.no_grad(), attnswitch.backend("math", model=m), pytest.warns(UserWarning, match="weights"):
+        out = m(**b, output_attentions=True)
+    assert all(a is None for a in out.attentions)
+
+
+def test_flash_on_cpu_refuses_dropout_with_pytorchs_reason():
+    m = tiny("llama", attention_dropout=0.5).train()
+    with pytest.raises(attnswitch.BackendUnavailable) as e, attnswitch.backend("flash", model=m):
+        m(**batch_for(m, pad=False))
+    assert any("dropout" in r for r in e.value.reasons)
+    assert not any("Triggered internally" in r for r in e.value.reasons)
+
+
+@pytest.mark.parametrize("name", ["naive", "naive-inplace", "math"])
+def test_dropout_applies_in_training_mode_only(name):
+    m = tiny("llama", attention_dropout=0.5)
+    b = batch_for(m, pad=False)
+    with torch.no_grad(), attnswitch.backend(name, model=m):
+        m.eval()
+        e1, e2 = output_of(m(**b)), output_of(m(**b))
+        m.train()
+        t1, t2 = output_of(m(**b)), output_of(m(**b))
+    m.eval()
+    assert torch.equal(e1, e2)
+    assert not torch.allclose(t1, t2)
+    assert not torch.allclose(t1, e1)
+
+
+def test_cross_attention_t5_is_switched(cases):
+    m, b, _ = cases["t5"]
+    calls = []
+    from attnswitch import hf
+    orig = hf.run_attention
+
+    def spy(name, q, k, v, *a, **kw):
+        calls.append((kw.get("where"), q.shape[2], k.shape[2]))
+        return orig(name, q, k, v, *a, **kw)
+
+    hf.run_attention = spy
+    try:
+        with torch.no_grad(), attnswitch.backend("math", model=m):
+            m(**b)
+    finally:
+        hf.run_attention = orig
+    wheres = {w for w, *_ in calls}
+    assert any("EncDecAttention" in w for w in wheres)  # cross attention: 9 queries over 12 keys
+    assert any(sq == 9 and skv == 12 for _, sq, skv in calls)
+    assert any("encoder" in w for w in wheres) and any("decoder" in w for w in wheres)

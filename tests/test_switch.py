@@ -1,0 +1,291 @@
+"""The switch: which implementation ran, state restored, nesting, threads, patching, bad input."""
+
+import threading
+
+import pytest
+import torch
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+import attnswitch
+from attnswitch import hf
+from attnswitch.backends import sdpa_flags
+from conftest import batch_for, op_names, tiny
+
+
+def registries():
+    return (dict(ALL_ATTENTION_FUNCTIONS._global_mapping), dict(ALL_MASK_ATTENTION_FUNCTIONS._global_mapping))
+
+
+def world(model):
+    """Everything a switch may touch."""
+    return hf.snapshot(model), registries(), sdpa_flags(), dict(hf._PATCHED), dict(hf._SWITCHED)
+
+
+@pytest.fixture
+def llama():
+    return tiny("llama")
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Records (thread, backend, module path) of every attention call attnswitch runs."""
+    calls = []
+    orig = hf.run_attention
+
+    def record(name, *a, **kw):
+        calls.append((threading.get_ident(), name, kw.get("where")))
+        return orig(name, *a, **kw)
+
+    monkeypatch.setattr(hf, "run_attention", record)
+    return calls
+
+
+# -- which implementation ran: the profiler's op names --------------------------------------------
+
+EXPECTED_OPS = {
+    "naive": ({"aten::masked_fill"}, {"aten::scaled_dot_product_attention"}),
+    "naive-inplace": ({"aten::masked_fill_"}, {"aten::masked_fill", "aten::scaled_dot_product_attention"}),
+    "math": ({"aten::_scaled_dot_product_attention_math"}, {"aten::_scaled_dot_product_flash_attention_for_cpu"}),
+    "flash": ({"aten::_scaled_dot_product_flash_attention_for_cpu"}, {"aten::_scaled_dot_product_attention_math"}),
+}
+
+
+@pytest.mark.parametrize("scoped", [True, False])
+@pytest.mark.parametrize("name", list(EXPECTED_OPS))
+def test_forced_kernel_really_runs(llama, name, scoped):
+    b = batch_for(llama, pad=False)
+    must, must_not = EXPECTED_OPS[name]
+    with torch.no_grad(), attnswitch.backend(name, model=llama if scoped else None):
+        ops = op_names(lambda: llama(**b))
+    assert must <= ops
+    assert not (must_not & ops)
+
+
+def test_bare_attention_uses_active_backend():
+    q, k, v = (torch.randn(2, 4, 16, 8) for _ in range(3))
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    for name, (must, must_not) in EXPECTED_OPS.items():
+        with attnswitch.backend(name):
+            ops = op_names(lambda: attnswitch.attention(q, k, v, is_causal=True))
+            out = attnswitch.attention(q, k, v, is_causal=True)
+        assert must <= ops and not (must_not & ops), name
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    ops = op_names(lambda: attnswitch.attention(q, k, v, is_causal=True, backend="naive_inplace"))
+    assert "aten::masked_fill_" in ops
+
+
+def test_bare_attention_gqa_and_masks():
+    q = torch.randn(2, 8, 10, 16)
+    k, v = torch.randn(2, 2, 10, 16), torch.randn(2, 2, 10, 16)
+    keep = torch.rand(2, 1, 10, 10) > 0.3
+    keep[..., 0] = True
+    additive = torch.zeros(2, 1, 10, 10).masked_fill(~keep, float("-inf"))
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
+    for name in ["naive", "naive-inplace", "math", "flash"]:
+        for mask in (keep, additive):
+            out = attnswitch.attention(q, k, v, attn_mask=mask, enable_gqa=True, backend=name)
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="enable_gqa"):
+        attnswitch.attention(q, k, v)
+    with pytest.raises(ValueError, match="not both"):
+        attnswitch.attention(q, q, q, attn_mask=keep, is_causal=True, backend="naive")
+
+
+# -- nothing left changed -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scoped", [True, False])
+def test_state_restored_after_exception(llama, scoped):
+    before = world(llama)
+    with pytest.raises(KeyError):
+        with attnswitch.backend("math", model=llama if scoped else None):
+            assert world(llama) != before
+            raise KeyError("boom")
+    assert world(llama) == before
+
+
+def test_state_restored_after_backend_refusal(llama):
+    before = world(llama)
+    with pytest.raises(attnswitch.BackendUnavailable) as e:
+        with attnswitch.backend("cudnn", model=llama):
+            llama(**batch_for(llama))
+    assert e.value.backend == "cudnn" and e.value.where == "model.layers.0.self_attn"
+    assert "CUDA" in str(e.value) and isinstance(e.value, RuntimeError)
+    assert world(llama) == before
+
+
+def test_sdpa_flags_untouched_between_calls(llama):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    b = batch_for(llama)
+    with sdpa_kernel([SDPBackend.MATH]):
+        inside = sdpa_flags()
+        with attnswitch.backend("flash", model=llama):
+            llama(**b)
+            assert sdpa_flags() == inside
+        assert sdpa_flags() == inside
+
+
+def test_subconfigs_switched_and_restored():
+    m = tiny("t5")
+    configs = hf.configs_of(m)
+    assert len(configs) == 3  # the model's, and the encoder's and decoder's copies
+    before = hf.snapshot(m)
+    with attnswitch.backend("naive", model=m):
+        assert all(c._attn_implementation == hf.NAME for c in configs)
+    assert hf.snapshot(m) == before
+
+
+def test_nesting_inner_wins_outer_returns(llama, spy):
+    b = batch_for(llama)
+    with attnswitch.backend("naive", model=llama):
+        llama(**b)
+        with attnswitch.backend("math"):
+            llama(**b)
+            with attnswitch.backend("flash", model=llama):
+                llama(**b)
+            llama(**b)
+        llama(**b)
+    names = [n for _, n, _ in spy]
+    per_forward = 2  # two layers
+    assert names == ["naive"] * per_forward + ["math"] * per_forward + ["flash"] * per_forward + \
+        ["math"] * per_forward + ["naive"] * per_forward
+
+
+def test_outside_any_context_the_model_runs_its_own_attention(llama, spy):
+    b = batch_for(llama)
+    with attnswitch.backend("naive", model=llama):
+        pass
+    llama(**b)
+    assert spy == []
+
+
+def test_threads_get_their_own_backend(llama, spy):
+    b = batch_for(llama)
+    barrier = threading.Barrier(3)
+    errors = []
+
+    def work(name, scoped):
+        try:
+            with attnswitch.backend(name, model=llama if scoped else None):
+                barrier.wait()
+                for _ in range(5):
+                    with torch.no_grad():
+                        llama(**b)
+                barrier.wait()
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=a) for a in [("naive", True), ("math", False), ("flash", True)]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    by_thread = {}
+    for tid, name, _ in spy:
+        by_thread.setdefault(tid, set()).add(name)
+    assert sorted(tuple(s) for s in by_thread.values()) == [("flash",), ("math",), ("naive",)]
+    assert len(spy) == 3 * 5 * 2
+    assert world(llama)[0] == {id(c): "sdpa" for c in hf.configs_of(llama)}
+
+
+def test_a_thread_outside_the_context_is_not_switched(llama, spy):
+    b = batch_for(llama)
+    inside, done = threading.Event(), threading.Event()
+
+    def other():
+        inside.wait()
+        llama(**b)
+        done.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    with attnswitch.backend("naive", model=llama):
+        inside.set()
+        done.wait(30)
+    t.join()
+    assert spy == []
+
+
+# -- patch / unpatch ------------------------------------------------------------------------------
+
+
+def test_patch_persists_until_unpatch(llama, spy):
+    b = batch_for(llama)
+    before = world(llama)
+    attnswitch.patch(llama, "naive")
+    attnswitch.patch(llama, "mem_efficient")  # twice: the original is never the patched state
+    attnswitch.patch(llama, "math")
+    assert attnswitch.is_patched(llama) == "math"
+    llama(**b)
+    with attnswitch.backend("naive-inplace"):  # a context wins over a patch
+        llama(**b)
+    attnswitch.unpatch(llama)
+    llama(**b)
+    assert [n for _, n, _ in spy] == ["math", "math", "naive-inplace", "naive-inplace"]
+    assert world(llama) == before
+    assert not hasattr(llama, "_attnswitch_patch")
+    with pytest.raises(ValueError, match="not patched"):
+        attnswitch.unpatch(llama)
+
+
+def test_patch_and_context_on_same_model_restore_in_any_order(llama):
+    before = world(llama)
+    with attnswitch.backend("math", model=llama):
+        attnswitch.patch(llama, "naive")
+    assert llama.config._attn_implementation == hf.NAME  # still patched
+    attnswitch.unpatch(llama)
+    assert world(llama) == before
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+
+def test_unknown_name_lists_valid_names():
+    with pytest.raises(ValueError) as e:
+        with attnswitch.backend("flashy"):
+            pass
+    for n in attnswitch.BACKENDS:
+        assert n in str(e.value)
+
+
+def test_aliases():
+    from torch.nn.attention import SDPBackend
+    assert attnswitch.resolve_name("naive_inplace") == "naive-inplace"
+    assert attnswitch.resolve_name("mem_efficient") == "efficient"
+    assert attnswitch.resolve_name("SDPBackend.FLASH_ATTENTION") == "flash"
+    assert attnswitch.resolve_name(SDPBackend.CUDNN_ATTENTION) == "cudnn"
+    assert attnswitch.resolve_name(" MATH ") == "math"
+
+
+def test_legacy_model_is_refused_by_name():
+    m = tiny("falcon")
+    before = hf.snapshot(m)
+    with pytest.raises(attnswitch.UnsupportedModel, match="FalconAttention"):
+        with attnswitch.backend("math", model=m):
+            pass
+    with pytest.raises(attnswitch.UnsupportedModel, match="FalconAttention"):
+        attnswitch.patch(m, "math")
+    with pytest.raises(attnswitch.UnsupportedModel, match="FalconAttention"):
+        with attnswitch.backend("math"):
+            m(input_ids=torch.ones(1, 4, dtype=torch.long))
+    assert hf.snapshot(m) == before
+    assert registries() == world(tiny("llama"))[1]
+
+
+def test_version_check_names_what_is_needed():
+    from attnswitch._versions import require_supported_versions
+    require_supported_versions({"torch": "2.13.0+cpu", "transformers": "5.24.0"})
+    with pytest.raises(ImportError, match=r"torch>=2\.11; found torch 2\.10\.1"):
+        require_supported_versions({"torch": "2.10.1", "transformers": "5.24.0"})
+    with pytest.raises(ImportError, match=r"transformers>=5\.17"):
+        require_supported_versions({"torch": "2.13.0", "transformers": "4.57.1"})
+
+
+def test_check_reports_eligibility_with_reasons(llama):
+    res = attnswitch.check(llama, **batch_for(llama))
+    assert set(res.eligible) == {"naive", "naive-inplace", "math", "flash", "auto", "eager"}
+    assert not res["cudnn"].ok and any("CUDA" in r for r in res["cudnn"].reasons)
+    assert res["efficient"].where == "model.layers.0.self_attn"
+    assert "UNAVAILABLE" in str(res)
