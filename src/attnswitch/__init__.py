@@ -13,23 +13,30 @@ require_supported_versions()
 
 from .backends import BACKENDS, resolve_name  # noqa: E402
 from .check import CheckResult, Eligibility, check  # noqa: E402
+from .compare import compare  # noqa: E402
 from .errors import BackendUnavailable, UnsupportedModel  # noqa: E402
+from .profiling import profile  # noqa: E402
+from .report import BackendResult, Report  # noqa: E402
 from .switch import active_backend, attention, backend, is_patched, patch, unpatch  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BACKENDS",
+    "BackendResult",
     "BackendUnavailable",
     "CheckResult",
     "Eligibility",
+    "Report",
     "UnsupportedModel",
     "active_backend",
     "attention",
     "backend",
     "check",
+    "compare",
     "is_patched",
     "patch",
+    "profile",
     "resolve_name",
     "unpatch",
 ]

@@ -30,6 +30,7 @@ from transformers.configuration_utils import PretrainedConfig
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from . import instrument
 from .backends import run_attention
 from .errors import BackendUnavailable, UnsupportedModel
 
@@ -146,6 +147,12 @@ def _key_before(config) -> str | None:
 
 def attention_forward(module, query, key, value, attention_mask, **kwargs):
     """Entry for ``ALL_ATTENTION_FUNCTIONS``: runs the selected backend, else what was there."""
+    if instrument.active:
+        return instrument.call(module_path(module), _dispatch, module, query, key, value, attention_mask, **kwargs)
+    return _dispatch(module, query, key, value, attention_mask, **kwargs)
+
+
+def _dispatch(module, query, key, value, attention_mask, **kwargs):
     config = getattr(module, "config", None)
     name = selected(config)
     if name is None:

@@ -13,7 +13,7 @@ from typing import Iterator
 import torch
 import torch.nn as nn
 
-from . import hf
+from . import hf, instrument
 from .backends import SDPBackend, resolve_name, run_attention
 
 __all__ = ["backend", "patch", "unpatch", "attention", "active_backend", "is_patched"]
@@ -134,5 +134,9 @@ def attention(
     if name == "eager":
         raise ValueError("'eager' is a transformers model's own attention; bare calls can use "
                          "naive, naive-inplace, math, efficient, flash, cudnn or auto")
-    out, _ = run_attention(name, q, k, v, attn_mask, dropout_p, is_causal, scale)
+    if instrument.active:
+        out, _ = instrument.call(instrument.BARE_CALL, run_attention, name, q, k, v, attn_mask, dropout_p, is_causal,
+                                 scale)
+    else:
+        out, _ = run_attention(name, q, k, v, attn_mask, dropout_p, is_causal, scale)
     return out

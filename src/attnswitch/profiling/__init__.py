@@ -1,0 +1,77 @@
+"""Profiling end-to-end forwards per backend, attributed to model layers.
+
+``capture`` runs and times; ``trace`` parses Kineto traces (the only place that does);
+``attribution`` and ``occupancy`` are analyses over parsed traces.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch.nn as nn
+
+from ..backends import BACKENDS, GPU_ONLY, resolve_name
+from ..env import environment
+from ..report import Report
+from .capture import Target, profile_backend
+from .trace import Trace
+
+__all__ = ["profile", "Trace", "default_backends"]
+
+
+def default_backends(device) -> list[str]:
+    """Every backend that can exist on the device (the GPU-only ones are left out on a CPU)."""
+    import torch
+
+    cpu = torch.device(device).type != "cuda"
+    return [b for b in BACKENDS if not (cpu and b in GPU_ONLY)]
+
+
+def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
+            backends: Iterable[str] | str | None = None, warmup: int = 3, iters: int = 5,
+            trace_dir: str | Path | None = None, progress: Callable[[str], None] | None = None,
+            model_name: str = "") -> Report:
+    """Profile forwards of ``target`` under each backend; returns a ``Report``.
+
+    ``target`` is a model (with ``batch``, a dict of forward arguments or a ``Workload``) or any
+    callable (``profile(lambda: attnswitch.attention(q, k, v, is_causal=True))``), which runs under a
+    global ``backend()``. Every backend sees the same inputs and the same warm-up. Backends that
+    cannot run are in the report with PyTorch's reasons.
+    """
+    if warmup < 0 or iters < 1:
+        raise ValueError(f"need warmup >= 0 and iters >= 1, got warmup={warmup}, iters={iters}")
+    t = Target.of(target, batch)
+    if t.model is not None:
+        from ..hf import require_interface
+
+        require_interface(t.model)
+    names = _names(backends, t.device)
+    # one forward before any backend, so that the first backend is not charged for process-wide
+    # warm-up (CUDA context, cuBLAS handles, allocator growth)
+    import torch
+
+    with torch.no_grad():
+        t.fn(t.calls(1)[0])
+    results = []
+    for name in names:
+        if progress:
+            progress(name)
+        results.append(profile_backend(t, name, warmup=warmup, iters=iters, trace_dir=trace_dir))
+    workload = {"description": getattr(batch, "description", "") if batch is not None else "callable"}
+    if t.model is not None:
+        workload["dtype"] = str(next(t.model.parameters()).dtype).replace("torch.", "")
+    return Report(tuple(results), environment(t.device), workload, {"warmup": warmup, "iters": iters},
+                  model=model_name or (type(t.model).__name__ if t.model is not None else getattr(
+                      target, "__name__", "callable")))
+
+
+def _names(backends, device) -> list[str]:
+    if backends is None or backends == "all":
+        return default_backends(device)
+    if isinstance(backends, str):
+        backends = [b for b in backends.split(",") if b.strip()]
+    names = [resolve_name(b) for b in backends]
+    if not names:
+        raise ValueError("no backends given")
+    return list(dict.fromkeys(names))

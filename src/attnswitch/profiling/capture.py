@@ -1,0 +1,264 @@
+"""Running forwards per backend: unprofiled timing, then one profiled pass with module ranges.
+
+Per backend, on the same inputs and after the same warm-up:
+1. the cold forward (first at this shape for this backend): host time, and host time per attention call;
+2. ``warmup`` forwards, then ``iters`` timed forwards (CUDA events on a GPU, wall clock on a CPU),
+   host time per forward and per attention call, peak device memory;
+3. ``iters`` profiled forwards: Kineto trace with a range per module, per attention call and per step,
+   parsed and attributed to layers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+import torch.nn as nn
+from torch.autograd.profiler import record_function
+
+from .. import instrument
+from ..backends import recording_notes, resolve_name
+from ..errors import BackendUnavailable, UnsupportedModel
+from ..report import BackendResult, LayerStats
+from ..switch import backend as use_backend
+from .attribution import attribute, kernel_summaries, step_totals
+from .occupancy import device_limits
+from .trace import Trace
+
+__all__ = ["annotate_modules", "profile_backend", "Target"]
+
+
+@contextlib.contextmanager
+def annotate_modules(model: nn.Module) -> Iterator[None]:
+    """A profiler range ``attnswitch.module:<path>`` around every module's forward."""
+    handles = []
+    open_ranges: dict[int, list] = {}
+    root = type(model).__name__
+
+    def pre(path):
+        def hook(module, args):
+            rf = record_function(instrument.MODULE_PREFIX + path)
+            rf.__enter__()
+            open_ranges.setdefault(id(module), []).append(rf)
+        return hook
+
+    def post(module, args, output):
+        stack = open_ranges.get(id(module))
+        if stack:
+            stack.pop().__exit__(None, None, None)
+
+    for path, m in model.named_modules():
+        handles.append(m.register_forward_pre_hook(pre(path or root)))
+        handles.append(m.register_forward_hook(post, always_call=True))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+class Target:
+    """What is run: a model with prepared argument sets (``Workload``) or a plain callable."""
+
+    def __init__(self, fn: Callable[..., Any], calls: Callable[[int], list], model: nn.Module | None,
+                 device: torch.device):
+        self.fn, self.calls, self.model, self.device = fn, calls, model, device
+
+    @classmethod
+    def of(cls, target, batch=None, device=None) -> "Target":
+        from ..models import Workload
+
+        if isinstance(target, Workload):
+            return cls(lambda kw: target.model(**kw), target.calls, target.model, _device_of(target.model))
+        if isinstance(target, nn.Module):
+            if batch is None:
+                raise ValueError("profiling a model needs its inputs: profile(model, batch) with batch a dict "
+                                 "of forward arguments (or a Workload)")
+            if isinstance(batch, Workload):
+                return cls.of(batch)
+            if not isinstance(batch, dict):
+                raise TypeError(f"batch must be a dict of forward arguments, not {type(batch).__name__}")
+            return cls(lambda kw: target(**kw), lambda n: [batch] * n, target, _device_of(target))
+        if callable(target):
+            dev = torch.device(device) if device is not None else torch.device(
+                "cuda" if torch.cuda.is_available() else "cpu")
+            return cls(lambda kw: target(), lambda n: [None] * n, None, dev)
+        raise TypeError(f"cannot profile a {type(target).__name__}: pass a model with a batch, or a callable")
+
+    def switched(self, name: str):
+        return use_backend(name, model=self.model)
+
+    def annotated(self):
+        return annotate_modules(self.model) if self.model is not None else contextlib.nullcontext()
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median(xs: Iterable[float]) -> float | None:
+    xs = list(xs)
+    return statistics.median(xs) if xs else None
+
+
+def _noise_pct(xs: list[float]) -> float | None:
+    if len(xs) < 4:
+        return None
+    q = statistics.quantiles(xs, n=4)
+    return 100.0 * (q[2] - q[0]) / 2 / statistics.median(xs)
+
+
+def _counted(c) -> tuple[tuple[str, float], ...]:
+    return tuple(sorted(((k, float(v)) for k, v in c.items()), key=lambda kv: -kv[1]))
+
+
+def profile_backend(target: Target, name: str, *, warmup: int = 3, iters: int = 5,
+                    trace_dir: str | Path | None = None, profile_trace: bool = True) -> BackendResult:
+    """Time and profile ``target`` under backend ``name``; a backend that cannot run gives a result
+    with status ``unavailable`` (PyTorch's reasons) or ``failed`` (e.g. out of memory), never raises."""
+    name = resolve_name(name)
+    dev = target.device
+    cuda = dev.type == "cuda"
+    calls = target.calls(1 + warmup + iters + (iters if profile_trace else 0))
+    cold, warm, timed, prof_calls = (calls[0], calls[1:1 + warmup], calls[1 + warmup:1 + warmup + iters],
+                                     calls[1 + warmup + iters:])
+    try:
+        with recording_notes() as notes, torch.no_grad(), target.switched(name):
+            # 1. cold
+            cold_attn: list = []
+            _sync(dev)
+            with instrument.measuring(host_times=cold_attn):
+                t0 = time.perf_counter()
+                target.fn(cold)
+                cold_host = time.perf_counter() - t0
+            _sync(dev)
+            # 2. warm-up, then timed forwards
+            for c in warm:
+                target.fn(c)
+            _sync(dev)
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(dev)
+            attn_times: list = []
+            host, samples = [], []
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in timed] if cuda else []
+            with instrument.measuring(host_times=attn_times):
+                for i, c in enumerate(timed):
+                    if cuda:
+                        events[i][0].record()
+                    t0 = time.perf_counter()
+                    target.fn(c)
+                    host.append(time.perf_counter() - t0)
+                    if cuda:
+                        events[i][1].record()
+            _sync(dev)
+            samples = [a.elapsed_time(b) for a, b in events] if cuda else [h * 1e3 for h in host]
+            peak = torch.cuda.max_memory_allocated(dev) / 2**20 if cuda else None
+            # 3. profiled forwards
+            trace = trace_path = rows = trace_seconds = None
+            if profile_trace:
+                trace_path, trace_seconds, trace, rows = _profiled(target, name, prof_calls, trace_dir)
+    except BackendUnavailable as e:
+        return BackendResult(name, "unavailable", tuple(e.reasons), e.where)
+    except UnsupportedModel:
+        raise
+    except torch.OutOfMemoryError as e:
+        _release(dev)
+        return BackendResult(name, "failed", (f"out of memory: {str(e).splitlines()[0]}",))
+    except (RuntimeError, ValueError, NotImplementedError) as e:
+        _release(dev)
+        return BackendResult(name, "failed", (f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",))
+    result = dict(
+        backend=name, status="ok", notes=tuple(dict.fromkeys(n[2] for n in notes)),
+        timer="cuda-events" if cuda else "wall-clock", time_ms=_median(samples), time_samples_ms=tuple(samples),
+        noise_pct=_noise_pct(samples), host_ms=_median(h * 1e3 for h in host), cold_host_ms=cold_host * 1e3,
+        attn_calls=len(attn_times) / max(1, len(timed)),
+        attn_host_us=_median(t * 1e6 for _, t in attn_times), attn_cold_host_us=_median(t * 1e6 for _, t in cold_attn),
+        peak_mem_mb=peak,
+    )
+    if trace is not None:
+        result.update(_from_trace(trace, rows, cuda, dev), trace_path=str(trace_path), trace_seconds=trace_seconds)
+    return BackendResult(**result)
+
+
+# ATen ops that name the attention kernel family, wherever they sit under the attention call
+_KERNEL_OPS = ("aten::_scaled_dot_product", "aten::_flash_attention", "aten::_efficient_attention",
+               "aten::_cudnn_attention")
+
+
+def _release(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
+
+
+def _profiled(target: Target, name: str, calls: list, trace_dir) -> tuple[Path, float, Trace, dict]:
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if target.device.type == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    with target.annotated(), instrument.measuring(annotate=True), torch.profiler.profile(activities=acts) as prof:
+        for i, c in enumerate(calls):
+            with record_function(f"{instrument.STEP_PREFIX}{i}"):
+                target.fn(c)
+        _sync(target.device)
+    out_dir = Path(trace_dir) if trace_dir is not None else Path(tempfile.mkdtemp(prefix="attnswitch-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"trace_{name}.json"
+    prof.export_chrome_trace(str(path))
+    t0 = time.perf_counter()
+    trace = Trace.load(path)
+    rows = attribute(trace, steps={s.step for s in trace.steps()})
+    return path, time.perf_counter() - t0, trace, rows
+
+
+def _from_trace(trace: Trace, rows: dict, cuda: bool, dev: torch.device) -> dict:
+    totals = step_totals(trace)
+    n = max(1, len(totals))
+    layers = tuple(sorted((LayerStats(
+        r.path, r.kind, r.calls / n, r.kernels / n, r.memcpys / n, r.memsets / n, r.gpu_us / n, r.host_us / n,
+        r.ops / n, op_names=_counted(r.op_names), kernel_names=_counted(r.kernel_names),
+        launch_apis=_counted(r.launch_apis)) for r in rows.values()), key=lambda l: _path_order(l.path, l.kind)))
+    attn = [r for r in rows.values() if r.kind == "attention"]
+    attn_calls = sum(r.calls for r in attn)
+    per_call = (lambda f: sum(getattr(r, f) for r in attn) / attn_calls) if attn_calls else (lambda f: None)
+    attn_events = [e for e in trace.device_events if e.attention is not None]
+    limits = device_limits(dev) if cuda else None
+    op_names: dict[str, None] = {}
+    for r in attn:
+        op_names.update(dict.fromkeys(r.op_names))
+    inner_ops = sorted({e.name for e in trace.events if e.cat == "cpu_op" and e.attention is not None
+                        and e.name.startswith(_KERNEL_OPS)})
+    return dict(
+        profiled_gpu_busy_ms=sum(t.gpu_busy_us for t in totals) / n / 1e3 if cuda else None,
+        profiled_gpu_span_ms=_median(t.gpu_span_us for t in totals) / 1e3 if cuda and totals else None,
+        kernels=sum(t.kernels for t in totals) / n if cuda else None,
+        memcpys=sum(t.memcpys for t in totals) / n if cuda else None,
+        memsets=sum(t.memsets for t in totals) / n if cuda else None, ops=sum(t.ops for t in totals) / n,
+        attn_kernels_per_call=per_call("kernels") if cuda else None,
+        attn_memcpys_per_call=per_call("memcpys") if cuda else None,
+        attn_gpu_us_per_call=per_call("gpu_us") if cuda else None,
+        attn_ops=tuple(dict.fromkeys(list(op_names) + inner_ops)),
+        attn_kernel_names=tuple(dict.fromkeys(e.name for e in attn_events)),
+        attn_launch_apis=tuple(dict.fromkeys(e.launch.name for e in attn_events if e.launch is not None)),
+        attn_kernel_details=tuple(k.__dict__ for k in kernel_summaries(attn_events, limits)),
+        layers=layers,
+    )
+
+
+def _path_order(path: str, kind: str):
+    import re
+
+    parts = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"\.", path))
+    return (path == "(outside modules)", parts, kind != "module")

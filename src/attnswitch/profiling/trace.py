@@ -1,0 +1,132 @@
+"""Parsing a PyTorch profiler (Kineto) chrome trace: the one place that reads trace JSON.
+
+``Trace.load`` turns the event list into ``Event`` objects and resolves, for every event, what
+encloses it on its CPU thread (module range, attention range, step range), and for every device
+event (kernel, memcpy, memset) the runtime or driver call that launched it, by correlation id.
+Analyses are functions over a ``Trace`` (see ``attribution``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..instrument import ATTENTION_PREFIX, MODULE_PREFIX, STEP_PREFIX
+
+__all__ = ["Event", "Trace", "DEVICE_KINDS"]
+
+# Kineto categories of device activity and what attnswitch calls them
+DEVICE_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+_LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+_RANGE_CATS = ("user_annotation", "cpu_op", "python_function")
+_EPS = 0.002  # µs: kineto writes timestamps rounded to ns; children may overhang their parent by that
+
+
+@dataclass(slots=True)
+class Event:
+    name: str
+    cat: str
+    pid: Any
+    tid: Any
+    ts: float  # µs
+    dur: float  # µs
+    args: dict
+    # resolved by Trace: enclosing ranges on the same CPU thread (for device events: of the launch)
+    module: str | None = None
+    attention: str | None = None
+    step: str | None = None
+    op: str | None = None  # outermost cpu op that encloses it (its own name for an outermost op)
+    parent_is_op: bool = False
+    launch: "Event | None" = None  # device events: the runtime/driver call with the same correlation
+
+    @property
+    def end(self) -> float:
+        return self.ts + self.dur
+
+    @property
+    def kind(self) -> str | None:
+        return DEVICE_KINDS.get(self.cat)
+
+
+@dataclass
+class Trace:
+    events: list[Event]
+    device_properties: list[dict] = field(default_factory=list)
+    source: str = ""
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Trace":
+        path = Path(path)
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as f:
+            data = json.load(f)
+        return cls.from_json(data, source=str(path))
+
+    @classmethod
+    def from_json(cls, data: dict | list, source: str = "") -> "Trace":
+        raw = data["traceEvents"] if isinstance(data, dict) else data
+        props = data.get("deviceProperties", []) if isinstance(data, dict) else []
+        events = [
+            Event(e["name"], e.get("cat", ""), e.get("pid"), e.get("tid"), float(e["ts"]), float(e.get("dur", 0.0)),
+                  e.get("args") or {})
+            for e in raw
+            if e.get("ph") == "X" and "ts" in e
+        ]
+        trace = cls(events, props, source)
+        trace._resolve()
+        return trace
+
+    # ----------------------------------------------------------------------------------------
+    @property
+    def device_events(self) -> list[Event]:
+        return [e for e in self.events if e.cat in DEVICE_KINDS]
+
+    @property
+    def launches(self) -> list[Event]:
+        return [e for e in self.events if e.cat in _LAUNCH_CATS]
+
+    def ranges(self, prefix: str) -> list[Event]:
+        return [e for e in self.events if e.cat == "user_annotation" and e.name.startswith(prefix)]
+
+    def steps(self) -> list[Event]:
+        return self.ranges(STEP_PREFIX)
+
+    # ----------------------------------------------------------------------------------------
+    def _resolve(self) -> None:
+        # 1. CPU side: a sweep per thread over events sorted by start (longest first on ties)
+        #    keeps the stack of enclosing events; each event inherits its innermost ranges.
+        by_thread: dict[tuple, list[Event]] = {}
+        for e in self.events:
+            if e.cat in _RANGE_CATS or e.cat in _LAUNCH_CATS:
+                by_thread.setdefault((e.pid, e.tid), []).append(e)
+        for evs in by_thread.values():
+            evs.sort(key=lambda e: (e.ts, -e.dur))
+            stack: list[Event] = []
+            for e in evs:
+                while stack and stack[-1].end + _EPS < e.end:
+                    stack.pop()
+                parent = stack[-1] if stack else None
+                if parent is not None:
+                    e.module, e.attention, e.step, e.op = parent.module, parent.attention, parent.step, parent.op
+                    e.parent_is_op = parent.cat == "cpu_op" or parent.parent_is_op
+                if e.cat == "user_annotation":
+                    if e.name.startswith(MODULE_PREFIX):
+                        e.module, e.attention = e.name[len(MODULE_PREFIX):], None
+                    elif e.name.startswith(ATTENTION_PREFIX):
+                        e.attention = e.name[len(ATTENTION_PREFIX):]
+                    elif e.name.startswith(STEP_PREFIX):
+                        e.step = e.name[len(STEP_PREFIX):]
+                elif e.cat == "cpu_op" and e.op is None:
+                    e.op = e.name
+                stack.append(e)
+        # 2. device side: correlation id -> the launching call (runtime or driver API)
+        launch_by_corr = {e.args.get("correlation"): e for e in self.events if e.cat in _LAUNCH_CATS}
+        for e in self.events:
+            if e.cat in DEVICE_KINDS:
+                launch = launch_by_corr.get(e.args.get("correlation"))
+                e.launch = launch
+                if launch is not None:
+                    e.module, e.attention, e.step, e.op = launch.module, launch.attention, launch.step, launch.op
