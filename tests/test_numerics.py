@@ -146,7 +146,7 @@ def test_cross_attention_t5_is_switched(cases):
     orig = hf.run_attention
 
     def spy(name, q, k, v, *a, **kw):
-        calls.append((kw.get("where"), q.shape[2], k.shape[2]))
+        calls.append((hf.module_path(kw.get("where")), q.shape[2], k.shape[2]))
         return orig(name, q, k, v, *a, **kw)
 
     hf.run_attention = spy

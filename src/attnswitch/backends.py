@@ -212,19 +212,20 @@ def _sdpa_call(only: tuple[bool, ...] | None, q, k, v, attn_mask, dropout_p, is_
                 s(on)
 
 
-# Per input signature: whether the backend ran the inputs as given (_DIRECT) or after repeating
-# k/v heads (_REPEAT). The first call of a signature runs with warnings recorded so that a refusal
-# can quote PyTorch's reasons; later calls take the plain path.
+# Per (backend, device type, GQA, mask given): whether the backend ran such inputs as given
+# (_DIRECT) or after repeating k/v heads (_REPEAT). The first call of a kind runs with warnings
+# recorded, so that a refusal can quote PyTorch's reasons; later calls take the plain path, and a
+# refusal there (a new head dim, say) is diagnosed the same way.
 _DIRECT, _REPEAT = "direct", "repeat_kv"
 _TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\s*$")
 _PLANS: dict[tuple, str] = {}
 
+#: turns the ``where`` given with a call (a module, say) into text, only when a note or error needs it
+site_name = str
 
-def _signature(name, q, k, v, attn_mask, dropout_p, is_causal):
-    m = None if attn_mask is None else (attn_mask.dtype, attn_mask.shape, attn_mask.stride())
-    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    return (name, q.device, q.dtype, q.shape, k.shape, v.shape, q.stride(-1), k.stride(-1), v.stride(-1),
-            m, is_causal, dropout_p > 0.0, grad)
+
+def _where(where) -> str | None:
+    return where if where is None or isinstance(where, str) else site_name(where)
 
 
 def describe_inputs(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False) -> str:
@@ -244,29 +245,34 @@ def _own_reasons(name: str, q: torch.Tensor, softcap) -> list[str]:
 
 
 def _sdpa_forced(name, q, k, v, attn_mask, dropout_p, is_causal, scale, softcap, where):
-    early = _own_reasons(name, q, softcap)
-    if early:
-        raise BackendUnavailable(name, where, early, describe_inputs(q, k, v, attn_mask, dropout_p, is_causal))
+    if softcap is not None:
+        raise BackendUnavailable(name, _where(where), _own_reasons(name, q, softcap),
+                                 describe_inputs(q, k, v, attn_mask, dropout_p, is_causal))
     only = _ONLY.get(name)
     gqa = k.shape[1] != q.shape[1]
-    key = _signature(name, q, k, v, attn_mask, dropout_p, is_causal)
+    key = (name, q.device.type, gqa, attn_mask is None)
     plan = _PLANS.get(key)
-    if plan is not None:
-        try:
-            if plan == _REPEAT:
-                n_rep = q.shape[1] // k.shape[1]
-                _note(name, where, f"repeated k/v heads x{n_rep} (the {name} backend refuses GQA inputs)")
-                return _sdpa_call(only, q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask, dropout_p,
-                                  is_causal, scale, False)
-            return _sdpa_call(only, q, k, v, attn_mask, dropout_p, is_causal, scale, gqa)
-        except torch.OutOfMemoryError:
-            raise
-        except RuntimeError:
-            _PLANS.pop(key, None)  # re-diagnose below with the reasons recorded
-    return _sdpa_first_call(name, only, key, q, k, v, attn_mask, dropout_p, is_causal, scale, gqa, where)
+    if plan is None:
+        return _sdpa_first_call(name, only, key, q, k, v, attn_mask, dropout_p, is_causal, scale, gqa, where)
+    try:
+        if plan == _REPEAT:
+            n_rep = q.shape[1] // k.shape[1]
+            if _NOTES.get() is not None:
+                _note(name, _where(where), f"repeated k/v heads x{n_rep} (the {name} backend refuses GQA inputs)")
+            return _sdpa_call(only, q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask, dropout_p, is_causal,
+                              scale, False)
+        return _sdpa_call(only, q, k, v, attn_mask, dropout_p, is_causal, scale, gqa)
+    except torch.OutOfMemoryError:
+        raise
+    except RuntimeError:
+        return _sdpa_first_call(name, only, key, q, k, v, attn_mask, dropout_p, is_causal, scale, gqa, where)
 
 
 def _sdpa_first_call(name, only, key, q, k, v, attn_mask, dropout_p, is_causal, scale, gqa, where):
+    where = _where(where)
+    early = _own_reasons(name, q, None)
+    if early:
+        raise BackendUnavailable(name, where, early, describe_inputs(q, k, v, attn_mask, dropout_p, is_causal))
     errors: list[str] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from .errors import BackendUnavailable
-from .models import Workload
+from .models import Workload, _cache_kwarg
 from .profiling import profile
 from .report import BackendResult, Numerics, Report
 from .switch import backend as use_backend
@@ -66,8 +66,9 @@ def numerics(model: nn.Module, workload: Workload, names: Iterable[str]) -> dict
     ref_model = copy.deepcopy(model).float() if dtype != torch.float32 else model
     ref_work = dataclasses.replace(workload, model=ref_model)
     if dtype != torch.float32 and workload.mode == "decode":
-        ref_work = dataclasses.replace(ref_work, kwargs={**workload.kwargs, "past_key_values": _cache_to(
-            workload.kwargs["past_key_values"], torch.float32)})
+        key = _cache_kwarg(model)
+        ref_work = dataclasses.replace(ref_work, kwargs={**workload.kwargs, key: _cache_to(
+            workload.kwargs[key], torch.float32)})
     ref = _forward(ref_model, ref_work, "eager")
     del ref_model
     where = workload.tokens

@@ -31,6 +31,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from . import instrument
+from . import backends as _backends
 from .backends import run_attention
 from .errors import BackendUnavailable, UnsupportedModel
 
@@ -187,7 +188,7 @@ def _run_selected(name, module, query, key, value, mask, dropout=0.0, scaling=No
     if need_weights and name not in ("naive", "naive-inplace"):
         warnings.warn(f"the {name} backend cannot return attention weights; attentions will be None", stacklevel=3)
     out, weights = run_attention(name, query, key, value, mask, dropout, causal, scaling, softcap=softcap,
-                                 need_weights=need_weights, where=module_path(module))
+                                 need_weights=need_weights, where=module)
     return out.transpose(1, 2).contiguous(), weights
 
 
@@ -415,3 +416,6 @@ def module_path(module) -> str:
         return path
     layer = getattr(module, "layer_idx", None)
     return type(module).__name__ + (f"(layer_idx={layer})" if layer is not None else "")
+
+
+_backends.site_name = module_path  # errors and notes name the module path of the call

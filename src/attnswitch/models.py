@@ -8,6 +8,7 @@ only), a ``config.json`` (random weights) or a hub id where the hub is reachable
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import os
 from dataclasses import dataclass, field
@@ -208,10 +209,16 @@ class Workload:
     def calls(self, n: int) -> list[dict[str, Any]]:
         if self.mode != "decode":
             return [self.kwargs] * n
-        return [{**self.kwargs, "past_key_values": copy.deepcopy(self.kwargs["past_key_values"])} for _ in range(n)]
+        key = _cache_kwarg(self.model)
+        return [{**self.kwargs, key: copy.deepcopy(self.kwargs[key])} for _ in range(n)]
 
     def __call__(self, kwargs: dict[str, Any] | None = None):
         return self.model(**(kwargs if kwargs is not None else self.calls(1)[0]))
+
+
+def _cache_kwarg(model: nn.Module) -> str:
+    # transformers renamed the forward argument past_key_values -> cache (5.2x; the old name warns)
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def make_workload(model: nn.Module, *, batch: int = 1, seq: int = 128, padding: bool = False,
@@ -249,7 +256,8 @@ def make_workload(model: nn.Module, *, batch: int = 1, seq: int = 128, padding: 
             out = model(input_ids=ids, attention_mask=mask, use_cache=True)
         nxt = torch.randint(0, vocab, (batch, 1), generator=g).to(device)
         mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype, device=device)], dim=1)
-        kwargs = {"input_ids": nxt, "attention_mask": mask, "past_key_values": out.past_key_values, "use_cache": True}
+        kwargs = {"input_ids": nxt, "attention_mask": mask, _cache_kwarg(model): out.past_key_values,
+                  "use_cache": True}
         return Workload(model, kwargs, "decode", desc, tokens=torch.ones(batch, 1, dtype=torch.bool, device=device))
     tokens = mask.bool() if task != "seq2seq" else torch.ones_like(mask, dtype=torch.bool)
     return Workload(model, kwargs, "prefill", desc, tokens=tokens)

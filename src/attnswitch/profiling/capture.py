@@ -114,10 +114,14 @@ def _median(xs: Iterable[float]) -> float | None:
 
 
 def _noise_pct(xs: list[float]) -> float | None:
-    if len(xs) < 4:
+    """Half the interquartile range (half the range for fewer than 4 samples), in % of the median."""
+    if len(xs) < 2:
         return None
-    q = statistics.quantiles(xs, n=4)
-    return 100.0 * (q[2] - q[0]) / 2 / statistics.median(xs)
+    if len(xs) < 4:
+        lo, hi = min(xs), max(xs)
+    else:
+        lo, _, hi = statistics.quantiles(xs, n=4)
+    return 100.0 * (hi - lo) / 2 / statistics.median(xs)
 
 
 def _counted(c) -> tuple[tuple[str, float], ...]:

@@ -1,0 +1,1 @@
+"""attnswitch's benchmark suite; run it with ``python -m benchmarks``."""

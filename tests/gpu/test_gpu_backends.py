@@ -1,0 +1,156 @@
+"""The CUDA-only backends (efficient, cudnn) and the fused kernels, on real models, bf16.
+
+Run on a GPU machine: ``pytest -m gpu tests/gpu``. Skipped without CUDA.
+"""
+
+import threading
+
+import pytest
+import torch
+
+import attnswitch
+from attnswitch import hf
+from attnswitch.backends import sdpa_flags
+from conftest import batch_for, eager_reference, op_names, output_of, tiny, valid_positions
+
+pytestmark = pytest.mark.gpu
+
+CUDA_OPS = {
+    "efficient": "aten::_scaled_dot_product_efficient_attention",
+    "cudnn": "aten::_scaled_dot_product_cudnn_attention",
+    "flash": "aten::_scaled_dot_product_flash_attention",
+    "math": "aten::_scaled_dot_product_attention_math",
+}
+
+
+def cuda_model(kind, **over):
+    return tiny(kind, **over).to("cuda", torch.bfloat16)
+
+
+def to_cuda(batch):
+    return {k: v.cuda() for k, v in batch.items()}
+
+
+def kernel_names(fn):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
+                                            torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.parametrize("name", ["efficient", "cudnn", "flash", "math"])
+def test_forced_cuda_kernel_really_runs(name):
+    m = cuda_model("llama")
+    b = to_cuda(batch_for(m, pad=False, seq=64))
+    with torch.no_grad(), attnswitch.backend(name, model=m):
+        ops = op_names(lambda: m(**b))
+    assert CUDA_OPS[name] in ops
+    for other, op in CUDA_OPS.items():
+        if other != name:
+            assert op not in ops
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2", "gpt2", "bert", "t5"])
+@pytest.mark.parametrize("name", ["efficient", "cudnn"])
+def test_bf16_matches_eager(kind, name):
+    m = cuda_model(kind)
+    b = to_cuda(batch_for(m, seq=64, pad=kind in ("bert", "t5")))
+    ref = eager_reference(m, b).float()
+    try:
+        with torch.no_grad(), attnswitch.backend(name, model=m):
+            out = output_of(m(**b)).float()
+    except attnswitch.BackendUnavailable as e:  # a refusal must carry PyTorch's reasons
+        assert e.backend == name and e.reasons and e.where
+        pytest.skip(f"{name} refuses these inputs here: {e.reasons[0]}")
+    where = valid_positions(m, b).cuda()
+    err = ((out - ref)[where].abs().max() / ref[where].abs().max()).item()
+    assert err < 3e-2
+
+
+def test_efficient_gqa_repeats_kv_and_says_so():
+    m = cuda_model("llama")  # 8 query heads, 2 kv heads
+    b = to_cuda(batch_for(m, pad=False, seq=64))
+    from attnswitch.backends import recording_notes
+    with recording_notes() as notes, torch.no_grad(), attnswitch.backend("efficient", model=m):
+        m(**b)
+    assert any("repeated k/v heads" in n[2] for n in notes)
+
+
+def test_flash_with_padding_mask_refuses_with_reasons():
+    m = cuda_model("llama")
+    b = to_cuda(batch_for(m, pad=True, seq=64))
+    before = hf.snapshot(m), sdpa_flags()
+    with pytest.raises(attnswitch.BackendUnavailable) as e:
+        with torch.no_grad(), attnswitch.backend("flash", model=m):
+            m(**b)
+    assert e.value.where == "model.layers.0.self_attn"
+    assert any("mask" in r.lower() for r in e.value.reasons)
+    assert (hf.snapshot(m), sdpa_flags()) == before
+
+
+def test_cudnn_and_efficient_refuse_on_cpu_tensors_even_with_cuda_present():
+    q = torch.randn(1, 2, 8, 16)
+    for name in ("cudnn", "efficient"):
+        with pytest.raises(attnswitch.BackendUnavailable, match="only on CUDA"):
+            attnswitch.attention(q, q, q, backend=name)
+
+
+def test_bare_call_one_fused_kernel_each():
+    q, k, v = (torch.randn(2, 8, 256, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    for name in ("efficient", "flash", "cudnn"):
+        attnswitch.attention(q, k, v, is_causal=True, backend=name)  # warm (plans, modules)
+        kernels = kernel_names(lambda: attnswitch.attention(q, k, v, is_causal=True, backend=name))
+        assert len(kernels) == 1, (name, kernels)
+        out = attnswitch.attention(q, k, v, is_causal=True, backend=name).float()
+        assert ((out - ref).abs().max() / ref.abs().max()).item() < 2e-2
+
+
+def test_naive_has_a_memcpy_that_inplace_does_not():
+    q, k, v = (torch.randn(2, 8, 256, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    for name, memcpys in (("naive", 1), ("naive-inplace", 0)):
+        attnswitch.attention(q, k, v, is_causal=True, backend=name)
+        names = kernel_names(lambda: attnswitch.attention(q, k, v, is_causal=True, backend=name))
+        assert sum("Memcpy DtoD" in n for n in names) == memcpys, (name, names)
+
+
+def test_threads_on_gpu_get_their_own_backend():
+    m = cuda_model("llama")
+    b = to_cuda(batch_for(m, pad=False, seq=64))
+    seen, lock = {}, threading.Lock()
+    orig = hf.run_attention
+
+    def spy(name, *a, **kw):
+        with lock:
+            seen.setdefault(threading.get_ident(), set()).add(name)
+        return orig(name, *a, **kw)
+
+    hf.run_attention = spy
+    barrier = threading.Barrier(2)
+    try:
+        def work(name):
+            with torch.no_grad(), attnswitch.backend(name, model=m):
+                barrier.wait()
+                for _ in range(10):
+                    m(**b)
+        ts = [threading.Thread(target=work, args=(n,)) for n in ("cudnn", "efficient")]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+    finally:
+        hf.run_attention = orig
+    assert sorted(tuple(s) for s in seen.values()) == [("cudnn",), ("efficient",)]
+
+
+def test_generate_matches_eager_greedy_bf16():
+    m = cuda_model("llama")
+    b = to_cuda(batch_for(m, batch=2, seq=8, pad=False))
+    m.set_attn_implementation("eager")
+    ref = m.generate(**b, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    m.set_attn_implementation("sdpa")
+    for name in ("cudnn", "efficient", "flash"):
+        with attnswitch.backend(name, model=m):
+            out = m.generate(**b, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        assert out.shape == ref.shape
+        # bf16 backends may round differently; the prompt and the first greedy token must agree
+        assert torch.equal(out[:, : b["input_ids"].shape[1] + 1], ref[:, : b["input_ids"].shape[1] + 1])
