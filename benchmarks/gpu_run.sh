@@ -24,7 +24,9 @@ if [[ $parts == *bench* ]]; then
   timeout 400 python3 -m benchmarks --out $S/bench ${BENCH_ONLY:+--only $BENCH_ONLY} 2>&1 | grep -v USDT | tee $S/bench/log.txt; pack bench
 fi
 if [[ $parts == *compare* ]]; then
-  timeout 200 python3 -m attnswitch compare --out $S/compare/prefill --no-layers > $S/compare/prefill.txt 2>&1; echo "prefill rc=$?"
+  python3 -m attnswitch env > $S/compare/env.txt 2>&1
+  timeout 60 python3 -m attnswitch check --padding --seq 512 > $S/compare/check_padding.txt 2>&1
+  timeout 200 python3 -m attnswitch compare --out $S/compare/prefill > $S/compare/prefill.txt 2>&1; echo "prefill rc=$?"
   timeout 150 python3 -m attnswitch compare --mode decode --out $S/compare/decode --no-layers > $S/compare/decode.txt 2>&1; echo "decode rc=$?"
   grep -h "Recommendation" -A2 $S/compare/*.txt; rm -rf $S/compare/*/traces; pack compare
 fi

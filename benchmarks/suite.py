@@ -207,8 +207,9 @@ def dispatch_overhead(device="cuda", n=2000):
     from attnswitch import hf
 
     cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=4)
-    mod = LlamaAttention(cfg, 0).to(device)
-    q = torch.randn(1, 4, 16, 64, device=device)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32  # cuDNN takes half precision only
+    mod = LlamaAttention(cfg, 0).to(device, dtype)
+    q = torch.randn(1, 4, 16, 64, device=device, dtype=dtype)
     name, sdp = ("cudnn", SDPBackend.CUDNN_ATTENTION) if device == "cuda" else ("flash", SDPBackend.FLASH_ATTENTION)
 
     def ours():
@@ -227,13 +228,13 @@ def dispatch_overhead(device="cuda", n=2000):
     return res
 
 
-def profiler_fidelity(layers=16, seq=2048, batch=2, iters=10):
+def profiler_fidelity(seq=2048, iters=10):
     """Profiled GPU time per forward vs unprofiled CUDA-event time; trace processing vs run time,
     on the default preset and a 32-layer version of it."""
     from attnswitch.models import load_model, make_workload
 
     out = {}
-    for n_layers in (layers, 32):
+    for n_layers, batch in ((16, 8), (16, 2), (32, 2)):
         model, desc = load_model("llama-3.2-1b", dtype="bf16", device="cuda", layers=n_layers)
         w = make_workload(model, batch=batch, seq=seq)
         t0 = time.perf_counter()
@@ -248,12 +249,14 @@ def profiler_fidelity(layers=16, seq=2048, batch=2, iters=10):
                 "cuda_event_ms": b.time_ms, "profiled_span_ms": b.profiled_gpu_span_ms,
                 "profiled_busy_ms": b.profiled_gpu_busy_ms,
                 "span_vs_events_pct": 100 * (b.profiled_gpu_span_ms - b.time_ms) / b.time_ms,
+                "busy_vs_events_pct": 100 * (b.profiled_gpu_busy_ms - b.time_ms) / b.time_ms,
+                "host_ms": b.host_ms,
                 "trace_events": len(t.events), "device_events": len(t.device_events),
                 "trace_processing_s": b.trace_seconds,
                 "profiled_run_s": iters * b.time_ms / 1e3,
                 "kernels_per_forward": b.kernels, "attn_kernels_per_call": b.attn_kernels_per_call,
             }
-        out[f"{n_layers}_layers"] = {"model": desc, "batch": batch, "seq": seq, "iters": iters,
+        out[f"{n_layers}_layers_batch{batch}"] = {"model": desc, "batch": batch, "seq": seq, "iters": iters,
                                      "wall_s": wall, "backends": rows}
         del model
         torch.cuda.empty_cache()

@@ -158,7 +158,7 @@ def _run(args, argv, err) -> int:
 
         names = default_backends(work.model.device if hasattr(work.model, "device") else "cpu") \
             if args.backends == "all" else args.backends.split(",")
-        res = check(model, backends=names, **work.calls(1)[0])
+        res = check(model, backends=names, **work.first())
         out.print(str(res), markup=False, highlight=False)
         return EXIT_OK if res.eligible else EXIT_NOTHING_RAN
     command = "attnswitch " + " ".join(shlex.quote(a) for a in argv)

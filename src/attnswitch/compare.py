@@ -39,7 +39,7 @@ def _output(out) -> torch.Tensor:
 
 
 def _forward(model, workload: Workload, name: str | None) -> torch.Tensor:
-    kwargs = workload.calls(1)[0]
+    kwargs = workload.first()
     with torch.no_grad():
         if name is None:
             return _output(model(**kwargs)).float()

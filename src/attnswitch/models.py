@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import copy
 import inspect
+import itertools
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn as nn
@@ -197,8 +198,8 @@ def _pretrained(where: str, dtype, device, trust_remote_code: bool, layers: int 
 
 @dataclass
 class Workload:
-    """What one forward takes. ``calls(n)`` gives ``n`` ready argument sets: decode workloads need a
-    fresh copy of the KV cache per call (a forward appends to it), made before any timing starts."""
+    """What one forward takes. ``calls(n)`` gives ``n`` argument sets: a decode workload needs a
+    fresh copy of its KV cache per call (a forward appends to it), made before the call is timed."""
 
     model: nn.Module
     kwargs: dict[str, Any]
@@ -206,14 +207,20 @@ class Workload:
     description: str = ""
     tokens: torch.Tensor | None = field(default=None, repr=False)  # non-padding positions [b, s]
 
-    def calls(self, n: int) -> list[dict[str, Any]]:
+    def calls(self, n: int) -> Iterator[dict[str, Any]]:
+        """``n`` argument sets, made one at a time (a decode cache copy each) as they are taken."""
         if self.mode != "decode":
-            return [self.kwargs] * n
+            yield from itertools.repeat(self.kwargs, n)
+            return
         key = _cache_kwarg(self.model)
-        return [{**self.kwargs, key: copy.deepcopy(self.kwargs[key])} for _ in range(n)]
+        for _ in range(n):
+            yield {**self.kwargs, key: copy.deepcopy(self.kwargs[key])}
+
+    def first(self) -> dict[str, Any]:
+        return next(self.calls(1))
 
     def __call__(self, kwargs: dict[str, Any] | None = None):
-        return self.model(**(kwargs if kwargs is not None else self.calls(1)[0]))
+        return self.model(**(kwargs if kwargs is not None else self.first()))
 
 
 def _cache_kwarg(model: nn.Module) -> str:

@@ -101,8 +101,10 @@ def test_bare_call_one_fused_kernel_each():
     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
     for name in ("efficient", "flash", "cudnn"):
         attnswitch.attention(q, k, v, is_causal=True, backend=name)  # warm (plans, modules)
-        kernels = kernel_names(lambda: attnswitch.attention(q, k, v, is_causal=True, backend=name))
-        assert len(kernels) == 1, (name, kernels)
+        names = kernel_names(lambda: attnswitch.attention(q, k, v, is_causal=True, backend=name))
+        kernels = [n for n in names if not n.startswith(("Memset", "Memcpy"))]
+        assert len(kernels) == 1, (name, names)  # (cuDNN also clears a buffer with one Memset)
+        assert not any(n.startswith("Memcpy") for n in names)
         out = attnswitch.attention(q, k, v, is_causal=True, backend=name).float()
         assert ((out - ref).abs().max() / ref.abs().max()).item() < 2e-2
 

@@ -14,7 +14,7 @@ import torch.nn as nn
 from ..backends import BACKENDS, GPU_ONLY, resolve_name
 from ..env import environment
 from ..report import Report
-from .capture import Target, profile_backend
+from .capture import Target, prepare_backend, timed_rounds, with_timing
 from .trace import Trace
 
 __all__ = ["profile", "Trace", "default_backends"]
@@ -31,13 +31,14 @@ def default_backends(device) -> list[str]:
 def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
             backends: Iterable[str] | str | None = None, warmup: int = 3, iters: int = 5,
             trace_dir: str | Path | None = None, progress: Callable[[str], None] | None = None,
-            model_name: str = "") -> Report:
+            model_name: str = "", rounds: int = 5) -> Report:
     """Profile forwards of ``target`` under each backend; returns a ``Report``.
 
     ``target`` is a model (with ``batch``, a dict of forward arguments or a ``Workload``) or any
     callable (``profile(lambda: attnswitch.attention(q, k, v, is_causal=True))``), which runs under a
-    global ``backend()``. Every backend sees the same inputs and the same warm-up. Backends that
-    cannot run are in the report with PyTorch's reasons.
+    global ``backend()``. Every backend sees the same inputs and the same warm-up; the steady time per
+    forward comes from ``iters`` unprofiled forwards per backend in ``rounds`` interleaved rounds.
+    Backends that cannot run are in the report with PyTorch's reasons.
     """
     if warmup < 0 or iters < 1:
         raise ValueError(f"need warmup >= 0 and iters >= 1, got warmup={warmup}, iters={iters}")
@@ -52,16 +53,23 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     import torch
 
     with torch.no_grad():
-        t.fn(t.calls(1)[0])
+        t.fn(next(t.calls(1)))
     results = []
     for name in names:
         if progress:
             progress(name)
-        results.append(profile_backend(t, name, warmup=warmup, iters=iters, trace_dir=trace_dir))
+        results.append(prepare_backend(t, name, warmup=warmup, iters=iters, trace_dir=trace_dir))
+    ok = [r.backend for r in results if r.ok]
+    if ok:
+        if progress:
+            progress("timing (interleaved rounds)")
+        samples = timed_rounds(t, ok, iters=iters, rounds=rounds)
+        results = [with_timing(r, samples[r.backend]) if r.ok else r for r in results]
     workload = {"description": getattr(batch, "description", "") if batch is not None else "callable"}
     if t.model is not None:
         workload["dtype"] = str(next(t.model.parameters()).dtype).replace("torch.", "")
-    return Report(tuple(results), environment(t.device), workload, {"warmup": warmup, "iters": iters},
+    return Report(tuple(results), environment(t.device), workload, {"warmup": warmup, "iters": iters,
+                                                                     "rounds": rounds},
                   model=model_name or (type(t.model).__name__ if t.model is not None else getattr(
                       target, "__name__", "callable")))
 

@@ -11,6 +11,7 @@ Per backend, on the same inputs and after the same warm-up:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import statistics
 import tempfile
 import time
@@ -30,7 +31,13 @@ from .attribution import attribute, kernel_summaries, step_totals
 from .occupancy import device_limits
 from .trace import Trace
 
-__all__ = ["annotate_modules", "profile_backend", "Target"]
+__all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "with_timing", "Target"]
+
+
+try:  # a C++ range: about a tenth of record_function's host cost, which matters once per module call
+    from torch._C._profiler import _RecordFunctionFast as _Range
+except ImportError:  # pragma: no cover - older torch
+    _Range = record_function
 
 
 @contextlib.contextmanager
@@ -41,8 +48,10 @@ def annotate_modules(model: nn.Module) -> Iterator[None]:
     root = type(model).__name__
 
     def pre(path):
+        name = instrument.MODULE_PREFIX + path
+
         def hook(module, args):
-            rf = record_function(instrument.MODULE_PREFIX + path)
+            rf = _Range(name)
             rf.__enter__()
             open_ranges.setdefault(id(module), []).append(rf)
         return hook
@@ -83,11 +92,11 @@ class Target:
                 return cls.of(batch)
             if not isinstance(batch, dict):
                 raise TypeError(f"batch must be a dict of forward arguments, not {type(batch).__name__}")
-            return cls(lambda kw: target(**kw), lambda n: [batch] * n, target, _device_of(target))
+            return cls(lambda kw: target(**kw), lambda n: itertools.repeat(batch, n), target, _device_of(target))
         if callable(target):
             dev = torch.device(device) if device is not None else torch.device(
                 "cuda" if torch.cuda.is_available() else "cpu")
-            return cls(lambda kw: target(), lambda n: [None] * n, None, dev)
+            return cls(lambda kw: target(), lambda n: itertools.repeat(None, n), None, dev)
         raise TypeError(f"cannot profile a {type(target).__name__}: pass a model with a batch, or a callable")
 
     def switched(self, name: str):
@@ -128,52 +137,46 @@ def _counted(c) -> tuple[tuple[str, float], ...]:
     return tuple(sorted(((k, float(v)) for k, v in c.items()), key=lambda kv: -kv[1]))
 
 
-def profile_backend(target: Target, name: str, *, warmup: int = 3, iters: int = 5,
+def prepare_backend(target: Target, name: str, *, warmup: int = 3, iters: int = 5,
                     trace_dir: str | Path | None = None, profile_trace: bool = True) -> BackendResult:
-    """Time and profile ``target`` under backend ``name``; a backend that cannot run gives a result
-    with status ``unavailable`` (PyTorch's reasons) or ``failed`` (e.g. out of memory), never raises."""
+    """Everything but the GPU timing of one backend: the cold forward, warm-up, host time per
+    forward and per attention call (the device idle before each call, so no wait for earlier work is
+    counted), peak memory, and one profiled pass of ``iters`` forwards. A backend that cannot run
+    gives status ``unavailable`` (PyTorch's reasons) or ``failed`` (out of memory, ...); never raises."""
     name = resolve_name(name)
     dev = target.device
     cuda = dev.type == "cuda"
     calls = target.calls(1 + warmup + iters + (iters if profile_trace else 0))
-    cold, warm, timed, prof_calls = (calls[0], calls[1:1 + warmup], calls[1 + warmup:1 + warmup + iters],
-                                     calls[1 + warmup + iters:])
     try:
         with recording_notes() as notes, torch.no_grad(), target.switched(name):
-            # 1. cold
             cold_attn: list = []
+            c = next(calls)
             _sync(dev)
             with instrument.measuring(host_times=cold_attn):
                 t0 = time.perf_counter()
-                target.fn(cold)
+                target.fn(c)
                 cold_host = time.perf_counter() - t0
             _sync(dev)
-            # 2. warm-up, then timed forwards
-            for c in warm:
-                target.fn(c)
+            for _ in range(warmup):
+                target.fn(next(calls))
             _sync(dev)
             if cuda:
                 torch.cuda.reset_peak_memory_stats(dev)
             attn_times: list = []
-            host, samples = [], []
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                      for _ in timed] if cuda else []
+            host = []
             with instrument.measuring(host_times=attn_times):
-                for i, c in enumerate(timed):
-                    if cuda:
-                        events[i][0].record()
+                for _ in range(iters):
+                    c = next(calls)
+                    _sync(dev)
                     t0 = time.perf_counter()
                     target.fn(c)
                     host.append(time.perf_counter() - t0)
-                    if cuda:
-                        events[i][1].record()
             _sync(dev)
-            samples = [a.elapsed_time(b) for a, b in events] if cuda else [h * 1e3 for h in host]
             peak = torch.cuda.max_memory_allocated(dev) / 2**20 if cuda else None
-            # 3. profiled forwards
-            trace = trace_path = rows = trace_seconds = None
+            trace_path = rows = trace_seconds = trace = None
             if profile_trace:
-                trace_path, trace_seconds, trace, rows = _profiled(target, name, prof_calls, trace_dir)
+                trace_path, trace_seconds, trace, rows = _profiled(target, name, [next(calls) for _ in range(iters)],
+                                                                   trace_dir)
     except BackendUnavailable as e:
         return BackendResult(name, "unavailable", tuple(e.reasons), e.where)
     except UnsupportedModel:
@@ -186,15 +189,53 @@ def profile_backend(target: Target, name: str, *, warmup: int = 3, iters: int = 
         return BackendResult(name, "failed", (f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",))
     result = dict(
         backend=name, status="ok", notes=tuple(dict.fromkeys(n[2] for n in notes)),
-        timer="cuda-events" if cuda else "wall-clock", time_ms=_median(samples), time_samples_ms=tuple(samples),
-        noise_pct=_noise_pct(samples), host_ms=_median(h * 1e3 for h in host), cold_host_ms=cold_host * 1e3,
-        attn_calls=len(attn_times) / max(1, len(timed)),
+        timer="cuda-events" if cuda else "wall-clock",
+        host_ms=_median(h * 1e3 for h in host), cold_host_ms=cold_host * 1e3,
+        attn_calls=len(attn_times) / max(1, iters),
         attn_host_us=_median(t * 1e6 for _, t in attn_times), attn_cold_host_us=_median(t * 1e6 for _, t in cold_attn),
         peak_mem_mb=peak,
     )
     if trace is not None:
         result.update(_from_trace(trace, rows, cuda, dev), trace_path=str(trace_path), trace_seconds=trace_seconds)
     return BackendResult(**result)
+
+
+def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 5) -> dict[str, list[float]]:
+    """Steady time per forward (ms) for each backend, unprofiled, in ``rounds`` interleaved rounds so
+    that drift (clocks, temperature, other load) falls on every backend alike. On a GPU each forward
+    is timed with CUDA events, back to back; on a CPU with the wall clock."""
+    cuda = target.device.type == "cuda"
+    rounds = max(1, min(rounds, iters))
+    per_round = [iters // rounds + (1 if r < iters % rounds else 0) for r in range(rounds)]
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    with torch.no_grad():
+        for n_calls in per_round:
+            for name in names:
+                calls = target.calls(n_calls + 1)
+                with target.switched(name):
+                    target.fn(next(calls))  # re-warm after the other backends ran
+                    _sync(target.device)
+                    for _ in range(n_calls):
+                        c = next(calls)
+                        if cuda:
+                            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                            a.record()
+                            target.fn(c)
+                            b.record()
+                            b.synchronize()
+                            samples[name].append(a.elapsed_time(b))
+                        else:
+                            t0 = time.perf_counter()
+                            target.fn(c)
+                            samples[name].append((time.perf_counter() - t0) * 1e3)
+    return samples
+
+
+def with_timing(result: BackendResult, samples: list[float]) -> BackendResult:
+    import dataclasses
+
+    return dataclasses.replace(result, time_ms=_median(samples), time_samples_ms=tuple(samples),
+                               noise_pct=_noise_pct(samples))
 
 
 # ATen ops that name the attention kernel family, wherever they sit under the attention call

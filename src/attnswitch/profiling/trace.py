@@ -22,6 +22,7 @@ __all__ = ["Event", "Trace", "DEVICE_KINDS"]
 DEVICE_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 _LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 _RANGE_CATS = ("user_annotation", "cpu_op", "python_function")
+_OWN = (ATTENTION_PREFIX, MODULE_PREFIX, STEP_PREFIX)
 _EPS = 0.002  # µs: kineto writes timestamps rounded to ns; children may overhang their parent by that
 
 
@@ -69,9 +70,11 @@ class Trace:
     def from_json(cls, data: dict | list, source: str = "") -> "Trace":
         raw = data["traceEvents"] if isinstance(data, dict) else data
         props = data.get("deviceProperties", []) if isinstance(data, dict) else []
+        # attnswitch's own ranges are user annotations, whichever category the profiler filed them
+        # under (the fast C++ range used for modules comes out as "cpu_op")
         events = [
-            Event(e["name"], e.get("cat", ""), e.get("pid"), e.get("tid"), float(e["ts"]), float(e.get("dur", 0.0)),
-                  e.get("args") or {})
+            Event(e["name"], "user_annotation" if e["name"].startswith(_OWN) else e.get("cat", ""), e.get("pid"),
+                  e.get("tid"), float(e["ts"]), float(e.get("dur", 0.0)), e.get("args") or {})
             for e in raw
             if e.get("ph") == "X" and "ts" in e
         ]

@@ -1,0 +1,176 @@
+"""Parsing and attribution on real H200 traces (tests/data) and on live CPU profiles."""
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnswitch
+from attnswitch.profiling.attribution import OUTSIDE, Row, attribute, fold, kernel_summaries, step_totals
+from attnswitch.profiling.occupancy import H100_LIMITS
+from attnswitch.profiling.trace import Trace
+from conftest import batch_for, tiny
+
+DATA = Path(__file__).parent / "data"
+BACKENDS = ["naive", "naive-inplace", "math", "efficient", "flash", "cudnn", "auto"]
+LAYERS = ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+
+
+@pytest.fixture(scope="module")
+def traces():
+    return {b: Trace.load(DATA / f"llama2l_{b}.json.gz") for b in BACKENDS}
+
+
+def attention_rows(trace):
+    rows = attribute(trace, {s.step for s in trace.steps()})
+    return rows, {p: rows[(p, "attention")] for p in LAYERS}
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_rows_add_up_to_the_raw_event_list(traces, name):
+    trace = traces[name]
+    steps = {s.step for s in trace.steps()}
+    rows = attribute(trace, steps)
+    raw = [e for e in trace.device_events if e.step in steps]
+    kinds = Counter(e.cat for e in raw)
+    assert sum(r.kernels for r in rows.values()) == kinds["kernel"]
+    assert sum(r.memcpys for r in rows.values()) == kinds["gpu_memcpy"]
+    assert sum(r.memsets for r in rows.values()) == kinds["gpu_memset"]
+    assert sum(r.gpu_us for r in rows.values()) == pytest.approx(sum(e.dur for e in raw))
+    (t,) = step_totals(trace)
+    assert (t.kernels, t.memcpys, t.memsets) == (kinds["kernel"], kinds["gpu_memcpy"], kinds["gpu_memset"])
+    # every device event was matched to its launch by correlation id, none dropped
+    assert all(e.launch is not None for e in raw)
+    assert all(e.launch.args["correlation"] == e.args["correlation"] for e in raw)
+
+
+def test_the_posts_findings_per_layer(traces):
+    _, naive = attention_rows(traces["naive"])
+    _, inplace = attention_rows(traces["naive-inplace"])
+    _, math = attention_rows(traces["math"])
+    for p in LAYERS:
+        assert naive[p].memcpys == 1 and inplace[p].memcpys == 0  # out-of-place masked_fill copies
+        assert naive[p].kernels == inplace[p].kernels
+        assert math[p].kernels >= 20  # fp32 GEMMs, the causal mask rebuilt, a safe softmax
+        assert any("ffma" in k for k in math[p].kernel_names)  # fp32 GEMMs on CUDA cores
+        assert any("triu_tril" in k for k in math[p].kernel_names)
+        assert any("isneginf" in k for k in math[p].kernel_names)
+    for name, family in (("flash", "flash_fwd"), ("cudnn", "cudnn_generated"), ("auto", "cudnn_generated")):
+        _, rows = attention_rows(traces[name])
+        for p in LAYERS:
+            assert rows[p].kernels == 1 and rows[p].memcpys == 0
+            assert any(family in k for k in rows[p].kernel_names)
+    _, eff = attention_rows(traces["efficient"])
+    for p in LAYERS:  # the GQA inputs cost two copy kernels (k and v repeated) before the fused one
+        assert eff[p].kernels == 3
+        assert sum("fmha_cutlass" in k for k in eff[p].kernel_names) == 1
+
+
+def test_launch_apis_by_correlation(traces):
+    _, cudnn = attention_rows(traces["cudnn"])
+    _, flash = attention_rows(traces["flash"])
+    assert set(cudnn[LAYERS[0]].launch_apis) >= {"cuLaunchKernelEx"}
+    assert set(flash[LAYERS[0]].launch_apis) == {"cudaLaunchKernel"}
+    rows, _ = attention_rows(traces["naive"])
+    nvjet = [e for e in traces["naive"].device_events if e.name.startswith("nvjet")]
+    assert nvjet and all(e.launch.name == "cuLaunchKernelEx" for e in nvjet)  # cuBLAS's own GEMMs
+    math_gemms = [e for e in traces["math"].device_events if "ffma" in e.name]
+    assert math_gemms and all(e.launch.name == "cudaLaunchKernelExC" for e in math_gemms)
+
+
+def test_attention_row_is_separate_from_its_module(traces):
+    rows, att = attention_rows(traces["flash"])
+    module = rows[(LAYERS[0], "module")]
+    assert module.kernels > 0  # rotary embedding, cat, elementwise ops around the call
+    assert not any("flash_fwd" in k for k in module.kernel_names)
+    assert (OUTSIDE, "outside") not in rows or rows[(OUTSIDE, "outside")].kernels == 0
+
+
+def test_profiler_occupancy_reads_zero_but_recomputed_does_not(traces):
+    fused = [e for e in traces["cudnn"].device_events if e.name.startswith("cudnn_generated")]
+    assert fused and all(e.args.get("est. achieved occupancy %") == 0 for e in fused)
+    (k,) = kernel_summaries(fused, H100_LIMITS)
+    assert k.occupancy_pct > 0 and k.occupancy_limiter in ("registers", "shared memory")
+    assert k.shared_memory > 48 * 1024
+
+
+def test_fold_repeated_layers():
+    rows = [Row("model.layers.0.self_attn", "attention", calls=1, kernels=1),
+            Row("model.layers.1.self_attn", "attention", calls=1, kernels=1),
+            Row("model.layers.1.mlp", "module", calls=1, kernels=3), Row("lm_head", "module", kernels=1)]
+    f = {(r.path, r.kind): r for r in fold(rows)}
+    assert f[("model.layers.*.self_attn", "attention")].folded == 2
+    assert f[("model.layers.*.self_attn", "attention")].kernels == 2
+    assert f[("lm_head", "module")].folded == 1
+
+
+def test_events_outside_any_module_are_kept():
+    data = {"traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "attnswitch.step:0", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 10, "dur": 5,
+         "args": {"correlation": 7}},
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 20, "dur": 3,
+         "args": {"correlation": 7}},
+    ]}
+    t = Trace.from_json(data)
+    rows = attribute(t, {"0"})
+    assert rows[(OUTSIDE, "outside")].kernels == 1
+
+
+# -- live CPU profiles ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cpu_report():
+    m = tiny("llama")
+    return attnswitch.profile(m, batch_for(m, pad=False), backends=["naive", "naive-inplace", "math", "flash"],
+                              warmup=1, iters=2)
+
+
+def test_cpu_profile_attributes_ops_to_layers(cpu_report):
+    for b in cpu_report.backends:
+        assert b.ok, b.reasons
+        trace = Trace.load(b.trace_path)
+        steps = {s.step for s in trace.steps()}
+        rows = attribute(trace, steps)
+        outermost = [e for e in trace.events if e.cat == "cpu_op" and not e.parent_is_op and e.step in steps]
+        assert sum(r.ops for r in rows.values()) == len(outermost)
+        assert b.ops == len(outermost) / len(steps)
+        assert b.attn_calls == 2  # two layers
+        assert {l.path for l in b.layers if l.kind == "attention"} == set(LAYERS)
+    ops = {b.backend: set(b.attn_ops) for b in cpu_report.backends}
+    assert "aten::masked_fill" in ops["naive"] and "aten::masked_fill" not in ops["naive-inplace"]
+    assert "aten::masked_fill_" in ops["naive-inplace"]
+    assert "aten::_scaled_dot_product_attention_math" in ops["math"]
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops["flash"]
+
+
+def test_cpu_profile_host_times_are_consistent(cpu_report):
+    for b in cpu_report.backends:
+        assert b.time_ms > 0 and len(b.time_samples_ms) == 2
+        assert 0 < b.attn_host_us < b.host_ms * 1e3  # one attention call is less than a forward
+        layer_hosts = [l.host_us for l in b.layers if l.kind == "attention"]
+        assert all(h > 0 for h in layer_hosts)
+
+
+def test_profile_a_bare_callable_as_in_the_post():
+    q, k, v = (torch.randn(2, 4, 64, 16) for _ in range(3))
+    rep = attnswitch.profile(lambda: attnswitch.attention(q, k, v, is_causal=True),
+                             backends=["naive", "naive-inplace", "math", "flash", "cudnn"], warmup=1, iters=2)
+    assert [b.status for b in rep.backends] == ["ok", "ok", "ok", "ok", "unavailable"]
+    assert rep["naive"].layers[0].path in ("(bare call)",)
+    assert "aten::masked_fill_" in rep["naive-inplace"].attn_ops
+    assert any("CUDA" in r for r in rep["cudnn"].reasons)
+
+
+def test_profile_bad_input():
+    m = tiny("llama")
+    with pytest.raises(ValueError, match="inputs"):
+        attnswitch.profile(m)
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        attnswitch.profile(m, batch_for(m), backends=["fastest"])
+    with pytest.raises(ValueError, match="iters"):
+        attnswitch.profile(m, batch_for(m), iters=0)
+    with pytest.raises(attnswitch.UnsupportedModel):
+        f = tiny("falcon")
+        attnswitch.profile(f, {"input_ids": torch.ones(1, 4, dtype=torch.long)})
