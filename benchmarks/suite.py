@@ -128,9 +128,11 @@ def attention_call(batch, heads, seq, dim, *, causal=True, n=100, backends=BACKE
                       "dtype": "bf16"}, "flops_per_call": flops, "backends": rows}
 
 
-def switch_overhead(layers=16, seq=2048, batch=1, rounds=5, per_round=10, device="cuda"):
-    """A Llama-style forward under attnswitch.backend(X) vs transformers' sdpa under sdpa_kernel(X),
-    interleaved round by round; plus the dispatcher's host cost per attention call in isolation."""
+def switch_overhead(layers=16, seq=2048, batch=4, rounds=5, per_round=10, device="cuda"):
+    """A Llama-style forward under attnswitch.backend(X) (model-scoped and global) vs transformers'
+    sdpa under torch's sdpa_kernel(X), interleaved round by round. GPU time: CUDA events around
+    ``per_round`` back-to-back forwards; host time: per forward, the device idle before each call.
+    Plus the host cost per attention call in isolation (``dispatch_overhead``)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from attnswitch.models import load_model, make_workload
@@ -139,11 +141,11 @@ def switch_overhead(layers=16, seq=2048, batch=1, rounds=5, per_round=10, device
     dtype = "bf16" if cuda else "fp32"
     preset = "llama-3.2-1b" if cuda else "tiny-llama"
     if not cuda:
-        layers, seq, per_round = 4, 256, 10
+        layers, seq, batch, per_round = 4, 256, 1, 5
     model, desc = load_model(preset, dtype=dtype, device=device, layers=layers)
-    w = make_workload(model, batch=batch, seq=seq)
-    kw = w.kwargs
-    out = {"model": desc, "layers": layers, "batch": batch, "seq": seq, "dtype": dtype, "backends": {}}
+    kw = make_workload(model, batch=batch, seq=seq).kwargs
+    out = {"model": desc, "layers": layers, "batch": batch, "seq": seq, "dtype": dtype, "rounds": rounds,
+           "per_round": per_round, "backends": {}}
     names = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION} if cuda else \
         {"flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}
 
@@ -152,24 +154,29 @@ def switch_overhead(layers=16, seq=2048, batch=1, rounds=5, per_round=10, device
             model(**kw)
 
     def measure(ctx):
-        times, hosts = [], []
         with ctx():
             fwd()
             _sync()
+            if cuda:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+            t0 = time.perf_counter()
             for _ in range(per_round):
-                if cuda:
-                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    a.record()
+                fwd()
+            if cuda:
+                b.record()
+                _sync()
+                gpu = a.elapsed_time(b) / per_round
+            else:
+                gpu = (time.perf_counter() - t0) * 1e3 / per_round
+            hosts = []
+            for _ in range(per_round):
+                _sync()
                 t0 = time.perf_counter()
                 fwd()
                 hosts.append((time.perf_counter() - t0) * 1e3)
-                if cuda:
-                    b.record()
-                    _sync()
-                    times.append(a.elapsed_time(b))
-                else:
-                    times.append(hosts[-1])
-        return times, hosts
+            _sync()
+        return gpu, hosts
 
     for name, sdp in names.items():
         variants = {
@@ -180,52 +187,67 @@ def switch_overhead(layers=16, seq=2048, batch=1, rounds=5, per_round=10, device
         res = {k: ([], []) for k in variants}
         for _ in range(rounds):
             for k, ctx in variants.items():
-                t, h = measure(ctx)
-                res[k][0].extend(t)
+                g, h = measure(ctx)
+                res[k][0].append(g)
                 res[k][1].extend(h)
-        base = _median(res["sdpa_kernel"][0])
+        base_t, base_h = _median(res["sdpa_kernel"][0]), _median(res["sdpa_kernel"][1])
         row = {}
         for k, (t, h) in res.items():
-            row[k] = {"time_ms": _median(t), "noise_pct": _iqr_half_pct(t), "host_ms": _median(h),
-                      "gpu_ratio_vs_sdpa_kernel": _median(t) / base}
-        row["host_us_added_per_attention_call"] = {
-            k: (row[k]["host_ms"] - row["sdpa_kernel"]["host_ms"]) * 1e3 / layers
-            for k in ("attnswitch_model", "attnswitch_global")}
+            row[k] = {"time_ms": _median(t), "time_rounds_ms": t, "noise_pct": _iqr_half_pct(t) if len(t) >= 4 else None,
+                      "host_ms": _median(h), "gpu_ratio_vs_sdpa_kernel": _median(t) / base_t,
+                      "host_us_added_per_attention_call": (_median(h) - base_h) * 1e3 / layers}
         out["backends"][name] = row
     out["dispatch_micro"] = dispatch_overhead(device)
     return out
 
 
-def dispatch_overhead(device="cuda", n=2000):
-    """Host µs per attention call: attnswitch's entry vs transformers' sdpa function called directly
-    (both forcing the same backend), on small inputs so the launch dominates."""
+def dispatch_overhead(device="cuda", n=400, rounds=5):
+    """Host µs per attention call, the device idle before each call, on inputs small enough that the
+    call's host work dominates: each layer of attnswitch's path against transformers' sdpa function
+    and bare F.scaled_dot_product_attention under torch's sdpa_kernel, interleaved in rounds."""
+    import contextlib
+
+    import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
+    from transformers import LlamaConfig, LlamaModel
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaAttention
 
     from attnswitch import hf
+    from attnswitch.backends import _ONLY, _sdpa_call, run_attention
 
-    cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=4)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32  # cuDNN takes half precision only
-    mod = LlamaAttention(cfg, 0).to(device, dtype)
+    cuda = device == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32  # cuDNN takes half precision only
+    cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=4, vocab_size=128)
+    model = LlamaModel(cfg).to(device, dtype)
+    mod = model.layers[0].self_attn
     q = torch.randn(1, 4, 16, 64, device=device, dtype=dtype)
-    name, sdp = ("cudnn", SDPBackend.CUDNN_ATTENTION) if device == "cuda" else ("flash", SDPBackend.FLASH_ATTENTION)
-
-    def ours():
-        hf.attention_forward(mod, q, q, q, None, dropout=0.0, scaling=0.125)
-
-    def theirs():
-        sdpa_attention_forward(mod, q, q, q, None, dropout=0.0, scaling=0.125)
-
-    cfg._attn_implementation_internal = "sdpa"
-    with attnswitch.backend(name):
-        a = time_host(ours, n=n, warmup=100, sync_each=False)
-    with sdpa_kernel(sdp):
-        b = time_host(theirs, n=n, warmup=100, sync_each=False)
-    res = {"backend": name, "attnswitch_us": _median(a), "transformers_sdpa_under_sdpa_kernel_us": _median(b),
-           "added_us": _median(a) - _median(b), "calls": n}
-    return res
+    name, sdp = ("cudnn", SDPBackend.CUDNN_ATTENTION) if cuda else ("flash", SDPBackend.FLASH_ATTENTION)
+    none = contextlib.nullcontext
+    variants = {
+        "F.sdpa under sdpa_kernel": (lambda: sdpa_kernel(sdp),
+                                     lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True, scale=0.125)),
+        "transformers sdpa under sdpa_kernel": (lambda: sdpa_kernel(sdp), lambda: sdpa_attention_forward(
+            mod, q, q, q, None, dropout=0.0, scaling=0.125)),
+        "attnswitch flags+call": (none, lambda: _sdpa_call(_ONLY[name], q, q, q, None, 0.0, True, 0.125, False)),
+        "attnswitch run_attention": (none, lambda: run_attention(name, q, q, q, None, 0.0, True, 0.125)),
+        "attnswitch.attention (bare)": (none, lambda: attnswitch.attention(q, q, q, is_causal=True, scale=0.125,
+                                                                          backend=name)),
+        "attnswitch entry, model-scoped": (lambda: attnswitch.backend(name, model=model), lambda: hf.attention_forward(
+            mod, q, q, q, None, dropout=0.0, scaling=0.125)),
+        "attnswitch entry, global": (lambda: attnswitch.backend(name), lambda: hf.attention_forward(
+            mod, q, q, q, None, dropout=0.0, scaling=0.125)),
+    }
+    samples = {k: [] for k in variants}
+    for _ in range(rounds):
+        for k, (ctx, fn) in variants.items():
+            with ctx():
+                samples[k].extend(time_host(fn, n=n // rounds, warmup=20, sync_each=True))
+    res = {k: _median(v) for k, v in samples.items()}
+    base = res["transformers sdpa under sdpa_kernel"]
+    return {"backend": name, "device": device, "calls_per_variant": n, "median_host_us": res,
+            "added_us_model_scoped": res["attnswitch entry, model-scoped"] - base,
+            "added_us_global": res["attnswitch entry, global"] - base}
 
 
 def profiler_fidelity(seq=2048, iters=10):
@@ -253,7 +275,7 @@ def profiler_fidelity(seq=2048, iters=10):
                 "host_ms": b.host_ms,
                 "trace_events": len(t.events), "device_events": len(t.device_events),
                 "trace_processing_s": b.trace_seconds,
-                "profiled_run_s": iters * b.time_ms / 1e3,
+                "profiled_run_s": b.profiled_run_seconds,
                 "kernels_per_forward": b.kernels, "attn_kernels_per_call": b.attn_kernels_per_call,
             }
         out[f"{n_layers}_layers_batch{batch}"] = {"model": desc, "batch": batch, "seq": seq, "iters": iters,

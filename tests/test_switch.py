@@ -19,7 +19,9 @@ def registries():
 
 def world(model):
     """Everything a switch may touch."""
-    return hf.snapshot(model), registries(), sdpa_flags(), dict(hf._PATCHED), dict(hf._SWITCHED)
+    from transformers import PreTrainedModel
+    return (hf.snapshot(model), registries(), sdpa_flags(), dict(hf._PATCHED), dict(hf._SWITCHED),
+            PreTrainedModel.__dict__.get("__call__"))
 
 
 @pytest.fixture

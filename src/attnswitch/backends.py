@@ -250,7 +250,7 @@ def _sdpa_forced(name, q, k, v, attn_mask, dropout_p, is_causal, scale, softcap,
                                  describe_inputs(q, k, v, attn_mask, dropout_p, is_causal))
     only = _ONLY.get(name)
     gqa = k.shape[1] != q.shape[1]
-    key = (name, q.device.type, gqa, attn_mask is None)
+    key = (name, q.is_cuda, gqa, attn_mask is None)
     plan = _PLANS.get(key)
     if plan is None:
         return _sdpa_first_call(name, only, key, q, k, v, attn_mask, dropout_p, is_causal, scale, gqa, where)

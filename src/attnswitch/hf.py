@@ -372,27 +372,30 @@ def require_interface(model: nn.Module) -> None:
             "through transformers' attention interface, so its attention cannot be switched")
 
 
-def _legacy_guard(module, args):
-    if STATE.get().global_name is not None and isinstance(module, PreTrainedModel) \
-            and not _uses_interface(type(module)):
-        require_interface(module)
+_SAVED_CALL = PreTrainedModel.__dict__.get("__call__", _MISSING)
+_CALL = nn.Module.__call__ if _SAVED_CALL is _MISSING else _SAVED_CALL
 
 
-_guard_handle = None
+def _guarded_call(self, *args, **kwargs):
+    if STATE.get().global_name is not None and not _uses_interface(type(self)):
+        require_interface(self)
+    return _CALL(self, *args, **kwargs)
 
 
 def _install_legacy_guard() -> None:
-    # A global context cannot know which models will run in it; this hook refuses a legacy model at
-    # its forward instead of letting it run its own attention unnoticed.
-    global _guard_handle
-    _guard_handle = nn.modules.module.register_module_forward_pre_hook(_legacy_guard)
+    # A global context cannot know which models will run in it; a transformers model that bypasses
+    # the interface is refused when it is called, instead of running its own attention unnoticed.
+    # Only PreTrainedModel calls pass through here (a forward hook on every module would cost
+    # microseconds per module call).
+    PreTrainedModel.__call__ = _guarded_call
 
 
 def _remove_legacy_guard() -> None:
-    global _guard_handle
-    if _guard_handle is not None:
-        _guard_handle.remove()
-        _guard_handle = None
+    if PreTrainedModel.__dict__.get("__call__") is _guarded_call:
+        if _SAVED_CALL is _MISSING:
+            del PreTrainedModel.__call__
+        else:
+            PreTrainedModel.__call__ = _SAVED_CALL
 
 
 # ---------------------------------------------------------------------------------------------

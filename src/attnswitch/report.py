@@ -83,6 +83,8 @@ class BackendResult:
     layers: tuple[LayerStats, ...] = ()
     trace_path: str | None = None
     trace_seconds: float | None = None  # time taken to parse and attribute the trace
+    profiled_run_seconds: float | None = None  # wall time of the profiled forwards themselves
+    trace_events: int | None = None
     numerics: Numerics | None = None
 
     @property

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .occupancy import DeviceLimits, occupancy
-from .trace import Event, Trace
+from .trace import DEVICE_KINDS, Event, Trace
 
 __all__ = ["OUTSIDE", "Row", "StepTotals", "attribute", "step_totals", "fold", "kernel_summaries"]
 
@@ -124,14 +124,20 @@ class StepTotals:
 
 def step_totals(trace: Trace) -> list[StepTotals]:
     """Totals per step, straight from the event list (the reference the rows must add up to)."""
+    dev: dict[str | None, list[Event]] = {}
+    ops: Counter = Counter()
+    for e in trace.events:
+        if e.cat in DEVICE_KINDS:
+            dev.setdefault(e.step, []).append(e)
+        elif e.cat == "cpu_op" and not e.parent_is_op:
+            ops[e.step] += 1
     out = []
     for s in trace.steps():
-        dev = [e for e in trace.device_events if e.step == s.step]
-        ops = sum(1 for e in trace.events if e.cat == "cpu_op" and not e.parent_is_op and e.step == s.step)
-        kinds = Counter(e.kind for e in dev)
-        span = (max(e.end for e in dev) - min(e.ts for e in dev)) if dev else 0.0
+        evs = dev.get(s.step, [])
+        kinds = Counter(e.kind for e in evs)
+        span = (max(e.end for e in evs) - min(e.ts for e in evs)) if evs else 0.0
         out.append(StepTotals(s.step, s.dur, kinds["kernel"], kinds["memcpy"], kinds["memset"],
-                              sum(e.dur for e in dev), span, ops))
+                              sum(e.dur for e in evs), span, ops[s.step]))
     return out
 
 

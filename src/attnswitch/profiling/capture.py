@@ -196,7 +196,8 @@ def prepare_backend(target: Target, name: str, *, warmup: int = 3, iters: int = 
         peak_mem_mb=peak,
     )
     if trace is not None:
-        result.update(_from_trace(trace, rows, cuda, dev), trace_path=str(trace_path), trace_seconds=trace_seconds)
+        result.update(_from_trace(trace, rows, cuda, dev), trace_path=str(trace_path), trace_seconds=trace_seconds[0],
+                      profiled_run_seconds=trace_seconds[1], trace_events=len(trace.events))
     return BackendResult(**result)
 
 
@@ -249,15 +250,17 @@ def _release(dev: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _profiled(target: Target, name: str, calls: list, trace_dir) -> tuple[Path, float, Trace, dict]:
+def _profiled(target: Target, name: str, calls: list, trace_dir) -> tuple[Path, tuple[float, float], Trace, dict]:
     acts = [torch.profiler.ProfilerActivity.CPU]
     if target.device.type == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
+    t_run = time.perf_counter()
     with target.annotated(), instrument.measuring(annotate=True), torch.profiler.profile(activities=acts) as prof:
         for i, c in enumerate(calls):
             with record_function(f"{instrument.STEP_PREFIX}{i}"):
                 target.fn(c)
         _sync(target.device)
+    run_seconds = time.perf_counter() - t_run  # the profiled forwards, the profiler's own collection included
     out_dir = Path(trace_dir) if trace_dir is not None else Path(tempfile.mkdtemp(prefix="attnswitch-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"trace_{name}.json"
@@ -265,7 +268,7 @@ def _profiled(target: Target, name: str, calls: list, trace_dir) -> tuple[Path, 
     t0 = time.perf_counter()
     trace = Trace.load(path)
     rows = attribute(trace, steps={s.step for s in trace.steps()})
-    return path, time.perf_counter() - t0, trace, rows
+    return path, (time.perf_counter() - t0, run_seconds), trace, rows
 
 
 def _from_trace(trace: Trace, rows: dict, cuda: bool, dev: torch.device) -> dict:

@@ -8,6 +8,7 @@ Analyses are functions over a ``Trace`` (see ``attribution``).
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 from dataclasses import dataclass, field
@@ -23,33 +24,34 @@ DEVICE_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memse
 _LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 _RANGE_CATS = ("user_annotation", "cpu_op", "python_function")
 _OWN = (ATTENTION_PREFIX, MODULE_PREFIX, STEP_PREFIX)
+_CPU_CATS = ("cpu_op", "user_annotation")  # not "gpu_user_annotation": the same range's GPU-side copy
+_NO_ARGS: dict = {}
 _EPS = 0.002  # µs: kineto writes timestamps rounded to ns; children may overhang their parent by that
 
 
-@dataclass(slots=True)
 class Event:
-    name: str
-    cat: str
-    pid: Any
-    tid: Any
-    ts: float  # µs
-    dur: float  # µs
-    args: dict
-    # resolved by Trace: enclosing ranges on the same CPU thread (for device events: of the launch)
-    module: str | None = None
-    attention: str | None = None
-    step: str | None = None
-    op: str | None = None  # outermost cpu op that encloses it (its own name for an outermost op)
-    parent_is_op: bool = False
-    launch: "Event | None" = None  # device events: the runtime/driver call with the same correlation
+    """One complete ('X') trace event, with what encloses it resolved by ``Trace``."""
 
-    @property
-    def end(self) -> float:
-        return self.ts + self.dur
+    __slots__ = ("name", "cat", "pid", "tid", "ts", "dur", "end", "args", "module", "attention", "step", "op",
+                 "parent_is_op", "launch")
+
+    def __init__(self, name: str, cat: str, pid: Any, tid: Any, ts: float, dur: float, args: dict):
+        self.name, self.cat, self.pid, self.tid, self.ts, self.dur, self.args = name, cat, pid, tid, ts, dur, args
+        self.end = ts + dur  # µs
+        # enclosing ranges on the same CPU thread (for device events: those of the launching call)
+        self.module: str | None = None
+        self.attention: str | None = None
+        self.step: str | None = None
+        self.op: str | None = None  # the outermost cpu op around it (its own name for an outermost op)
+        self.parent_is_op = False
+        self.launch: Event | None = None  # device events: the runtime/driver call with the same correlation
 
     @property
     def kind(self) -> str | None:
         return DEVICE_KINDS.get(self.cat)
+
+    def __repr__(self) -> str:
+        return f"Event({self.cat}:{self.name!r} ts={self.ts} dur={self.dur})"
 
 
 @dataclass
@@ -62,9 +64,17 @@ class Trace:
     def load(cls, path: str | Path) -> "Trace":
         path = Path(path)
         opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt") as f:
-            data = json.load(f)
-        return cls.from_json(data, source=str(path))
+        # tens of thousands of small objects: the cyclic GC would otherwise rescan everything alive
+        # (a model, the profiler's own records) many times over while they are made
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            with opener(path, "rt") as f:
+                data = json.load(f)
+            return cls.from_json(data, source=str(path))
+        finally:
+            if enabled:
+                gc.enable()
 
     @classmethod
     def from_json(cls, data: dict | list, source: str = "") -> "Trace":
@@ -72,12 +82,16 @@ class Trace:
         props = data.get("deviceProperties", []) if isinstance(data, dict) else []
         # attnswitch's own ranges are user annotations, whichever category the profiler filed them
         # under (the fast C++ range used for modules comes out as "cpu_op")
-        events = [
-            Event(e["name"], "user_annotation" if e["name"].startswith(_OWN) else e.get("cat", ""), e.get("pid"),
-                  e.get("tid"), float(e["ts"]), float(e.get("dur", 0.0)), e.get("args") or {})
-            for e in raw
-            if e.get("ph") == "X" and "ts" in e
-        ]
+        events = []
+        add = events.append
+        for e in raw:
+            if e.get("ph") != "X":
+                continue
+            name, cat = e["name"], e.get("cat", "")
+            if cat in _CPU_CATS and name.startswith(_OWN):
+                cat = "user_annotation"
+            add(Event(name, cat, e.get("pid"), e.get("tid"), float(e["ts"]), float(e.get("dur", 0.0)),
+                      e.get("args") or _NO_ARGS))
         trace = cls(events, props, source)
         trace._resolve()
         return trace
