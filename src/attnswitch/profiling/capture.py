@@ -274,10 +274,12 @@ def _profiled(target: Target, name: str, calls: list, trace_dir) -> tuple[Path, 
 def _from_trace(trace: Trace, rows: dict, cuda: bool, dev: torch.device) -> dict:
     totals = step_totals(trace)
     n = max(1, len(totals))
+    # names (ops, kernels, launch APIs) are kept for the attention rows; module rows keep their counts
     layers = tuple(sorted((LayerStats(
         r.path, r.kind, r.calls / n, r.kernels / n, r.memcpys / n, r.memsets / n, r.gpu_us / n, r.host_us / n,
-        r.ops / n, op_names=_counted(r.op_names), kernel_names=_counted(r.kernel_names),
-        launch_apis=_counted(r.launch_apis)) for r in rows.values()), key=lambda l: _path_order(l.path, l.kind)))
+        r.ops / n, **(dict(op_names=_counted(r.op_names), kernel_names=_counted(r.kernel_names),
+                           launch_apis=_counted(r.launch_apis)) if r.kind == "attention" else {}))
+        for r in rows.values()), key=lambda l: _path_order(l.path, l.kind)))
     attn = [r for r in rows.values() if r.kind == "attention"]
     attn_calls = sum(r.calls for r in attn)
     per_call = (lambda f: sum(getattr(r, f) for r in attn) / attn_calls) if attn_calls else (lambda f: None)
