@@ -147,7 +147,8 @@ def recommend(results: list[BackendResult], ranking: list[str]) -> str:
 
 def compare(model: nn.Module, batch: Workload | dict[str, Any], *, backends: Iterable[str] | str | None = None,
             warmup: int = 3, iters: int = 10, trace_dir=None, progress: Callable[[str], None] | None = None,
-            model_name: str = "", check_numerics: bool = True, command: str | None = None) -> Report:
+            model_name: str = "", check_numerics: bool = True, command: str | None = None,
+            rounds: int = 5) -> Report:
     """Profile every backend on the same inputs, check numerics, rank by steady time per forward,
     and recommend one. ``batch`` is a ``Workload`` (see ``models.make_workload``) or a dict of
     forward arguments."""
@@ -157,7 +158,7 @@ def compare(model: nn.Module, batch: Workload | dict[str, Any], *, backends: Ite
             tokens=batch.get("attention_mask").bool() if isinstance(batch.get("attention_mask"), torch.Tensor)
             else None)
     report = profile(model, batch, backends=backends, warmup=warmup, iters=iters, trace_dir=trace_dir,
-                     progress=progress, model_name=model_name)
+                     progress=progress, model_name=model_name, rounds=rounds)
     results = list(report.backends)
     if check_numerics:
         if progress:

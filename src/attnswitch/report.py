@@ -233,8 +233,10 @@ class Report:
         for l in _layer_table_rows(b.layers, fold):
             name = l.path + (" [attention]" if l.kind == "attention" else "") + (f" ×{l.folded}" if l.folded > 1
                                                                                    else "")
-            rows.append([name, _n(l.calls), _n(l.kernels), _n(l.memcpys), _n(l.memsets), _n(l.ops),
-                         _n(l.gpu_us, 1), _n(l.host_us, 1)])
+            gpu = self.environment.get("device") == "cuda"  # a CPU run has no device events to count
+            dev = (lambda x, d=0: _n(x, d)) if gpu else (lambda x, d=0: "-")
+            rows.append([name, _n(l.calls), dev(l.kernels), dev(l.memcpys), dev(l.memsets), _n(l.ops),
+                         dev(l.gpu_us, 1), _n(l.host_us, 1)])
         return rows
 
     _LAYER_HEADERS = ["layer", "calls", "kernels", "memcpy", "memset", "cpu ops", "GPU µs", "host µs"]

@@ -50,7 +50,6 @@ def test_profiled_gpu_time_against_cuda_events(report):
     # host-bound: most of its forward is gaps; benchmarks/ checks agreement on GPU-bound forwards)
     for b in report.ok:
         assert 0 < b.profiled_gpu_busy_ms <= b.time_ms * 1.05, b.backend
-        assert b.profiled_gpu_span_ms <= b.time_ms * 1.5, b.backend
 
 
 def test_recomputed_occupancy_is_positive_for_fused_kernels(report):

@@ -1,0 +1,162 @@
+"""compare, reports, models and the command line, on CPU."""
+
+import json
+
+import pytest
+import torch
+
+import attnswitch
+from attnswitch import backends as B
+from attnswitch.cli import main
+from attnswitch.compare import numerics, rank, recommend
+from attnswitch.models import PRESETS, load_model, make_workload
+from attnswitch.report import BackendResult, Numerics, Report
+from conftest import tiny
+
+
+@pytest.fixture(scope="module")
+def tiny_compare():
+    m, _ = load_model("tiny-llama", layers=2)
+    w = make_workload(m, batch=2, seq=32, padding=True)
+    return attnswitch.compare(m, w, backends=["naive", "naive-inplace", "math", "flash", "cudnn"], warmup=1,
+                              iters=4, rounds=2)
+
+
+def test_compare_ranks_checks_numerics_and_recommends(tiny_compare):
+    r = tiny_compare
+    assert r["cudnn"].status == "unavailable" and "cudnn" not in r.ranking
+    assert set(r.ranking) == {"naive", "naive-inplace", "math", "flash"}
+    times = [r[n].time_ms for n in r.ranking]
+    assert times == sorted(times)
+    for n in r.ranking:
+        assert r[n].numerics.ok and r[n].numerics.max_rel_err < 1e-4
+        assert r[n].numerics.top1_agreement == 1.0
+        assert len(r[n].time_samples_ms) == 4
+    assert r.recommendation.startswith(f"Use `{r.ranking[0]}`")
+    assert r.workload["mode"] == "prefill"
+
+
+def test_a_backend_with_wrong_numerics_is_flagged_and_never_recommended(monkeypatch):
+    m, _ = load_model("tiny-llama", layers=2)
+    w = make_workload(m, batch=2, seq=16)
+    real = B.naive_attention
+
+    def corrupted(q, k, v, *a, **kw):  # as a kernel that silently corrupts few-KV-head models would
+        out, wts = real(q, k, v, *a, **kw)
+        return out + 0.5, wts
+
+    monkeypatch.setattr(B, "naive_attention", corrupted)
+    nums = numerics(m, w, ["naive", "math"])
+    assert not nums["naive"].ok and nums["math"].ok
+    results = [BackendResult("naive", "ok", time_ms=1.0, numerics=nums["naive"]),
+               BackendResult("math", "ok", time_ms=2.0, numerics=nums["math"])]
+    assert rank(results) == ["math"]
+    text = recommend(results, rank(results))
+    assert text.startswith("Use `math`") and "numerics beyond tolerance: naive" in text
+
+
+def test_near_ties_within_noise_are_named():
+    results = [BackendResult("flash", "ok", time_ms=1.00, noise_pct=2.0),
+               BackendResult("cudnn", "ok", time_ms=1.01, noise_pct=2.0),
+               BackendResult("math", "ok", time_ms=3.0, noise_pct=1.0)]
+    text = recommend(results, rank(results))
+    assert "Within measured noise of it: `cudnn`" in text and "3.00x faster than the next, `math`" in text
+
+
+def test_report_round_trips_through_json_csv_markdown(tiny_compare, tmp_path):
+    r = tiny_compare
+    r.to_json(tmp_path / "r.json")
+    back = Report.from_json(tmp_path / "r.json")
+    assert back.ranking == r.ranking and back["naive"].time_ms == r["naive"].time_ms
+    assert back["naive"].numerics == r["naive"].numerics
+    assert back["naive"].layers == r["naive"].layers
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["schema_version"] == 1 and data["environment"]["torch"] == torch.__version__
+    csv = r.to_csv()
+    assert csv.splitlines()[0].startswith("backend,status") and len(csv.splitlines()) == 6
+    md = r.to_markdown()
+    assert "| backend |" in md and "Recommendation" in md and "cudnn" in md
+    text = str(r)
+    assert "model.layers.*.self_attn [attention] ×2" in text
+    copied = r.save_traces(tmp_path / "traces")
+    assert len(copied) == 4 and all(p.exists() for p in copied)
+
+
+def test_decode_mode_compares_one_token_against_a_cache():
+    m, _ = load_model("tiny-llama", layers=2)
+    w = make_workload(m, batch=2, seq=16, mode="decode")
+    r = attnswitch.compare(m, w, backends=["naive", "flash"], warmup=1, iters=2, rounds=1)
+    assert r.workload["mode"] == "decode" and all(b.ok for b in r.backends)
+    assert r["flash"].numerics.ok
+    # each call got its own cache copy: the cache the workload holds still has 16 tokens
+    key = "cache" if "cache" in w.kwargs else "past_key_values"
+    assert w.kwargs[key].get_seq_length() == 16
+
+
+def test_presets_build_real_architectures():
+    assert {"llama-3.2-1b", "qwen2.5-0.5b", "mistral-7b", "gpt2", "bert-base"} <= set(PRESETS)
+    cfg = PRESETS["llama-3.2-1b"].make_config()
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size) == (32, 8, 2048)
+    assert PRESETS["mistral-7b"].make_config().sliding_window == 4096
+
+
+def test_load_model_from_a_local_folder_and_a_config(tmp_path):
+    m = tiny("llama")
+    m.save_pretrained(tmp_path / "model")  # safetensors
+    loaded, desc = load_model(str(tmp_path / "model"))
+    assert desc.startswith("folder")
+    ids = torch.ones(1, 5, dtype=torch.long)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, m(input_ids=ids).logits)
+    rand, desc = load_model(str(tmp_path / "model" / "config.json"))
+    assert "random weights" in desc and type(rand).__name__ == "LlamaForCausalLM"
+
+
+def test_load_model_bad_input(tmp_path):
+    with pytest.raises(ValueError, match="not a preset"):
+        load_model("no-such-model")
+    with pytest.raises(ValueError, match="no such file"):
+        load_model("./missing/dir")
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="cannot read this config"):
+        load_model(str(bad))
+    (tmp_path / "pickled").mkdir()
+    (tmp_path / "pickled" / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="safetensors"):
+        load_model(str(tmp_path / "pickled"))
+    with pytest.raises(ValueError, match="dtype"):
+        load_model("tiny-llama", dtype="fp8")
+
+
+def test_cli_compare_writes_every_output(tmp_path, capsys):
+    out = tmp_path / "rep"
+    rc = main(["compare", "tiny-llama", "--layers", "2", "--seq", "32", "--iters", "2", "--warmup", "1",
+               "--backends", "naive,flash,cudnn", "--out", str(out)])
+    assert rc == 0
+    for f in ("report.json", "report.csv", "report.md", "report.html", "command.txt"):
+        assert (out / f).stat().st_size > 0
+    assert len(list((out / "traces").glob("trace_*.json"))) == 2
+    assert "Recommendation" in capsys.readouterr().out
+    assert (out / "command.txt").read_text().startswith("attnswitch compare tiny-llama")
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 3
+
+
+def test_cli_exit_codes(tmp_path, capsys):
+    assert main(["compare", "no-such-model"]) == 2
+    assert "not a preset" in capsys.readouterr().err
+    assert main(["profile", "tiny-llama", "--layers", "1", "--seq", "16", "--iters", "1", "--warmup", "0",
+                 "--backends", "cudnn,efficient"]) == 1  # nothing could run here
+    assert main(["check", "tiny-llama", "--layers", "1", "--seq", "16", "--backends", "fastest"]) == 2
+    assert main(["compare", "tiny-llama", "--device", "cuda:0"]) == (0 if torch.cuda.is_available() else 2)
+
+
+def test_cli_check_and_env(capsys):
+    assert main(["check", "tiny-llama", "--layers", "1", "--seq", "16", "--padding"]) == 0
+    out = capsys.readouterr().out
+    assert "naive          ok" in out and "flash          ok" in out
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "transformers" in out and "sdpa auto picks" in out
+    assert main(["presets"]) == 0
