@@ -65,7 +65,7 @@ class BackendResult:
     cold_host_ms: float | None = None  # the first forward of this backend at this shape
     attn_calls: float | None = None  # attention calls per forward
     attn_host_us: float | None = None  # median host time per attention call, steady
-    attn_cold_host_us: float | None = None  # median host time per attention call in the cold forward
+    attn_cold_host_us: float | None = None  # host time of the first attention call at this shape (cold)
     peak_mem_mb: float | None = None
     profiled_gpu_busy_ms: float | None = None  # sum of device event durations per forward (profiler)
     profiled_gpu_span_ms: float | None = None  # first to last device event per forward (profiler)

@@ -49,10 +49,11 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
         require_interface(t.model)
     names = _names(backends, t.device)
     # one forward before any backend, so that the first backend is not charged for process-wide
-    # warm-up (CUDA context, cuBLAS handles, allocator growth)
+    # warm-up (CUDA context, cuBLAS handles, allocator growth). It runs the naive backend, which uses
+    # no SDPA kernel: each SDPA backend's own first call (cuDNN's plan building) stays cold.
     import torch
 
-    with torch.no_grad():
+    with torch.no_grad(), t.switched("naive"):
         t.fn(next(t.calls(1)))
     results = []
     for name in names:

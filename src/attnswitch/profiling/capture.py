@@ -100,6 +100,7 @@ class Target:
         raise TypeError(f"cannot profile a {type(target).__name__}: pass a model with a batch, or a callable")
 
     def switched(self, name: str):
+        # a model is switched alone; a plain callable runs under a global backend
         return use_backend(name, model=self.model)
 
     def annotated(self):
@@ -192,7 +193,8 @@ def prepare_backend(target: Target, name: str, *, warmup: int = 3, iters: int = 
         timer="cuda-events" if cuda else "wall-clock",
         host_ms=_median(h * 1e3 for h in host), cold_host_ms=cold_host * 1e3,
         attn_calls=len(attn_times) / max(1, iters),
-        attn_host_us=_median(t * 1e6 for _, t in attn_times), attn_cold_host_us=_median(t * 1e6 for _, t in cold_attn),
+        attn_host_us=_median(t * 1e6 for _, t in attn_times),
+        attn_cold_host_us=cold_attn[0][1] * 1e6 if cold_attn else None,  # the first call at this shape
         peak_mem_mb=peak,
     )
     if trace is not None:
