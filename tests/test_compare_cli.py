@@ -10,7 +10,7 @@ from attnswitch import backends as B
 from attnswitch.cli import main
 from attnswitch.compare import numerics, rank, recommend
 from attnswitch.models import PRESETS, load_model, make_workload
-from attnswitch.report import BackendResult, Numerics, Report
+from attnswitch.report import BackendResult, Report
 from conftest import tiny
 
 

@@ -297,15 +297,8 @@ def _sdpa_first_call(name, only, key, q, k, v, attn_mask, dropout_p, is_causal, 
                 raise
             except RuntimeError as e:
                 errors.append("with k/v heads repeated: " + str(e).strip().splitlines()[0])
-    reasons = _dedupe(_TRIGGERED.sub("", str(w.message)).strip() for w in caught) + errors
+    reasons = list(dict.fromkeys(_TRIGGERED.sub("", str(w.message)).strip() for w in caught)) + errors
     raise BackendUnavailable(name, where, reasons, describe_inputs(q, k, v, attn_mask, dropout_p, is_causal))
-
-
-def _dedupe(items) -> list[str]:
-    seen: dict[str, None] = {}
-    for it in items:
-        seen.setdefault(it, None)
-    return list(seen)
 
 
 def run_attention(
@@ -335,6 +328,3 @@ def run_attention(
                          "for a hand-written bare attention use 'naive'")
     return _sdpa_forced(name, q, k, v, attn_mask, dropout_p, is_causal, scale, softcap, where), None
 
-
-#: name -> whether the implementation can return attention weights
-RETURNS_WEIGHTS: dict[str, bool] = {n: n in ("naive", "naive-inplace", "eager") for n in BACKENDS}

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import sys
 import threading
+import types
+from contextvars import ContextVar
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -51,12 +53,10 @@ class State:
     """The calling context's selection: a global backend and per-config (model-scoped) ones."""
 
     global_name: str | None = None
-    per_config: Mapping[int, str] = field(default_factory=dict)
+    per_config: Mapping[int, str] = field(default_factory=lambda: types.MappingProxyType({}))
 
 
-from contextvars import ContextVar  # noqa: E402
-
-STATE: ContextVar[State] = ContextVar("attnswitch_state", default=State())
+STATE: ContextVar[State] = ContextVar("attnswitch_state", default=State())  # noqa: B039 (immutable)
 _PATCHED: dict[int, tuple[weakref.ref, str]] = {}  # id(config) -> (config, backend) for patch()
 
 

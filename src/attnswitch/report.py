@@ -11,7 +11,7 @@ import dataclasses
 import io
 import json
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -274,9 +274,10 @@ class Report:
                         lt.add_row(*map(escape, r))
                     console.print(lt)
                     if b.attn_ops or b.attn_kernel_names:
-                        console.print(markup=False, *[f"  attention ran: ops {', '.join(b.attn_ops) or '-'}; kernels "
-                                      f"{', '.join(k[:60] for k in b.attn_kernel_names) or '-'}"
-                                      + (f"; launched by {', '.join(b.attn_launch_apis)}" if b.attn_launch_apis else "")])
+                        text = (f"  attention ran: ops {', '.join(b.attn_ops) or '-'}; kernels "
+                                f"{', '.join(k[:60] for k in b.attn_kernel_names) or '-'}"
+                                + (f"; launched by {', '.join(b.attn_launch_apis)}" if b.attn_launch_apis else ""))
+                        console.print(text, markup=False)
                     for n in b.notes:
                         console.print(f"  note: {n}", markup=False)
         for b in self.backends:
@@ -295,7 +296,7 @@ class Report:
         return console.file.getvalue()
 
     def to_markdown(self, path: str | Path | None = None) -> str:
-        lines = [f"# attnswitch report", "", f"{self._title()}", ""]
+        lines = ["# attnswitch report", "", f"{self._title()}", ""]
         lines += ["| " + " | ".join(self._HEADERS) + " |", "|" + "---|" * len(self._HEADERS)]
         lines += ["| " + " | ".join(r) + " |" for r in self.summary_rows()]
         if self.recommendation:

@@ -1,7 +1,6 @@
 """Profiler attribution on a real GPU forward: counts add up, the post's findings per layer."""
 
 import pytest
-import torch
 
 import attnswitch
 from attnswitch.models import load_model, make_workload
