@@ -160,3 +160,31 @@ def test_cli_check_and_env(capsys):
     out = capsys.readouterr().out
     assert "transformers" in out and "sdpa auto picks" in out
     assert main(["presets"]) == 0
+
+
+def test_out_of_memory_on_one_backend_is_recorded_and_the_others_run(monkeypatch):
+    m, _ = load_model("tiny-llama", layers=1)
+    w = make_workload(m, batch=1, seq=16)
+    real = B._sdpa_call
+
+    def oom_for_flash(only, *a):
+        if only == B._ONLY["flash"]:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+        return real(only, *a)
+
+    monkeypatch.setattr(B, "_sdpa_call", oom_for_flash)
+    r = attnswitch.compare(m, w, backends=["flash", "math", "naive"], warmup=0, iters=2, rounds=1)
+    assert r["flash"].status == "failed" and "out of memory" in r["flash"].reasons[0]
+    assert r["math"].ok and r["naive"].ok and "flash" not in r.ranking
+
+
+def test_hub_id_without_a_reachable_hub_is_a_clear_error():
+    import os
+    import subprocess
+    import sys
+    code = ("from attnswitch.models import load_model\n"
+            "try:\n    load_model('someone/some-model')\n"
+            "except ValueError as e:\n    print('ERR', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert "ERR someone/some-model: cannot load from the hub here" in r.stdout, r.stderr[-2000:]

@@ -11,6 +11,7 @@ Per backend, on the same inputs and after the same warm-up:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 import statistics
 import tempfile
@@ -257,7 +258,8 @@ def _profiled(target: Target, name: str, calls: list, trace_dir) -> tuple[Path, 
     if target.device.type == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
     t_run = time.perf_counter()
-    with target.annotated(), instrument.measuring(annotate=True), torch.profiler.profile(activities=acts) as prof:
+    kw = {"acc_events": True} if "acc_events" in inspect.signature(torch.profiler.profile).parameters else {}
+    with target.annotated(), instrument.measuring(annotate=True), torch.profiler.profile(activities=acts, **kw) as prof:
         for i, c in enumerate(calls):
             with record_function(f"{instrument.STEP_PREFIX}{i}"):
                 target.fn(c)
