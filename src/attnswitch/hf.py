@@ -19,9 +19,9 @@ from __future__ import annotations
 import sys
 import threading
 import types
-from contextvars import ContextVar
 import warnings
 import weakref
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
