@@ -15,7 +15,7 @@ parts=${PARTS:-tests,traces,bench,compare}
 if [[ $parts == *tests* ]]; then
   timeout 240 python3 -m pytest tests/gpu -m gpu -q -rs -p no:cacheprovider > $S/tests/gpu_tests.log 2>&1; echo "gpu tests rc=$?" | tee -a $S/tests/gpu_tests.log
   timeout 200 python3 -m pytest tests -q -p no:cacheprovider --ignore=tests/gpu > $S/tests/cpu_tests_on_gpu_stack.log 2>&1; echo "cpu tests rc=$?" | tee -a $S/tests/cpu_tests_on_gpu_stack.log
-  tail -5 $S/tests/*.log; pack tests
+  for f in $S/tests/*.log; do tail -n 3 "$f"; done; pack tests
 fi
 if [[ $parts == *traces* ]]; then
   timeout 120 python3 benchmarks/record_traces.py $S/traces > $S/traces/log.txt 2>&1; tail -3 $S/traces/log.txt; pack traces
