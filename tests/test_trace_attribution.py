@@ -174,3 +174,26 @@ def test_profile_bad_input():
     with pytest.raises(attnswitch.UnsupportedModel):
         f = tiny("falcon")
         attnswitch.profile(f, {"input_ids": torch.ones(1, 4, dtype=torch.long)})
+
+
+def test_attention_host_time_against_an_independent_clock():
+    # the per-call host time attnswitch records must fit inside the same call timed from outside
+    import time
+
+    from attnswitch import hf, instrument
+
+    m = tiny("llama")
+    mod = m.model.layers[0].self_attn
+    q = torch.randn(2, 8, 16, 8)
+    kv = torch.randn(2, 2, 16, 8)
+    for name in ("naive", "math", "flash"):
+        recorded, outside = [], []
+        with attnswitch.backend(name, model=m), instrument.measuring(host_times=recorded):
+            for _ in range(20):
+                t0 = time.perf_counter()
+                hf.attention_forward(mod, q, kv, kv, None, dropout=0.0, scaling=0.125)
+                outside.append(time.perf_counter() - t0)
+        assert len(recorded) == 20 and all(w == "model.layers.0.self_attn" for w, _ in recorded)
+        for (_, inner), outer in zip(recorded, outside):
+            assert 0 < inner <= outer
+        assert sum(t for _, t in recorded) >= 0.5 * sum(outside)
