@@ -146,8 +146,13 @@ def test_cpu_profile_attributes_ops_to_layers(cpu_report):
 
 
 def test_cpu_profile_host_times_are_consistent(cpu_report):
+    import statistics
     for b in cpu_report.backends:
         assert b.time_ms > 0 and len(b.time_samples_ms) == 2
+        assert b.time_ms == statistics.median(b.time_samples_ms)
+        lo, hi = min(b.time_samples_ms), max(b.time_samples_ms)
+        assert b.noise_pct == pytest.approx(100 * (hi - lo) / 2 / b.time_ms)
+        assert b.cold_host_ms * 1e3 >= b.attn_cold_host_us  # the first attention call is inside the cold forward
         assert 0 < b.attn_host_us < b.host_ms * 1e3  # one attention call is less than a forward
         layer_hosts = [l.host_us for l in b.layers if l.kind == "attention"]
         assert all(h > 0 for h in layer_hosts)

@@ -256,16 +256,23 @@ def _sdpa_forced(name, q, k, v, attn_mask, dropout_p, is_causal, scale, softcap,
         return _sdpa_first_call(name, only, key, q, k, v, attn_mask, dropout_p, is_causal, scale, gqa, where)
     try:
         if plan == _REPEAT:
-            n_rep = q.shape[1] // k.shape[1]
-            if _NOTES.get() is not None:
-                _note(name, _where(where), f"repeated k/v heads x{n_rep} (the {name} backend refuses GQA inputs)")
-            return _sdpa_call(only, q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask, dropout_p, is_causal,
-                              scale, False)
+            return _sdpa_call_repeated(name, only, q, k, v, attn_mask, dropout_p, is_causal, scale, where)
         return _sdpa_call(only, q, k, v, attn_mask, dropout_p, is_causal, scale, gqa)
     except torch.OutOfMemoryError:
         raise
     except RuntimeError:
         return _sdpa_first_call(name, only, key, q, k, v, attn_mask, dropout_p, is_causal, scale, gqa, where)
+
+
+def _sdpa_call_repeated(name, only, q, k, v, attn_mask, dropout_p, is_causal, scale, where):
+    """A pure layout change for a backend that refuses GQA inputs: the same attention with each k/v
+    head repeated for its query group (two copy kernels), noted for the report."""
+    n_rep = q.shape[1] // k.shape[1]
+    out = _sdpa_call(only, q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask, dropout_p, is_causal, scale,
+                     False)
+    if _NOTES.get() is not None:
+        _note(name, _where(where), f"repeated k/v heads x{n_rep} (the {name} backend refuses GQA inputs)")
+    return out
 
 
 def _sdpa_first_call(name, only, key, q, k, v, attn_mask, dropout_p, is_causal, scale, gqa, where):
@@ -285,13 +292,9 @@ def _sdpa_first_call(name, only, key, q, k, v, attn_mask, dropout_p, is_causal, 
         except RuntimeError as e:
             errors.append(str(e).strip().splitlines()[0])
         if gqa:
-            # a pure layout change: the same attention with each k/v head repeated for its group
-            n_rep = q.shape[1] // k.shape[1]
             try:
-                out = _sdpa_call(only, q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), attn_mask, dropout_p,
-                                 is_causal, scale, False)
+                out = _sdpa_call_repeated(name, only, q, k, v, attn_mask, dropout_p, is_causal, scale, where)
                 _PLANS[key] = _REPEAT
-                _note(name, where, f"repeated k/v heads x{n_rep} (the {name} backend refuses GQA inputs)")
                 return out
             except torch.OutOfMemoryError:
                 raise

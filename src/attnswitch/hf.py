@@ -123,7 +123,7 @@ def model_eager_function(module: nn.Module):
 
 def _original_attention(key: str | None, module):
     if key is None or key == "eager":
-        return model_eager_function(module) if _original(0, "eager") is None else _original(0, "eager")
+        return _original(0, "eager") or model_eager_function(module)
     fn = _original(0, key)
     if fn is None:
         raise KeyError(f"attention implementation {key!r} is not registered in transformers")

@@ -153,7 +153,7 @@ def load_model(spec: str, *, dtype: torch.dtype | str = torch.float32, device: t
         if not any(path.glob("*.safetensors")):
             raise ValueError(f"{spec}: no *.safetensors weights in this folder (pickle weights are not loaded)")
         return _pretrained(str(path), dtype, device, trust_remote_code, layers), f"folder {spec}"
-    if os.sep in spec and not _looks_like_hub_id(spec) or spec.startswith((".", "/", "~")):
+    if (os.sep in spec and not _looks_like_hub_id(spec)) or spec.startswith((".", "/", "~")):
         raise ValueError(f"{spec}: no such file or folder, and not a preset ({', '.join(PRESETS)})")
     if not _looks_like_hub_id(spec):
         raise ValueError(f"unknown model {spec!r}: not a preset ({', '.join(PRESETS)}), a folder, a config.json "
