@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SCHEMA_VERSION", "LayerStats", "Numerics", "BackendResult", "Report"]
+__all__ = ["SCHEMA_VERSION", "LayerStats", "DeviceStats", "TransferStats", "Numerics", "BackendResult", "Report"]
 
-SCHEMA_VERSION = 1
+#: 2 added devices, transfers, ranks and collectives (multi-GPU); version 1 files still load
+SCHEMA_VERSION = 2
+_READABLE = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,41 @@ class LayerStats:
     op_names: tuple[tuple[str, float], ...] = ()
     kernel_names: tuple[tuple[str, float], ...] = ()
     launch_apis: tuple[tuple[str, float], ...] = ()
+    comm_kernels: float = 0.0  # collective (NCCL) kernels among ``kernels``
+    comm_us: float = 0.0  # their device time, part of ``gpu_us``
+    comm_ops: float = 0.0  # collective CPU ops (c10d) among ``ops``
+    devices: tuple[int, ...] = ()  # GPU indices its device events ran on
+    rank: int | None = None  # the process (tensor parallelism), None in a single process
+
+
+@dataclass(frozen=True)
+class DeviceStats:
+    """One GPU's totals per forward, from its raw profiler events (per rank under tensor parallelism)."""
+
+    device: int
+    rank: int | None = None
+    kernels: float = 0.0
+    memcpys: float = 0.0
+    memsets: float = 0.0
+    comm_kernels: float = 0.0
+    gpu_busy_ms: float = 0.0  # sum of its device event durations
+    comm_ms: float = 0.0  # of which collective kernels
+    gpu_span_ms: float = 0.0  # its first to last device event (median over forwards)
+    peak_mem_mb: float | None = None
+    time_ms: float | None = None  # this rank's own steady time per forward (tensor parallelism)
+
+
+@dataclass(frozen=True)
+class TransferStats:
+    """Copies between GPUs at one layer boundary, per forward."""
+
+    after: str  # the last module to finish before the copy
+    into: str  # the module whose inputs were moved
+    src: int
+    dst: int
+    copies: float
+    bytes: float
+    gpu_us: float
 
 
 @dataclass(frozen=True)
@@ -81,7 +118,10 @@ class BackendResult:
     attn_launch_apis: tuple[str, ...] = ()
     attn_kernel_details: tuple[dict, ...] = ()  # per kernel: registers, shared memory, occupancy ...
     layers: tuple[LayerStats, ...] = ()
+    devices: tuple[DeviceStats, ...] = ()  # per GPU (and rank); empty on a CPU
+    transfers: tuple[TransferStats, ...] = ()  # copies between GPUs, by layer boundary
     trace_path: str | None = None
+    rank_trace_paths: tuple[str, ...] = ()  # the other ranks' traces, written by rank 0
     trace_seconds: float | None = None  # time taken to parse and attribute the trace
     profiled_run_seconds: float | None = None  # wall time of the profiled forwards themselves
     trace_events: int | None = None
@@ -93,14 +133,21 @@ class BackendResult:
 
 
 def _layer_table_rows(layers, fold: bool):
+    from collections import Counter
+
     from .profiling.attribution import Row, fold as fold_rows
 
     if not fold:
         return list(layers)
-    rows = [Row(l.path, l.kind, l.calls, l.kernels, l.memcpys, l.memsets, l.gpu_us, l.host_us, l.ops, folded=1)
-            for l in layers]
-    return [LayerStats(r.path, r.kind, r.calls, r.kernels, r.memcpys, r.memsets, r.gpu_us, r.host_us, r.ops,
-                       folded=r.folded) for r in fold_rows(rows)]
+    out = []
+    for rank in dict.fromkeys(l.rank for l in layers):  # fold within each rank, in rank order
+        rows = [Row(l.path, l.kind, l.calls, l.kernels, l.memcpys, l.memsets, l.gpu_us, l.host_us, l.ops,
+                    comm_kernels=l.comm_kernels, comm_us=l.comm_us, comm_ops=l.comm_ops,
+                    devices=Counter(dict.fromkeys(l.devices, 1)), folded=1) for l in layers if l.rank == rank]
+        out += [LayerStats(r.path, r.kind, r.calls, r.kernels, r.memcpys, r.memsets, r.gpu_us, r.host_us, r.ops,
+                           folded=r.folded, comm_kernels=r.comm_kernels, comm_us=r.comm_us, comm_ops=r.comm_ops,
+                           devices=tuple(sorted(r.devices)), rank=rank) for r in fold_rows(rows)]
+    return out
 
 
 def _n(x, digits=1) -> str:
@@ -123,6 +170,7 @@ class Report:
     ranking: tuple[str, ...] = ()
     recommendation: str | None = None
     command: str | None = None
+    distribution: dict | None = None  # how the model was spread: device_map or tensor parallelism
     schema_version: int = SCHEMA_VERSION
 
     def __getitem__(self, name: str) -> BackendResult:
@@ -152,20 +200,24 @@ class Report:
     def from_json(cls, text_or_path: str | Path) -> "Report":
         p = Path(text_or_path) if not str(text_or_path).lstrip().startswith("{") else None
         data = json.loads(p.read_text() if p else str(text_or_path))
-        if data.get("schema_version") != SCHEMA_VERSION:
-            raise ValueError(f"report schema {data.get('schema_version')} is not {SCHEMA_VERSION}")
+        if data.get("schema_version") not in _READABLE:
+            raise ValueError(f"report schema {data.get('schema_version')} is not one of {_READABLE}")
         backends = []
         for b in data["backends"]:
             b = dict(b)
             b["layers"] = tuple(LayerStats(**{k: (tuple(map(tuple, v)) if k in ("op_names", "kernel_names",
-                                                                                 "launch_apis") else v)
+                                                                                 "launch_apis") else
+                                                  tuple(v) if k == "devices" else v)
                                               for k, v in l.items()}) for l in b["layers"])
             b["numerics"] = Numerics(**b["numerics"]) if b.get("numerics") else None
+            b["devices"] = tuple(DeviceStats(**d) for d in b.get("devices") or ())
+            b["transfers"] = tuple(TransferStats(**t) for t in b.get("transfers") or ())
             for k in ("reasons", "notes", "time_samples_ms", "attn_ops", "attn_kernel_names", "attn_launch_apis",
-                      "attn_kernel_details"):
+                      "attn_kernel_details", "rank_trace_paths"):
                 b[k] = tuple(b.get(k) or ())
             backends.append(BackendResult(**b))
         data["backends"] = tuple(backends)
+        data["schema_version"] = SCHEMA_VERSION
         data["ranking"] = tuple(data.get("ranking") or ())
         return cls(**data)
 
@@ -194,10 +246,12 @@ class Report:
         out.mkdir(parents=True, exist_ok=True)
         copied = []
         for b in self.backends:
-            if b.trace_path and Path(b.trace_path).exists():
-                dest = out / f"trace_{b.backend}.json"
-                if Path(b.trace_path).resolve() != dest.resolve():
-                    shutil.copyfile(b.trace_path, dest)
+            for src in ([b.trace_path] if b.trace_path else []) + list(b.rank_trace_paths):
+                if not Path(src).exists():
+                    continue
+                dest = out / Path(src).name
+                if Path(src).resolve() != dest.resolve():
+                    shutil.copyfile(src, dest)
                 copied.append(dest)
         return copied
 
@@ -227,19 +281,66 @@ class Report:
         order = {n: i for i, n in enumerate(self.ranking)}
         return sorted(self.backends, key=lambda b: order.get(b.backend, len(order)))
 
+    def _layer_columns(self, b: BackendResult) -> list[str]:
+        cols = []
+        if any(l.rank is not None for l in b.layers):
+            cols.append("rank")
+        if len({d for l in b.layers for d in l.devices}) > 1:
+            cols.append("GPU")
+        cols += ["calls", "kernels", "memcpy", "memset", "cpu ops", "GPU µs"]
+        if any(l.comm_kernels for l in b.layers):
+            cols += ["comm kernels", "comm µs"]
+        if any(l.comm_ops for l in b.layers) and not any(l.comm_kernels for l in b.layers):
+            cols.append("comm ops")  # a CPU process group (gloo): no kernels, the collective ops themselves
+        return cols + ["host µs"]
+
+    def layer_headers(self, backend: str) -> list[str]:
+        return ["layer"] + self._layer_columns(self[backend])
+
     def layer_table(self, backend: str, fold: bool = True) -> list[list[str]]:
         b = self[backend]
+        cols = self._layer_columns(b)
+        gpu = self.environment.get("device") == "cuda"  # a CPU run has no device events to count
+        dev = (lambda x, d=0: _n(x, d)) if gpu else (lambda x, d=0: "-")
         rows = []
         for l in _layer_table_rows(b.layers, fold):
             name = l.path + (" [attention]" if l.kind == "attention" else "") + (f" ×{l.folded}" if l.folded > 1
                                                                                    else "")
-            gpu = self.environment.get("device") == "cuda"  # a CPU run has no device events to count
-            dev = (lambda x, d=0: _n(x, d)) if gpu else (lambda x, d=0: "-")
-            rows.append([name, _n(l.calls), dev(l.kernels), dev(l.memcpys), dev(l.memsets), _n(l.ops),
-                         dev(l.gpu_us, 1), _n(l.host_us, 1)])
+            # "GPU µs" is compute: collectives have their own column where there are any
+            compute_us = l.gpu_us - l.comm_us
+            cell = {"rank": _n(l.rank) if l.rank is not None else "-",
+                    "GPU": ",".join(map(str, l.devices)) or "-", "calls": _n(l.calls), "kernels": dev(l.kernels),
+                    "memcpy": dev(l.memcpys), "memset": dev(l.memsets), "cpu ops": _n(l.ops),
+                    "GPU µs": dev(compute_us, 1), "comm kernels": dev(l.comm_kernels), "comm µs": dev(l.comm_us, 1),
+                    "comm ops": _n(l.comm_ops), "host µs": _n(l.host_us, 1)}
+            rows.append([name] + [cell[c] for c in cols])
         return rows
 
-    _LAYER_HEADERS = ["layer", "calls", "kernels", "memcpy", "memset", "cpu ops", "GPU µs", "host µs"]
+    _DEVICE_HEADERS = ["rank", "GPU", "kernels/fwd", "memcpy/fwd", "memset/fwd", "comm kernels/fwd", "GPU busy ms",
+                       "comm ms", "GPU span ms", "peak MB", "time/fwd ms"]
+
+    def device_table(self, backend: str) -> list[list[str]]:
+        """Per GPU (and rank): totals per forward from that GPU's raw events."""
+        return [[_n(d.rank) if d.rank is not None else "-", f"cuda:{d.device}", _n(d.kernels), _n(d.memcpys),
+                 _n(d.memsets), _n(d.comm_kernels), _n(d.gpu_busy_ms, 3), _n(d.comm_ms, 3), _n(d.gpu_span_ms, 3),
+                 _n(d.peak_mem_mb, 0), _n(d.time_ms, 3)] for d in self[backend].devices]
+
+    _TRANSFER_HEADERS = ["boundary", "from → to", "copies/fwd", "MB/fwd", "GPU µs/fwd"]
+
+    def transfer_table(self, backend: str) -> list[list[str]]:
+        return [[f"{t.after} → {t.into}", f"cuda:{t.src} → cuda:{t.dst}", _n(t.copies), _n(t.bytes / 2**20, 3),
+                 _n(t.gpu_us, 1)] for t in self[backend].transfers]
+
+    def distribution_text(self) -> str | None:
+        d = self.distribution
+        if not d:
+            return None
+        if d.get("mode") == "tensor_parallel":
+            return (f"tensor parallel over {d.get('world_size')} ranks ({d.get('backend')}), "
+                    f"devices {', '.join(d.get('devices', []))}; times are the slowest rank's per forward")
+        if d.get("mode") == "device_map":
+            return f"device_map over {', '.join(d.get('devices', []))}: {d.get('layout', '')}"
+        return str(d)
 
     def _title(self) -> str:
         e = self.environment
@@ -247,6 +348,13 @@ class Report:
         return (f"{self.model} · {self.workload.get('description', '')} · {self.workload.get('dtype', '')} · {dev} · "
                 f"torch {e.get('torch')} · transformers {e.get('transformers')}"
                 + (f" · cuDNN {e.get('cudnn')}" if e.get("cudnn") else ""))
+
+    def _multi_gpu_tables(self, b: BackendResult):
+        if len(b.devices) > 1:
+            yield f"{b.backend}: per GPU (per forward)", self._DEVICE_HEADERS, self.device_table(b.backend)
+        if b.transfers:
+            yield (f"{b.backend}: copies between GPUs, by layer boundary", self._TRANSFER_HEADERS,
+                   self.transfer_table(b.backend))
 
     def render(self, console=None, layers: bool = True, fold: bool = True) -> None:
         from rich.console import Console
@@ -264,15 +372,24 @@ class Report:
         timer = next((b.timer for b in self.backends if b.timer), "")
         console.print(f"time/fwd: median of {self.settings.get('iters')} unprofiled forwards ({timer}); counts from "
                       "the profiler, per forward.")
+        if self.distribution_text():
+            console.print(f"distribution: {self.distribution_text()}", markup=False)
         if layers:
             for b in self._ordered():
                 if b.ok and b.layers:
                     lt = Table(title=f"{b.backend}: per layer (per forward)", title_justify="left")
-                    for h in self._LAYER_HEADERS:
+                    for h in self.layer_headers(b.backend):
                         lt.add_column(h, justify="left" if h == "layer" else "right")
                     for r in self.layer_table(b.backend, fold):
                         lt.add_row(*map(escape, r))
                     console.print(lt)
+                    for title, headers, rows in self._multi_gpu_tables(b):
+                        mt = Table(title=title, title_justify="left")
+                        for h in headers:
+                            mt.add_column(h, justify="left" if h in ("boundary", "from → to") else "right")
+                        for r in rows:
+                            mt.add_row(*map(escape, r))
+                        console.print(mt)
                     if b.attn_ops or b.attn_kernel_names:
                         text = (f"  attention ran: ops {', '.join(b.attn_ops) or '-'}; kernels "
                                 f"{', '.join(k[:60] for k in b.attn_kernel_names) or '-'}"
@@ -297,15 +414,21 @@ class Report:
 
     def to_markdown(self, path: str | Path | None = None) -> str:
         lines = ["# attnswitch report", "", f"{self._title()}", ""]
+        if self.distribution_text():
+            lines += [f"Distribution: {self.distribution_text()}", ""]
         lines += ["| " + " | ".join(self._HEADERS) + " |", "|" + "---|" * len(self._HEADERS)]
         lines += ["| " + " | ".join(r) + " |" for r in self.summary_rows()]
         if self.recommendation:
             lines += ["", f"**Recommendation:** {self.recommendation}"]
         for b in self._ordered():
             if b.ok and b.layers:
+                heads = self.layer_headers(b.backend)
                 lines += ["", f"## {b.backend}: per layer (per forward)", "",
-                          "| " + " | ".join(self._LAYER_HEADERS) + " |", "|" + "---|" * len(self._LAYER_HEADERS)]
+                          "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
                 lines += ["| " + " | ".join(r) + " |" for r in self.layer_table(b.backend)]
+                for title, headers, rows in self._multi_gpu_tables(b):
+                    lines += ["", f"### {title}", "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+                    lines += ["| " + " | ".join(r) + " |" for r in rows]
                 if b.attn_ops or b.attn_kernel_names:
                     lines += ["", f"Attention ops: {', '.join(b.attn_ops) or '-'}; kernels: "
                                   f"{', '.join('`' + k + '`' for k in b.attn_kernel_names) or '-'}"]

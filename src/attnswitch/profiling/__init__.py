@@ -15,6 +15,7 @@ from ..backends import BACKENDS, GPU_ONLY, resolve_name
 from ..env import environment
 from ..report import Report
 from .capture import Target, prepare_backend, timed_rounds, with_timing
+from .distributed import agree_ok, distribution_of, merged_report_backends, world
 from .trace import Trace
 
 __all__ = ["profile", "Trace", "default_backends"]
@@ -60,19 +61,21 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
         if progress:
             progress(name)
         results.append(prepare_backend(t, name, warmup=warmup, iters=iters, trace_dir=trace_dir))
-    ok = [r.backend for r in results if r.ok]
+    ok = agree_ok([r.backend for r in results if r.ok])
     if ok:
         if progress:
             progress("timing (interleaved rounds)")
         samples = timed_rounds(t, ok, iters=iters, rounds=rounds)
-        results = [with_timing(r, samples[r.backend]) if r.ok else r for r in results]
+        results = [with_timing(r, samples[r.backend]) if r.backend in samples else r for r in results]
+    if world() is not None:  # tensor parallelism: every rank's results, merged, on every rank
+        results = merged_report_backends(results, trace_dir)
     workload = {"description": getattr(batch, "description", "") if batch is not None else "callable"}
     if t.model is not None:
         workload["dtype"] = str(next(t.model.parameters()).dtype).replace("torch.", "")
     return Report(tuple(results), environment(t.device), workload, {"warmup": warmup, "iters": iters,
                                                                      "rounds": rounds},
                   model=model_name or (type(t.model).__name__ if t.model is not None else getattr(
-                      target, "__name__", "callable")))
+                      target, "__name__", "callable")), distribution=distribution_of(t.model))
 
 
 def _names(backends, device) -> list[str]:

@@ -14,9 +14,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .occupancy import DeviceLimits, occupancy
-from .trace import DEVICE_KINDS, Event, Trace
+from ..instrument import MODULE_PREFIX
+from .trace import DEVICE_KINDS, Event, Trace, is_collective_op
 
-__all__ = ["OUTSIDE", "Row", "StepTotals", "attribute", "step_totals", "fold", "kernel_summaries"]
+__all__ = ["OUTSIDE", "Row", "StepTotals", "DeviceTotals", "TransferRow", "attribute", "step_totals",
+           "device_totals", "transfers", "fold", "kernel_summaries"]
 
 OUTSIDE = "(outside modules)"
 ATTENTION_SUFFIX = " [attention]"
@@ -38,20 +40,28 @@ class Row:
     op_names: Counter = field(default_factory=Counter)
     kernel_names: Counter = field(default_factory=Counter)
     launch_apis: Counter = field(default_factory=Counter)
+    comm_kernels: int = 0  # collective kernels (NCCL) among ``kernels``
+    comm_us: float = 0.0  # their device time, part of ``gpu_us``
+    comm_ops: int = 0  # collective CPU ops (c10d) among ``ops``
+    devices: Counter = field(default_factory=Counter)  # GPU index -> device events that ran there
     folded: int = 1  # layers folded into this row
+
+    _SUMS = ("calls", "kernels", "memcpys", "memsets", "gpu_us", "host_us", "ops", "comm_kernels", "comm_us",
+             "comm_ops")
+    _COUNTERS = ("op_names", "kernel_names", "launch_apis", "devices")
 
     def scaled(self, factor: float) -> "Row":
         r = Row(self.path, self.kind, folded=self.folded)
-        for k in ("calls", "kernels", "memcpys", "memsets", "gpu_us", "host_us", "ops"):
+        for k in self._SUMS:
             setattr(r, k, getattr(self, k) * factor)
-        for k in ("op_names", "kernel_names", "launch_apis"):
+        for k in self._COUNTERS:
             setattr(r, k, Counter({n: c * factor for n, c in getattr(self, k).items()}))
         return r
 
     def add(self, other: "Row") -> None:
-        for k in ("calls", "kernels", "memcpys", "memsets", "gpu_us", "host_us", "ops"):
+        for k in self._SUMS:
             setattr(self, k, getattr(self, k) + getattr(other, k))
-        for k in ("op_names", "kernel_names", "launch_apis"):
+        for k in self._COUNTERS:
             getattr(self, k).update(getattr(other, k))
 
 
@@ -83,9 +93,14 @@ def attribute(trace: Trace, steps: set[str] | None = None) -> dict[tuple[str, st
         if kind is not None:
             r = row(_row_key(e))
             r.gpu_us += e.dur
+            if e.device is not None:
+                r.devices[e.device] += 1
             if kind == "kernel":
                 r.kernels += 1
                 r.kernel_names[e.name] += 1
+                if e.collective:
+                    r.comm_kernels += 1
+                    r.comm_us += e.dur
             elif kind == "memcpy":
                 r.memcpys += 1
                 r.kernel_names[e.name] += 1
@@ -107,6 +122,8 @@ def attribute(trace: Trace, steps: set[str] | None = None) -> dict[tuple[str, st
             r = row(_row_key(e))
             r.ops += 1
             r.op_names[e.name] += 1
+            if is_collective_op(e.name):
+                r.comm_ops += 1
     return rows
 
 
@@ -141,14 +158,96 @@ def step_totals(trace: Trace) -> list[StepTotals]:
     return out
 
 
+@dataclass(frozen=True)
+class DeviceTotals:
+    """One GPU's events in one step, straight from the event list."""
+
+    step: str
+    device: int
+    kernels: int
+    memcpys: int
+    memsets: int
+    comm_kernels: int
+    gpu_busy_us: float
+    comm_us: float
+    gpu_span_us: float
+
+
+def device_totals(trace: Trace) -> list[DeviceTotals]:
+    """Totals per step and GPU (the reference the per-device columns must add up to)."""
+    groups: dict[tuple[str | None, int | None], list[Event]] = {}
+    for e in trace.events:
+        if e.cat in DEVICE_KINDS:
+            groups.setdefault((e.step, e.device), []).append(e)
+    out = []
+    for s in trace.steps():
+        for dev in sorted({d for (st, d) in groups if st == s.step and d is not None}):
+            evs = groups[(s.step, dev)]
+            kinds = Counter(e.kind for e in evs)
+            comm = [e for e in evs if e.collective]
+            out.append(DeviceTotals(s.step, dev, kinds["kernel"], kinds["memcpy"], kinds["memset"], len(comm),
+                                    sum(e.dur for e in evs), sum(e.dur for e in comm),
+                                    max(e.end for e in evs) - min(e.ts for e in evs)))
+    return out
+
+
+@dataclass
+class TransferRow:
+    """Copies between two GPUs at one layer boundary: launched inside ``into`` (the module whose inputs
+    moved, where accelerate's hook runs), after ``after`` (the last module to finish before it)."""
+
+    after: str
+    into: str
+    src: int
+    dst: int
+    copies: int = 0
+    bytes: int = 0
+    gpu_us: float = 0.0
+
+
+def transfers(trace: Trace, steps: set[str] | None = None) -> list[TransferRow]:
+    """Every copy between two GPUs, grouped by the layer boundary and direction where it happened."""
+    import bisect
+
+    ends: dict[tuple, tuple[list[float], list[Event]]] = {}
+    by_thread: dict[tuple, list[Event]] = {}
+    for e in trace.events:
+        if e.cat == "user_annotation" and e.name.startswith(MODULE_PREFIX):
+            by_thread.setdefault((e.pid, e.tid), []).append(e)
+    for key, evs in by_thread.items():
+        evs.sort(key=lambda e: e.end)
+        ends[key] = ([e.end for e in evs], evs)
+    rows: dict[tuple, TransferRow] = {}
+    for e in trace.events:
+        peer = e.peer if e.cat == "gpu_memcpy" else None
+        if peer is None or (steps is not None and e.step not in steps):
+            continue
+        into = e.module or OUTSIDE
+        after = "(start)"
+        if e.launch is not None:
+            t, evs = ends.get((e.launch.pid, e.launch.tid), ([], []))
+            i = bisect.bisect_right(t, e.launch.ts) - 1
+            if i >= 0:
+                after = evs[i].name[len(MODULE_PREFIX):]
+        key = (after, into, *peer)
+        r = rows.get(key)
+        if r is None:
+            r = rows[key] = TransferRow(after, into, *peer)
+        r.copies += 1
+        r.bytes += int(e.args.get("bytes", 0))
+        r.gpu_us += e.dur
+    return list(rows.values())
+
+
 _INDEX = re.compile(r"\.(\d+)(?=\.|$)")
 
 
 def fold(rows: list[Row]) -> list[Row]:
     """Fold repeated layers: ``model.layers.3.self_attn`` -> ``model.layers.*.self_attn`` (×n)."""
-    folded: dict[tuple[str, str], Row] = {}
+    folded: dict[tuple, Row] = {}
     for r in rows:
-        key = (_INDEX.sub(".*", r.path), r.kind)
+        # layers on different GPUs stay apart (a device_map splits ``layers.*`` between devices)
+        key = (_INDEX.sub(".*", r.path), r.kind, tuple(sorted(r.devices)))
         f = folded.get(key)
         if f is None:
             f = folded[key] = Row(key[0], r.kind, folded=0)

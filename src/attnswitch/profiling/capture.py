@@ -26,9 +26,9 @@ from torch.autograd.profiler import record_function
 from .. import instrument
 from ..backends import recording_notes, resolve_name
 from ..errors import BackendUnavailable, UnsupportedModel
-from ..report import BackendResult, LayerStats
+from ..report import BackendResult, DeviceStats, LayerStats, TransferStats
 from ..switch import backend as use_backend
-from .attribution import attribute, kernel_summaries, step_totals
+from .attribution import attribute, device_totals, kernel_summaries, step_totals, transfers
 from .occupancy import device_limits
 from .trace import Trace
 
@@ -78,6 +78,19 @@ class Target:
     def __init__(self, fn: Callable[..., Any], calls: Callable[[int], list], model: nn.Module | None,
                  device: torch.device):
         self.fn, self.calls, self.model, self.device = fn, calls, model, device
+        # every GPU the model's weights are on (several under accelerate's device_map); the inputs go to
+        # ``device``, the first one
+        self.devices = _devices_of(model) if model is not None else [device]
+        if device not in self.devices:
+            self.devices = [device] + self.devices
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def sync(self) -> None:
+        for d in self.devices:
+            _sync(d)
 
     @classmethod
     def of(cls, target, batch=None, device=None) -> "Target":
@@ -112,6 +125,14 @@ def _device_of(model: nn.Module) -> torch.device:
     for p in model.parameters():
         return p.device
     return torch.device("cpu")
+
+
+def _devices_of(model: nn.Module) -> list[torch.device]:
+    seen: dict[torch.device, None] = {}
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        if t.device.type != "meta":
+            seen.setdefault(t.device)
+    return list(seen) or [torch.device("cpu")]
 
 
 def _sync(device: torch.device) -> None:
@@ -153,28 +174,29 @@ def prepare_backend(target: Target, name: str, *, warmup: int = 3, iters: int = 
         with recording_notes() as notes, torch.no_grad(), target.switched(name):
             cold_attn: list = []
             c = next(calls)
-            _sync(dev)
+            target.sync()
             with instrument.measuring(host_times=cold_attn):
                 t0 = time.perf_counter()
                 target.fn(c)
                 cold_host = time.perf_counter() - t0
-            _sync(dev)
+            target.sync()
             for _ in range(warmup):
                 target.fn(next(calls))
-            _sync(dev)
+            target.sync()
             if cuda:
-                torch.cuda.reset_peak_memory_stats(dev)
+                for d in target.devices:
+                    torch.cuda.reset_peak_memory_stats(d)
             attn_times: list = []
             host = []
             with instrument.measuring(host_times=attn_times):
                 for _ in range(iters):
                     c = next(calls)
-                    _sync(dev)
+                    target.sync()
                     t0 = time.perf_counter()
                     target.fn(c)
                     host.append(time.perf_counter() - t0)
-            _sync(dev)
-            peak = torch.cuda.max_memory_allocated(dev) / 2**20 if cuda else None
+            target.sync()
+            peaks = {d.index: torch.cuda.max_memory_allocated(d) / 2**20 for d in target.devices} if cuda else {}
             trace_path = rows = trace_seconds = trace = None
             if profile_trace:
                 trace_path, trace_seconds, trace, rows = _profiled(target, name, [next(calls) for _ in range(iters)],
@@ -196,10 +218,10 @@ def prepare_backend(target: Target, name: str, *, warmup: int = 3, iters: int = 
         attn_calls=len(attn_times) / max(1, iters),
         attn_host_us=_median(t * 1e6 for _, t in attn_times),
         attn_cold_host_us=cold_attn[0][1] * 1e6 if cold_attn else None,  # the first call at this shape
-        peak_mem_mb=peak,
+        peak_mem_mb=max(peaks.values()) if peaks else None,  # the fullest GPU
     )
     if trace is not None:
-        result.update(_from_trace(trace, rows, cuda, dev), trace_path=str(trace_path), trace_seconds=trace_seconds[0],
+        result.update(_from_trace(trace, rows, cuda, dev, peaks), trace_path=str(trace_path), trace_seconds=trace_seconds[0],
                       profiled_run_seconds=trace_seconds[1], trace_events=len(trace.events))
     return BackendResult(**result)
 
@@ -218,21 +240,36 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
                 calls = target.calls(n_calls + 1)
                 with target.switched(name):
                     target.fn(next(calls))  # re-warm after the other backends ran
-                    _sync(target.device)
+                    target.sync()
                     for _ in range(n_calls):
                         c = next(calls)
                         if cuda:
-                            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                            a.record()
-                            target.fn(c)
-                            b.record()
-                            b.synchronize()
-                            samples[name].append(a.elapsed_time(b))
+                            samples[name].append(_timed_on_gpus(target, c))
                         else:
                             t0 = time.perf_counter()
                             target.fn(c)
                             samples[name].append((time.perf_counter() - t0) * 1e3)
     return samples
+
+
+def _timed_on_gpus(target: Target, c) -> float:
+    """One forward timed with CUDA events (ms). Every GPU of the model gets a start and an end event;
+    all are idle at the start, so their starts coincide and the forward lasts until the last GPU's end.
+    (Events of two devices cannot be subtracted, so each GPU is measured from its own start.)"""
+    gpus = [d for d in target.devices if d.type == "cuda"]
+    starts, ends = [], []
+    for d in gpus:
+        with torch.cuda.device(d):
+            starts.append(torch.cuda.Event(enable_timing=True))
+            starts[-1].record()
+    target.fn(c)
+    for d in gpus:
+        with torch.cuda.device(d):
+            ends.append(torch.cuda.Event(enable_timing=True))
+            ends[-1].record()
+    for e in ends:
+        e.synchronize()
+    return max(a.elapsed_time(b) for a, b in zip(starts, ends))
 
 
 def with_timing(result: BackendResult, samples: list[float]) -> BackendResult:
@@ -263,11 +300,14 @@ def _profiled(target: Target, name: str, calls: list, trace_dir) -> tuple[Path, 
         for i, c in enumerate(calls):
             with record_function(f"{instrument.STEP_PREFIX}{i}"):
                 target.fn(c)
-        _sync(target.device)
+        target.sync()
     run_seconds = time.perf_counter() - t_run  # the profiled forwards, the profiler's own collection included
-    out_dir = Path(trace_dir) if trace_dir is not None else Path(tempfile.mkdtemp(prefix="attnswitch-"))
+    rank = _rank()
+    # only rank 0 writes into trace_dir: the other ranks' traces reach it through the process group
+    mine = trace_dir is not None and not rank
+    out_dir = Path(trace_dir) if mine else Path(tempfile.mkdtemp(prefix="attnswitch-"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"trace_{name}.json"
+    path = out_dir / (f"trace_{name}.json" if rank is None else f"trace_{name}_rank{rank}.json")
     prof.export_chrome_trace(str(path))
     t0 = time.perf_counter()
     trace = Trace.load(path)
@@ -275,15 +315,34 @@ def _profiled(target: Target, name: str, calls: list, trace_dir) -> tuple[Path, 
     return path, (time.perf_counter() - t0, run_seconds), trace, rows
 
 
-def _from_trace(trace: Trace, rows: dict, cuda: bool, dev: torch.device) -> dict:
+def _rank() -> int | None:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 else None
+
+
+def _from_trace(trace: Trace, rows: dict, cuda: bool, dev: torch.device, peaks: dict | None = None) -> dict:
     totals = step_totals(trace)
     n = max(1, len(totals))
+    rank = _rank()
     # names (ops, kernels, launch APIs) are kept for the attention rows; module rows keep their counts
     layers = tuple(sorted((LayerStats(
         r.path, r.kind, r.calls / n, r.kernels / n, r.memcpys / n, r.memsets / n, r.gpu_us / n, r.host_us / n,
         r.ops / n, **(dict(op_names=_counted(r.op_names), kernel_names=_counted(r.kernel_names),
-                           launch_apis=_counted(r.launch_apis)) if r.kind == "attention" else {}))
+                           launch_apis=_counted(r.launch_apis)) if r.kind == "attention" else {}),
+        comm_kernels=r.comm_kernels / n, comm_us=r.comm_us / n, comm_ops=r.comm_ops / n,
+        devices=tuple(sorted(r.devices)), rank=rank)
         for r in rows.values()), key=lambda l: _path_order(l.path, l.kind)))
+    per_dev: dict[int, list] = {}
+    for t in device_totals(trace):
+        per_dev.setdefault(t.device, []).append(t)
+    devices = tuple(DeviceStats(
+        d, rank, sum(t.kernels for t in ts) / n, sum(t.memcpys for t in ts) / n, sum(t.memsets for t in ts) / n,
+        sum(t.comm_kernels for t in ts) / n, sum(t.gpu_busy_us for t in ts) / n / 1e3,
+        sum(t.comm_us for t in ts) / n / 1e3, _median(t.gpu_span_us for t in ts) / 1e3,
+        (peaks or {}).get(d)) for d, ts in sorted(per_dev.items()))
+    moved = tuple(TransferStats(t.after, t.into, t.src, t.dst, t.copies / n, t.bytes / n, t.gpu_us / n)
+                  for t in transfers(trace, steps={s.step for s in trace.steps()}))
     attn = [r for r in rows.values() if r.kind == "attention"]
     attn_calls = sum(r.calls for r in attn)
     per_call = (lambda f: sum(getattr(r, f) for r in attn) / attn_calls) if attn_calls else (lambda f: None)
@@ -307,7 +366,7 @@ def _from_trace(trace: Trace, rows: dict, cuda: bool, dev: torch.device) -> dict
         attn_kernel_names=tuple(dict.fromkeys(e.name for e in attn_events)),
         attn_launch_apis=tuple(dict.fromkeys(e.launch.name for e in attn_events if e.launch is not None)),
         attn_kernel_details=tuple(k.__dict__ for k in kernel_summaries(attn_events, limits)),
-        layers=layers,
+        layers=layers, devices=devices, transfers=moved,
     )
 
 

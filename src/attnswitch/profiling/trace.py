@@ -17,7 +17,7 @@ from typing import Any
 
 from ..instrument import ATTENTION_PREFIX, MODULE_PREFIX, STEP_PREFIX
 
-__all__ = ["Event", "Trace", "DEVICE_KINDS"]
+__all__ = ["Event", "Trace", "DEVICE_KINDS", "is_collective_kernel", "is_collective_op"]
 
 # Kineto categories of device activity and what attnswitch calls them
 DEVICE_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
@@ -27,13 +27,26 @@ _OWN = (ATTENTION_PREFIX, MODULE_PREFIX, STEP_PREFIX)
 _CPU_CATS = ("cpu_op", "user_annotation")  # not "gpu_user_annotation": the same range's GPU-side copy
 _NO_ARGS: dict = {}
 _EPS = 0.002  # µs: kineto writes timestamps rounded to ns; children may overhang their parent by that
+# collective communication: NCCL's kernels on the GPU; c10d's ops on the CPU (any process-group backend)
+_COLLECTIVE_KERNELS = ("nccl",)
+_COLLECTIVE_OPS = ("c10d::", "_c10d_functional::", "c10d_functional::", "nccl:", "gloo:")
+
+
+def is_collective_kernel(name: str) -> bool:
+    """A device kernel of a collective (``ncclDevKernel_AllReduce_Sum_bf16_RING_LL``, ...)."""
+    return name.startswith(_COLLECTIVE_KERNELS)
+
+
+def is_collective_op(name: str) -> bool:
+    """A CPU op that issues or waits for a collective (``c10d::allreduce_``, ``_c10d_functional::all_reduce``)."""
+    return name.startswith(_COLLECTIVE_OPS)
 
 
 class Event:
     """One complete ('X') trace event, with what encloses it resolved by ``Trace``."""
 
     __slots__ = ("name", "cat", "pid", "tid", "ts", "dur", "end", "args", "module", "attention", "step", "op",
-                 "parent_is_op", "launch")
+                 "parent_is_op", "launch", "device")
 
     def __init__(self, name: str, cat: str, pid: Any, tid: Any, ts: float, dur: float, args: dict):
         self.name, self.cat, self.pid, self.tid, self.ts, self.dur, self.args = name, cat, pid, tid, ts, dur, args
@@ -45,6 +58,24 @@ class Event:
         self.op: str | None = None  # the outermost cpu op around it (its own name for an outermost op)
         self.parent_is_op = False
         self.launch: Event | None = None  # device events: the runtime/driver call with the same correlation
+        # device events: the GPU index it ran on (a peer copy: the device that ran it, ``inDevice``)
+        self.device: int | None = None
+        if cat in DEVICE_KINDS:
+            d = args.get("device", args.get("inDevice"))
+            self.device = int(d) if d is not None else None
+
+    @property
+    def peer(self) -> tuple[int, int] | None:
+        """``(from, to)`` device indices of a copy between two GPUs, else None."""
+        a = self.args
+        if self.cat != "gpu_memcpy" or "fromDevice" not in a:
+            return None
+        src, dst = int(a["fromDevice"]), int(a["toDevice"])
+        return (src, dst) if src != dst else None
+
+    @property
+    def collective(self) -> bool:
+        return self.cat == "kernel" and is_collective_kernel(self.name)
 
     @property
     def kind(self) -> str | None:
@@ -59,6 +90,12 @@ class Trace:
     events: list[Event]
     device_properties: list[dict] = field(default_factory=list)
     source: str = ""
+    distributed: dict = field(default_factory=dict)  # Kineto's distributedInfo: backend, rank, world_size
+
+    @property
+    def rank(self) -> int | None:
+        r = self.distributed.get("rank")
+        return int(r) if r is not None else None
 
     @classmethod
     def load(cls, path: str | Path) -> "Trace":
@@ -80,6 +117,7 @@ class Trace:
     def from_json(cls, data: dict | list, source: str = "") -> "Trace":
         raw = data["traceEvents"] if isinstance(data, dict) else data
         props = data.get("deviceProperties", []) if isinstance(data, dict) else []
+        dist = (data.get("distributedInfo") or {}) if isinstance(data, dict) else {}
         # attnswitch's own ranges are user annotations, whichever category the profiler filed them
         # under (the fast C++ range used for modules comes out as "cpu_op")
         events = []
@@ -92,7 +130,7 @@ class Trace:
                 cat = "user_annotation"
             add(Event(name, cat, e.get("pid"), e.get("tid"), float(e["ts"]), float(e.get("dur", 0.0)),
                       e.get("args") or _NO_ARGS))
-        trace = cls(events, props, source)
+        trace = cls(events, props, source, dist)
         trace._resolve()
         return trace
 
@@ -104,6 +142,11 @@ class Trace:
     @property
     def launches(self) -> list[Event]:
         return [e for e in self.events if e.cat in _LAUNCH_CATS]
+
+    @property
+    def devices(self) -> list[int]:
+        """GPU indices that ran device events in this trace."""
+        return sorted({e.device for e in self.events if e.cat in DEVICE_KINDS and e.device is not None})
 
     def ranges(self, prefix: str) -> list[Event]:
         return [e for e in self.events if e.cat == "user_annotation" and e.name.startswith(prefix)]
