@@ -30,6 +30,11 @@ def _common(p: argparse.ArgumentParser, backends: bool = True) -> None:
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
     p.add_argument("--layers", type=int, default=None, help="truncate the model to this many layers")
     p.add_argument("--trust-remote-code", action="store_true", help="allow a local model's own code to run")
+    p.add_argument("--device-map", default=None, metavar="MAP",
+                   help="spread the model over the GPUs with accelerate: auto, balanced, balanced_low_0 or sequential")
+    p.add_argument("--tp", action="store_true",
+                   help="tensor parallelism over the ranks of torchrun (tp_plan='auto'): "
+                        "torchrun --nproc-per-node N -m attnswitch compare MODEL --tp")
     if backends:
         p.add_argument("--backends", default="all", help="comma-separated backends, or 'all'")
 
@@ -71,8 +76,14 @@ def _device(arg: str | None) -> torch.device:
 
 
 def _setup(args):
-    from .models import default_preset, load_model, make_workload, parse_dtype
+    from .models import DEVICE_MAPS, default_preset, load_model, make_workload, parse_dtype
 
+    if args.device_map is not None and args.device_map not in DEVICE_MAPS:
+        raise ValueError(f"--device-map {args.device_map}: use one of {', '.join(DEVICE_MAPS)}")
+    if (args.device_map or args.tp) and args.device is not None:
+        raise ValueError("--device picks one device; --device-map and --tp place the model themselves")
+    if args.device_map and args.tp:
+        raise ValueError("--device-map and --tp exclude each other; choose one")
     dev = _device(args.device)
     gpu = dev.type == "cuda"
     dtype = parse_dtype(args.dtype or ("bf16" if gpu else "fp32"))
@@ -80,7 +91,7 @@ def _setup(args):
         raise ValueError(f"--dtype bf16: {torch.cuda.get_device_name(dev)} cannot run bfloat16")
     spec = args.model or default_preset(dev)
     model, desc = load_model(spec, dtype=dtype, device=dev, trust_remote_code=args.trust_remote_code,
-                             layers=args.layers)
+                             layers=args.layers, device_map=args.device_map, tp=args.tp)
     batch = args.batch if args.batch is not None else (4 if gpu else 2)
     seq = args.seq if args.seq is not None else (2048 if gpu else 128)
     work = make_workload(model, batch=batch, seq=seq, padding=args.padding, mode=args.mode)
@@ -110,10 +121,17 @@ def _write_outputs(report, out: str | None, console) -> None:
     console.print(f"wrote {d}/report.json, report.csv, report.md, report.html, traces/")
 
 
+def _is_main_rank(args) -> bool:
+    import os
+
+    return not getattr(args, "tp", False) or int(os.environ.get("RANK", "0")) == 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     err = _progress_console()
+    err.quiet = not _is_main_rank(args)  # under torchrun only rank 0 speaks (and writes)
     try:
         return _run(args, argv, err)
     except (ValueError, FileNotFoundError, TypeError) as e:
@@ -126,12 +144,18 @@ def main(argv: list[str] | None = None) -> int:
             err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
             return EXIT_BAD_INPUT
         raise
+    finally:
+        if getattr(args, "tp", False):
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
 
 def _run(args, argv, err) -> int:
     from rich.console import Console
 
-    out = Console(width=None if sys.stdout.isatty() else 200)
+    out = Console(width=None if sys.stdout.isatty() else 200, quiet=not _is_main_rank(args))
     if args.command == "env":
         from .env import auto_choice, environment
 
@@ -162,6 +186,10 @@ def _run(args, argv, err) -> int:
         out.print(str(res), markup=False, highlight=False)
         return EXIT_OK if res.eligible else EXIT_NOTHING_RAN
     command = "attnswitch " + " ".join(shlex.quote(a) for a in argv)
+    if args.tp:
+        import torch.distributed as dist
+
+        command = f"torchrun --nproc-per-node {dist.get_world_size()} -m {command}"
     backends = None if args.backends == "all" else args.backends
     trace_dir = Path(args.out) / "traces" if args.out else None
     with err.status("") as status:
@@ -183,7 +211,8 @@ def _run(args, argv, err) -> int:
                              trace_dir=trace_dir, progress=progress, model_name=spec,
                              check_numerics=not args.no_numerics, command=command)
     report.render(out, layers=not args.no_layers, fold=not args.unfold)
-    _write_outputs(report, args.out, err)
+    if _is_main_rank(args):
+        _write_outputs(report, args.out, err)
     return EXIT_OK if report.ok else EXIT_NOTHING_RAN
 
 

@@ -39,12 +39,23 @@ def _output(out) -> torch.Tensor:
 
 
 def _forward(model, workload: Workload, name: str | None) -> torch.Tensor:
+    from . import hf
+    from .switch import _switched
+
     kwargs = workload.first()
     with torch.no_grad():
         if name is None:
             return _output(model(**kwargs)).float()
-        with use_backend(name, model=model):
+        with (_switched(name, model) if name == hf.REFERENCE else use_backend(name, model=model)):
             return _output(model(**kwargs)).float()
+
+
+#: what backends are checked against
+REFERENCES = {
+    "fp32-copy": "eager attention in a float32 copy of the model",
+    "fp32-attention": "eager attention computed in float32 inside the model (a model spread over several GPUs "
+                      "gets no float32 copy)",
+}
 
 
 def _errors(out: torch.Tensor, ref: torch.Tensor, where: torch.Tensor | None) -> tuple[float, float, float | None]:
@@ -59,18 +70,26 @@ def _errors(out: torch.Tensor, ref: torch.Tensor, where: torch.Tensor | None) ->
     return max_rel, mean_rel, top1
 
 
-def numerics(model: nn.Module, workload: Workload, names: Iterable[str]) -> dict[str, Numerics | str]:
+def numerics(model: nn.Module, workload: Workload, names: Iterable[str],
+             reference: str = "fp32-copy") -> dict[str, Numerics | str]:
     """Per backend: its output against eager attention in float32 (same weights and inputs); a
-    string instead where the backend could not run."""
+    string instead where the backend could not run. ``reference`` is a key of ``REFERENCES``."""
+    from . import hf
+
+    if reference not in REFERENCES:
+        raise ValueError(f"unknown numerics reference {reference!r}; use one of {', '.join(REFERENCES)}")
     dtype = next(model.parameters()).dtype
-    ref_model = copy.deepcopy(model).float() if dtype != torch.float32 else model
-    ref_work = dataclasses.replace(workload, model=ref_model)
-    if dtype != torch.float32 and workload.mode == "decode":
-        key = _cache_kwarg(model)
-        ref_work = dataclasses.replace(ref_work, kwargs={**workload.kwargs, key: _cache_to(
-            workload.kwargs[key], torch.float32)})
-    ref = _forward(ref_model, ref_work, "eager")
-    del ref_model
+    if reference == "fp32-attention" or dtype == torch.float32:
+        ref = _forward(model, workload, hf.REFERENCE if dtype != torch.float32 else "eager")
+    else:
+        ref_model = copy.deepcopy(model).float()
+        ref_work = dataclasses.replace(workload, model=ref_model)
+        if workload.mode == "decode":
+            key = _cache_kwarg(model)
+            ref_work = dataclasses.replace(ref_work, kwargs={**workload.kwargs, key: _cache_to(
+                workload.kwargs[key], torch.float32)})
+        ref = _forward(ref_model, ref_work, "eager")
+        del ref_model
     where = workload.tokens
     base, _, _ = _errors(_forward(model, workload, "eager"), ref, where)
     tol = max(DTYPE_TOLERANCE.get(dtype, 1e-2), 2 * base)
@@ -160,13 +179,16 @@ def compare(model: nn.Module, batch: Workload | dict[str, Any], *, backends: Ite
     report = profile(model, batch, backends=backends, warmup=warmup, iters=iters, trace_dir=trace_dir,
                      progress=progress, model_name=model_name, rounds=rounds)
     results = list(report.backends)
+    reference = "fp32-attention" if report.distribution else "fp32-copy"
     if check_numerics:
         if progress:
             progress("numerics")
-        nums = numerics(model, batch, [b.backend for b in results if b.ok])
+        nums = numerics(model, batch, [b.backend for b in results if b.ok], reference)
         results = [dataclasses.replace(b, numerics=nums[b.backend]) if isinstance(nums.get(b.backend), Numerics)
                    else b for b in results]
     ranking = rank(results)
+    settings = {**report.settings, "numerics_reference": REFERENCES[reference]} if check_numerics else \
+        report.settings
     return dataclasses.replace(report, backends=tuple(results), ranking=tuple(ranking),
                                recommendation=recommend(results, ranking), command=command,
-                               workload={**report.workload, "mode": batch.mode})
+                               workload={**report.workload, "mode": batch.mode}, settings=settings)

@@ -38,6 +38,9 @@ from .backends import run_attention
 from .errors import BackendUnavailable, UnsupportedModel
 
 NAME = "attnswitch"
+#: not a public backend: the model's eager attention computed in float32, inside a model that stays in
+#: its own dtype (the numerics reference for models too large for a float32 copy)
+REFERENCE = "eager-fp32"
 _GLOBAL_KEYS = ("sdpa", "eager")  # the registry keys models already name
 _REGISTRIES = (ALL_ATTENTION_FUNCTIONS, ALL_MASK_ATTENTION_FUNCTIONS)
 _MISSING = object()
@@ -162,6 +165,11 @@ def _dispatch(module, query, key, value, attention_mask, **kwargs):
     if name == "eager":
         return model_eager_function(module)(module, query, key, value, _additive(attention_mask, query.dtype),
                                             **kwargs)
+    if name == REFERENCE:
+        mask = _additive(attention_mask, torch.float32)
+        out, weights = model_eager_function(module)(module, query.float(), key.float(), value.float(),
+                                                    mask.float() if mask is not None else None, **kwargs)
+        return out.to(query.dtype), weights
     if name == "auto":  # SDPA's own choice, through transformers' own sdpa function
         return _original_attention("sdpa", module)(module, query, key, value, attention_mask, **kwargs)
     return _run_selected(name, module, query, key, value, attention_mask, **kwargs)
@@ -200,7 +208,7 @@ def mask_forward(*args, config=None, **kwargs):
         key = _key_before(config) if config is not None else "sdpa"
         fn = _original(1, key if key is not None else "eager")
     else:
-        fn = _original(1, "eager" if name == "eager" else "sdpa")
+        fn = _original(1, "eager" if name in ("eager", REFERENCE) else "sdpa")
     return fn(*args, config=config, **kwargs)
 
 

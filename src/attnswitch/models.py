@@ -126,14 +126,30 @@ def _from_config(config, task: str, dtype: torch.dtype, device: torch.device, se
     return model.eval()
 
 
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
 def load_model(spec: str, *, dtype: torch.dtype | str = torch.float32, device: torch.device | str = "cpu",
-               trust_remote_code: bool = False, layers: int | None = None, seed: int = 0) -> tuple[nn.Module, str]:
+               trust_remote_code: bool = False, layers: int | None = None, seed: int = 0,
+               device_map: str | dict | None = None, tp: bool = False) -> tuple[nn.Module, str]:
     """Build or load a model from ``spec``; returns ``(model in eval mode, description)``.
 
     ``spec`` is a preset name, a local folder (``from_pretrained``, safetensors only), a path to a
     ``config.json`` (random weights) or a hub id. ``layers`` truncates the layer count of configs.
+
+    A model larger than one GPU is loaded the way transformers loads it: ``device_map`` (``"auto"``,
+    ``"balanced"``, ``"sequential"`` or a dict) spreads its layers over the GPUs with accelerate's
+    hooks; ``tp=True`` (under ``torchrun``) shards it over the ranks with ``tp_plan="auto"``. Random
+    weights (presets, configs) are saved to a temporary folder first and loaded from there by
+    ``from_pretrained``, so the distributed model is exactly what a checkpoint gives.
     """
     dtype, device = parse_dtype(dtype), torch.device(device)
+    if device_map is not None and tp:
+        raise ValueError("device_map and tensor parallelism exclude each other; choose one")
+    if isinstance(device_map, str) and device_map not in DEVICE_MAPS:
+        raise ValueError(f"device_map {device_map!r}: use one of {', '.join(DEVICE_MAPS)} or a dict")
+    if device_map is not None or tp:
+        return _load_distributed(spec, dtype, device, trust_remote_code, layers, seed, device_map, tp)
     if spec in PRESETS:
         preset = PRESETS[spec]
         config = preset.make_config()
@@ -180,16 +196,106 @@ def _set_layers(config, layers: int | None) -> None:
         config.num_decoder_layers = layers
 
 
-def _pretrained(where: str, dtype, device, trust_remote_code: bool, layers: int | None) -> nn.Module:
+def _pretrained(where: str, dtype, device, trust_remote_code: bool, layers: int | None, **load) -> nn.Module:
     config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code)
     _set_layers(config, layers)
     task = _task_of(config)
-    kwargs = dict(config=config, dtype=dtype, use_safetensors=True, trust_remote_code=trust_remote_code)
+    kwargs = dict(config=config, dtype=dtype, use_safetensors=True, trust_remote_code=trust_remote_code, **load)
     try:
         model = _AUTO[task].from_pretrained(where, **kwargs)
     except ValueError:
         model = AutoModel.from_pretrained(where, **kwargs)
-    return model.to(device).eval()
+    if not load:
+        model = model.to(device)
+    return model.eval()
+
+
+def _tp_kwargs() -> dict:
+    try:  # transformers 5.x: the plan goes in a DistributedConfig (a bare tp_plan= is deprecated)
+        from transformers import DistributedConfig
+    except ImportError:  # pragma: no cover - releases before DistributedConfig
+        return {"tp_plan": "auto"}
+    return {"distributed_config": DistributedConfig(tp_plan="auto")}
+
+
+def init_process_group() -> tuple[int, int]:
+    """The process group ``torchrun`` asks for (NCCL on GPUs, gloo on CPUs), each rank bound to its
+    GPU; returns ``(rank, world_size)``. Already initialized: left as it is."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        raise ValueError("tensor parallelism needs one process per GPU: run under torchrun, e.g. "
+                         "`torchrun --nproc-per-node 2 -m attnswitch compare MODEL --tp`")
+    local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+    if torch.cuda.is_available():
+        if local >= torch.cuda.device_count():
+            raise ValueError(f"rank {local} has no GPU: {torch.cuda.device_count()} visible, "
+                             f"{os.environ['WORLD_SIZE']} processes asked for")
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    else:
+        dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _load_distributed(spec, dtype, device, trust_remote_code, layers, seed, device_map, tp):
+    import shutil
+    import tempfile
+
+    if tp:
+        rank, world_size = init_process_group()
+        load = _tp_kwargs()
+    else:
+        rank, world_size = 0, 1
+        load = {"device_map": device_map}
+    folder, tmp = spec, None
+    random_weights = spec in PRESETS or Path(spec).is_file()
+    if random_weights:
+        # random weights: made once (rank 0), saved, then loaded by every rank like a checkpoint
+        if rank == 0:
+            model, _ = load_model(spec, dtype=dtype, device="cpu", trust_remote_code=trust_remote_code,
+                                  layers=layers, seed=seed)
+            tmp = tempfile.mkdtemp(prefix="attnswitch-weights-")
+            model.save_pretrained(tmp)
+            del model
+        folder = _broadcast(tmp) if tp else tmp
+        layers = None  # already truncated in the saved config
+    elif not Path(spec).is_dir() and not _looks_like_hub_id(spec):
+        load_model(spec)  # the single-device loader's clear error for a bad spec
+    try:
+        model = _pretrained(folder, dtype, device, trust_remote_code, layers, **load)
+    except OSError as e:
+        raise ValueError(f"{spec}: cannot load ({str(e).splitlines()[0]})") from None
+    finally:
+        if tp:
+            _barrier()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    how = (f"tensor parallel over {world_size} ranks" if tp else
+           f"device_map {device_map if isinstance(device_map, str) else 'given'} over "
+           f"{', '.join(dict.fromkeys(str(v) for v in getattr(model, 'hf_device_map', {}).values())) or device}")
+    kind = "preset" if spec in PRESETS else "config" if Path(spec).is_file() else "folder" if Path(spec).is_dir() \
+        else "hub"
+    return model.eval(), f"{kind} {spec}" + (", random weights" if random_weights else "") + f", {how}"
+
+
+def _broadcast(obj):
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        dist.barrier(device_ids=[torch.cuda.current_device()])
+    else:
+        dist.barrier()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ class LayerStats:
     launch_apis: tuple[tuple[str, float], ...] = ()
     comm_kernels: float = 0.0  # collective (NCCL) kernels among ``kernels``
     comm_us: float = 0.0  # their device time, part of ``gpu_us``
-    comm_ops: float = 0.0  # collective CPU ops (c10d) among ``ops``
+    comm_ops: float = 0.0  # collectives issued (their ``c10d::`` CPU op)
     devices: tuple[int, ...] = ()  # GPU indices its device events ran on
     rank: int | None = None  # the process (tensor parallelism), None in a single process
 
@@ -308,7 +308,7 @@ class Report:
                                                                                    else "")
             # "GPU µs" is compute: collectives have their own column where there are any
             compute_us = l.gpu_us - l.comm_us
-            cell = {"rank": _n(l.rank) if l.rank is not None else "-",
+            cell = {"rank": str(l.rank) if l.rank is not None else "-",
                     "GPU": ",".join(map(str, l.devices)) or "-", "calls": _n(l.calls), "kernels": dev(l.kernels),
                     "memcpy": dev(l.memcpys), "memset": dev(l.memsets), "cpu ops": _n(l.ops),
                     "GPU µs": dev(compute_us, 1), "comm kernels": dev(l.comm_kernels), "comm µs": dev(l.comm_us, 1),
@@ -321,7 +321,7 @@ class Report:
 
     def device_table(self, backend: str) -> list[list[str]]:
         """Per GPU (and rank): totals per forward from that GPU's raw events."""
-        return [[_n(d.rank) if d.rank is not None else "-", f"cuda:{d.device}", _n(d.kernels), _n(d.memcpys),
+        return [[str(d.rank) if d.rank is not None else "-", f"cuda:{d.device}", _n(d.kernels), _n(d.memcpys),
                  _n(d.memsets), _n(d.comm_kernels), _n(d.gpu_busy_ms, 3), _n(d.comm_ms, 3), _n(d.gpu_span_ms, 3),
                  _n(d.peak_mem_mb, 0), _n(d.time_ms, 3)] for d in self[backend].devices]
 

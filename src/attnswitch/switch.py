@@ -40,7 +40,12 @@ def backend(name: str | SDPBackend, model: nn.Module | None = None) -> Iterator[
 
     Yields the canonical backend name.
     """
-    name = resolve_name(name)
+    with _switched(resolve_name(name), model) as n:
+        yield n
+
+
+@contextlib.contextmanager
+def _switched(name: str, model: nn.Module | None) -> Iterator[str]:
     if model is None:
         hf.install_global()
         token = hf.STATE.set(hf.State(name, {}))

@@ -42,7 +42,7 @@ class Row:
     launch_apis: Counter = field(default_factory=Counter)
     comm_kernels: int = 0  # collective kernels (NCCL) among ``kernels``
     comm_us: float = 0.0  # their device time, part of ``gpu_us``
-    comm_ops: int = 0  # collective CPU ops (c10d) among ``ops``
+    comm_ops: int = 0  # collectives issued (their ``c10d::`` CPU op, at any depth)
     devices: Counter = field(default_factory=Counter)  # GPU index -> device events that ran there
     folded: int = 1  # layers folded into this row
 
@@ -118,12 +118,13 @@ def attribute(trace: Trace, steps: set[str] | None = None) -> dict[tuple[str, st
                 r = row((e.attention, "attention"))
                 r.calls += 1
                 r.host_us += e.dur
-        elif e.cat == "cpu_op" and not e.parent_is_op:
-            r = row(_row_key(e))
-            r.ops += 1
-            r.op_names[e.name] += 1
-            if is_collective_op(e.name):
-                r.comm_ops += 1
+        elif e.cat == "cpu_op":
+            if not e.parent_is_op:
+                r = row(_row_key(e))
+                r.ops += 1
+                r.op_names[e.name] += 1
+            if is_collective_op(e.name):  # at any depth (DTensor issues them inside its own ops)
+                row(_row_key(e)).comm_ops += 1
     return rows
 
 

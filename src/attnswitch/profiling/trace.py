@@ -27,9 +27,11 @@ _OWN = (ATTENTION_PREFIX, MODULE_PREFIX, STEP_PREFIX)
 _CPU_CATS = ("cpu_op", "user_annotation")  # not "gpu_user_annotation": the same range's GPU-side copy
 _NO_ARGS: dict = {}
 _EPS = 0.002  # µs: kineto writes timestamps rounded to ns; children may overhang their parent by that
-# collective communication: NCCL's kernels on the GPU; c10d's ops on the CPU (any process-group backend)
+# collective communication: NCCL's kernels on the GPU; on the CPU, the process group's op: every collective
+# passes through exactly one ``c10d::`` op (``c10d::allreduce_``), whether issued by ``dist.all_reduce``
+# or by DTensor's functional collectives (``_c10d_functional::all_reduce`` -> ``c10d::allreduce_``)
 _COLLECTIVE_KERNELS = ("nccl",)
-_COLLECTIVE_OPS = ("c10d::", "_c10d_functional::", "c10d_functional::", "nccl:", "gloo:")
+_COLLECTIVE_OPS = ("c10d::",)
 
 
 def is_collective_kernel(name: str) -> bool:
@@ -38,7 +40,7 @@ def is_collective_kernel(name: str) -> bool:
 
 
 def is_collective_op(name: str) -> bool:
-    """A CPU op that issues or waits for a collective (``c10d::allreduce_``, ``_c10d_functional::all_reduce``)."""
+    """The CPU op of one collective on its process group (``c10d::allreduce_``, ``c10d::allgather_``)."""
     return name.startswith(_COLLECTIVE_OPS)
 
 
