@@ -13,7 +13,7 @@ parts=${PARTS:-tests,traces,proof}
 { nvidia-smi; nvidia-smi topo -m; python3 -c "import torch, transformers, accelerate; print(torch.__version__, transformers.__version__, accelerate.__version__, torch.backends.cudnn.version(), torch.cuda.device_count(), torch.cuda.can_device_access_peer(0, 1))"; env | grep -E "NCCL|SYMM|NVSHMEM"; } > $S/multi/machine.txt 2>&1
 tail -3 $S/multi/machine.txt
 if [[ $parts == *tests* ]]; then
-  timeout ${TESTS_S:-200} python3 -m pytest tests/gpu/test_multi_gpu.py -m gpu -q -rs -x -p no:cacheprovider > $S/multi/gpu_multi_tests.log 2>&1; echo "multi-gpu tests rc=$?" | tee -a $S/multi/gpu_multi_tests.log; tail -5 $S/multi/gpu_multi_tests.log
+  timeout ${TESTS_S:-200} python3 -m pytest ${TESTS:-tests/gpu} -m gpu -q -rs -p no:cacheprovider > $S/multi/gpu_multi_tests.log 2>&1; echo "multi-gpu tests rc=$?" | tee -a $S/multi/gpu_multi_tests.log; tail -5 $S/multi/gpu_multi_tests.log
 fi
 if [[ $parts == *traces* ]]; then
   mkdir -p $S/multi/traces

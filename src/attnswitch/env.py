@@ -52,7 +52,7 @@ def environment(device: torch.device | str | None = None) -> dict:
         p = torch.cuda.get_device_properties(dev)
         env.update(gpu=p.name, compute_capability=f"{p.major}.{p.minor}", driver=_driver(),
                    cudnn=torch.backends.cudnn.version(), gpu_memory_gib=round(p.total_memory / 2**30, 1),
-                   sm_count=p.multi_processor_count)
+                   sm_count=p.multi_processor_count, gpus_visible=torch.cuda.device_count())
     return env
 
 

@@ -150,6 +150,10 @@ def _layer_table_rows(layers, fold: bool):
     return out
 
 
+_COMM_NOTE = ("  comm µs: the NCCL kernels' device time, which includes waiting for the other ranks to reach the "
+              "collective; GPU µs is the rest.")
+
+
 def _n(x, digits=1) -> str:
     if x is None:
         return "-"
@@ -383,6 +387,8 @@ class Report:
                     for r in self.layer_table(b.backend, fold):
                         lt.add_row(*map(escape, r))
                     console.print(lt)
+                    if "comm µs" in self.layer_headers(b.backend):
+                        console.print(_COMM_NOTE, markup=False)
                     for title, headers, rows in self._multi_gpu_tables(b):
                         mt = Table(title=title, title_justify="left")
                         for h in headers:
@@ -426,6 +432,8 @@ class Report:
                 lines += ["", f"## {b.backend}: per layer (per forward)", "",
                           "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
                 lines += ["| " + " | ".join(r) + " |" for r in self.layer_table(b.backend)]
+                if "comm µs" in heads:
+                    lines += ["", _COMM_NOTE.strip()]
                 for title, headers, rows in self._multi_gpu_tables(b):
                     lines += ["", f"### {title}", "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
                     lines += ["| " + " | ".join(r) + " |" for r in rows]

@@ -347,7 +347,7 @@ def _from_trace(trace: Trace, rows: dict, cuda: bool, dev: torch.device, peaks: 
     attn_calls = sum(r.calls for r in attn)
     per_call = (lambda f: sum(getattr(r, f) for r in attn) / attn_calls) if attn_calls else (lambda f: None)
     attn_events = [e for e in trace.device_events if e.attention is not None]
-    limits = device_limits(dev) if cuda else None
+    limits = device_limits(dev) if cuda and dev is not None else None  # None: a recorded trace, off its GPU
     op_names: dict[str, None] = {}
     for r in attn:
         op_names.update(dict.fromkeys(r.op_names))
