@@ -15,6 +15,9 @@ tail -3 $S/multi/machine.txt
 if [[ $parts == *tests* ]]; then
   timeout ${TESTS_S:-200} python3 -m pytest ${TESTS:-tests/gpu} -m gpu -q -rs -p no:cacheprovider > $S/multi/gpu_multi_tests.log 2>&1; echo "multi-gpu tests rc=$?" | tee -a $S/multi/gpu_multi_tests.log; tail -5 $S/multi/gpu_multi_tests.log
 fi
+if [[ $parts == *cpu* ]]; then
+  timeout ${CPU_S:-300} python3 -m pytest tests -q -p no:cacheprovider --ignore=tests/gpu > $S/multi/cpu_tests_on_gpu_stack.log 2>&1; echo "cpu tests rc=$?" | tee -a $S/multi/cpu_tests_on_gpu_stack.log; tail -5 $S/multi/cpu_tests_on_gpu_stack.log
+fi
 if [[ $parts == *traces* ]]; then
   mkdir -p $S/multi/traces
   timeout 150 python3 benchmarks/record_traces.py $S/multi/traces --multi-gpu > $S/multi/traces/log.txt 2>&1; echo "traces rc=$?"; grep recorded $S/multi/traces/log.txt

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from attnswitch.cli import main
 from attnswitch.profiling.attribution import OUTSIDE, attribute, device_totals, transfers
@@ -223,7 +224,7 @@ def gloo_run(tmp_path_factory):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "attnswitch", "compare",
            "tiny-llama", "--tp", "--layers", "2", "--batch", "1", "--seq", "32", "--backends", "naive,flash,eager",
            "--iters", "2", "--warmup", "1", "--out", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}  # gloo on CPUs, also on a GPU host
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return out, p
@@ -281,6 +282,7 @@ def test_cli_rejects_bad_distribution_options(argv, message, capsys, monkeypatch
     assert message in " ".join(capsys.readouterr().err.split())
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU host device_map spreads it (tests/gpu)")
 def test_cli_device_map_auto_on_a_cpu_loads_through_from_pretrained(tmp_path, capsys):
     assert main(["profile", "tiny-llama", "--layers", "1", "--device-map", "auto", "--backends", "naive", "--iters", "1",
                  "--warmup", "0", "--seq", "16", "--batch", "1", "--no-layers", "--out", str(tmp_path)]) == 0
