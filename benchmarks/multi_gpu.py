@@ -1,7 +1,7 @@
-"""Proof on two GPUs: one model compared on one GPU, spread by accelerate's device_map, and sharded by
-tensor parallelism under torchrun, with the checks the reports must pass.
+"""Proof on several GPUs: one model compared on one GPU, spread by accelerate's device_map, and sharded
+by tensor parallelism under torchrun (one rank per GPU), with the checks the reports must pass.
 
-``python benchmarks/multi_gpu.py OUT [--preset llama-3.2-1b] [--iters 5]`` writes ``OUT/{single,
+``python benchmarks/multi_gpu.py OUT [--preset llama-3.2-1b] [--iters 5] [--gpus N]`` writes ``OUT/{single,
 device_map,tp}/report.*`` and ``OUT/multi_gpu_check.json``: per backend and attention layer, the
 attention kernels per call in each mode (they must be equal); per GPU and rank, the report's totals
 against that GPU's raw profiler events; and the steady time per forward of each mode side by side.
@@ -45,7 +45,7 @@ def _raw_totals(trace_file: Path, device: int) -> dict:
             "gpu_busy_ms": sum(t.gpu_busy_us for t in tot) / n / 1e3}
 
 
-def check(out: Path) -> dict:
+def check(out: Path, gpus: int) -> dict:
     single, dm, tp = (Report.from_json(out / m / "report.json") for m in ("single", "device_map", "tp"))
     result: dict = {"environment": environment(), "distribution": {"device_map": dm.distribution,
                                                                    "tp": tp.distribution}, "backends": {}}
@@ -58,7 +58,8 @@ def check(out: Path) -> dict:
         ref = _attn(single, name)
         row["attn_kernels_per_call_single"] = sorted(set(ref.values()))
         row["device_map_equal"] = dm[name].ok and _attn(dm, name) == ref
-        row["tp_equal_per_rank"] = tp[name].ok and all(_attn(tp, name, r) == ref for r in (0, 1))
+        row["tp_equal_per_rank"] = tp[name].ok and all(_attn(tp, name, r) == ref for r in range(gpus))
+        row["device_map_devices"] = sorted({d for l in dm[name].layers for d in l.devices})
         row["time_ms"] = {"single": b.time_ms, "device_map": dm[name].time_ms, "tp": tp[name].time_ms}
         row["tp_rank_time_ms"] = {d.rank: d.time_ms for d in tp[name].devices}
         row["transfers"] = [t.__dict__ for t in dm[name].transfers]
@@ -96,7 +97,11 @@ def main() -> None:
     ap.add_argument("--preset", default="llama-3.2-1b")
     ap.add_argument("--iters", default="5")
     ap.add_argument("--timeout", type=int, default=200)
+    ap.add_argument("--gpus", type=int, default=None, help="GPUs to spread over (default: all visible)")
     a = ap.parse_args()
+    import torch
+
+    gpus = a.gpus or torch.cuda.device_count() or 2
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     common = ["compare", a.preset, "--iters", a.iters]
@@ -105,11 +110,11 @@ def main() -> None:
         "single": _run(me + common + ["--out", str(out / "single")], out / "single.log", a.timeout),
         "device_map": _run(me + common + ["--device-map", "auto", "--out", str(out / "device_map")],
                            out / "device_map.log", a.timeout),
-        "tp": _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "attnswitch"]
+        "tp": _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(gpus), "-m", "attnswitch"]
                    + common + ["--tp", "--out", str(out / "tp")], out / "tp.log", a.timeout),
     }
-    result = check(out)
-    result["wall_seconds"] = walls
+    result = check(out, gpus)
+    result["gpus"], result["wall_seconds"] = gpus, walls
     (out / "multi_gpu_check.json").write_text(json.dumps(result, indent=1, default=str))
     for name, row in result["backends"].items():
         t = row["time_ms"]
