@@ -43,14 +43,17 @@ def figures(report: Report) -> list[tuple[str, str]]:
     out = []
     # 1. time per forward split by layer kind (profiled self time; CPU: host time of ops)
     gpu = any(b.profiled_gpu_busy_ms for b in ok)
-    kinds = ["attention call", "attention module (rest)", "mlp", "other", "outside modules"]
+    kinds = ["attention call", "attention module (rest)", "mlp", "other", "outside modules",
+             "collectives (incl. waiting)"]
     fig, ax = plt.subplots(figsize=(7, 3.2))
     bottom = [0.0] * len(ok)
     for k in kinds:
         vals = []
         for b in ok:
-            if gpu:
-                vals.append(sum(l.gpu_us for l in b.layers if _layer_kind(l.path, l.kind) == k) / 1e3)
+            if gpu and k.startswith("collectives"):  # NCCL kernels, wherever issued (tensor parallelism)
+                vals.append(sum(l.comm_us for l in b.layers) / 1e3)
+            elif gpu:
+                vals.append(sum(l.gpu_us - l.comm_us for l in b.layers if _layer_kind(l.path, l.kind) == k) / 1e3)
             else:
                 vals.append(0.0)
         if not gpu and k == "attention call":
@@ -58,7 +61,9 @@ def figures(report: Report) -> list[tuple[str, str]]:
         if any(vals):
             ax.bar(names, vals, bottom=bottom, label=k)
             bottom = [a + v for a, v in zip(bottom, vals)]
-    ax.set_ylabel("GPU ms / forward" if gpu else "host ms / forward (attention calls)")
+    n_gpus = len({(d.rank, d.device) for b in ok for d in b.devices})
+    ax.set_ylabel(("GPU ms / forward" + (f", summed over {n_gpus} GPUs" if n_gpus > 1 else "")) if gpu
+                  else "host ms / forward (attention calls)")
     ax.set_title("Time per forward by layer kind" + ("" if gpu else " (CPU run: attention host time only)"))
     ax.legend(fontsize=7)
     out.append(("time by layer kind", _png(fig)))
