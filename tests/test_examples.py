@@ -1,5 +1,6 @@
 """Every example runs (small sizes, CPU), so none rots."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,10 @@ CASES = {
     "post_single_call.py": ["--small"],
     "profile_model_per_layer.py": ["--layers", "2", "--seq", "32"],
     "choose_backend.py": ["--layers", "2", "--seq", "32", "--padding"],
+    # under torchrun, two CPU processes over gloo (the GPUs hidden where there are any)
+    "larger_than_one_gpu.py": ["--tp", "--layers", "2", "--seq", "16"],
 }
+TORCHRUN = {"larger_than_one_gpu.py"}
 
 
 def test_every_example_is_covered():
@@ -21,11 +25,17 @@ def test_every_example_is_covered():
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_example_runs(name, tmp_path):
     args = CASES[name] + (["--out", str(tmp_path / "out")] if name == "choose_backend.py" else [])
-    r = subprocess.run([sys.executable, str(ROOT / "examples" / name), *args], capture_output=True, text=True,
-                       timeout=600, cwd=tmp_path)
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"] if name in TORCHRUN else \
+        [sys.executable]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"} if name in TORCHRUN else None
+    r = subprocess.run([*launch, str(ROOT / "examples" / name), *args], capture_output=True, text=True,
+                       timeout=600, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     if name == "choose_backend.py":
         assert "Recommendation" in r.stdout and "patched with" in r.stdout
         assert (tmp_path / "out" / "report.html").exists()
+    if name == "larger_than_one_gpu.py":
+        assert r.stdout.count("random weights, tensor parallel over 2 ranks\n") == 1  # printed by rank 0 alone
+        assert "layers issuing collectives: " in r.stdout and "o_proj" in r.stdout
     if name == "post_single_call.py":
         assert "naive-inplace" in r.stdout and "aten::masked_fill_" in r.stdout
