@@ -270,7 +270,9 @@ def _load_distributed(spec, dtype, device, trust_remote_code, layers, seed, devi
         raise ValueError(f"{spec}: cannot load ({str(e).splitlines()[0]})") from None
     finally:
         if tp:
-            _barrier()
+            from .profiling.distributed import barrier
+
+            barrier()  # every rank has loaded: the temporary weights can go
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     how = (f"tensor parallel over {world_size} ranks" if tp else
@@ -288,14 +290,6 @@ def _broadcast(obj):
     dist.broadcast_object_list(box, src=0)
     return box[0]
 
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.get_backend() == "nccl":
-        dist.barrier(device_ids=[torch.cuda.current_device()])
-    else:
-        dist.barrier()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,6 +40,11 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     global ``backend()``. Every backend sees the same inputs and the same warm-up; the steady time per
     forward comes from ``iters`` unprofiled forwards per backend in ``rounds`` interleaved rounds.
     Backends that cannot run are in the report with PyTorch's reasons.
+
+    A model spread over GPUs by accelerate's ``device_map`` is profiled on all of them (per-GPU totals,
+    copies between GPUs by layer boundary). Under ``torchrun`` with a tensor-parallel model, call it on
+    every rank: each profiles its GPU and every rank gets the merged report (rank column, collectives
+    per layer); with ``trace_dir`` only rank 0 writes, the other ranks' traces included.
     """
     if warmup < 0 or iters < 1:
         raise ValueError(f"need warmup >= 0 and iters >= 1, got warmup={warmup}, iters={iters}")

@@ -19,7 +19,8 @@ import torch.nn as nn
 
 from ..report import BackendResult
 
-__all__ = ["world", "is_main", "distribution_of", "agree_ok", "merge_results", "gather_traces"]
+__all__ = ["world", "is_main", "distribution_of", "agree_ok", "merge_results", "gather_traces",
+           "merged_report_backends", "barrier"]
 
 
 def world() -> tuple[int, int] | None:
@@ -173,6 +174,7 @@ def merged_report_backends(results: list[BackendResult], trace_dir) -> list[Back
 
 
 def barrier() -> None:
+    """Wait for every rank (on the rank's own GPU under NCCL); nothing outside a process group."""
     if world() is not None:
         import torch.distributed as dist
 
