@@ -9,7 +9,7 @@ fi
 export PYTHONPATH=$PWD/src:$PWD:/tmp/site
 S=/tmp/stage; rm -rf $S; mkdir -p $S/multi
 pack() { tar czf "$OUT/$1.tgz" -C "$S" "$1"; }
-parts=${PARTS:-tests,traces,proof}
+parts=${PARTS:-tests,cpu,traces,example,proof}
 { nvidia-smi; nvidia-smi topo -m; python3 -c "import torch, transformers, accelerate; print(torch.__version__, transformers.__version__, accelerate.__version__, torch.backends.cudnn.version(), torch.cuda.device_count(), torch.cuda.can_device_access_peer(0, 1))"; env | grep -E "NCCL|SYMM|NVSHMEM"; } > $S/multi/machine.txt 2>&1
 tail -3 $S/multi/machine.txt
 if [[ $parts == *tests* ]]; then
@@ -21,6 +21,10 @@ fi
 if [[ $parts == *traces* ]]; then
   mkdir -p $S/multi/traces
   timeout 150 python3 benchmarks/record_traces.py $S/multi/traces --multi-gpu > $S/multi/traces/log.txt 2>&1; echo "traces rc=$?"; grep recorded $S/multi/traces/log.txt
+fi
+if [[ $parts == *example* ]]; then
+  { timeout 150 python3 examples/larger_than_one_gpu.py --device-map auto; echo "device_map example rc=$?";
+    timeout 150 python3 -m torch.distributed.run --nproc-per-node 2 examples/larger_than_one_gpu.py --tp; echo "tp example rc=$?"; } 2>&1 | grep -v "Loading\|USDT\|Writing" > $S/multi/example.log; grep "example rc" $S/multi/example.log
 fi
 if [[ $parts == *proof* ]]; then
   timeout ${PROOF_S:-330} python3 benchmarks/multi_gpu.py $S/multi/proof --iters ${ITERS:-5} --timeout 150 2>&1 | tail -12; echo "proof rc=$?"
