@@ -5,7 +5,6 @@ its GPU, the per-GPU totals must add up to the raw profiler events, and the copi
 must sit at the layer boundary where the device_map splits the model.
 """
 
-import json
 import os
 import subprocess
 import sys
