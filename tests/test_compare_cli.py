@@ -60,7 +60,7 @@ def test_near_ties_within_noise_are_named():
                BackendResult("cudnn", "ok", time_ms=1.01, noise_pct=2.0),
                BackendResult("math", "ok", time_ms=3.0, noise_pct=1.0)]
     text = recommend(results, rank(results))
-    assert "Within measured noise of it: `cudnn`" in text and "3.00x faster than the next, `math`" in text
+    assert "Within measured noise of it: `cudnn`" in text and "3.00x faster than the next beyond the noise, `math`" in text
 
 
 def test_report_round_trips_through_json_csv_markdown(tiny_compare, tmp_path):

@@ -153,7 +153,8 @@ def recommend(results: list[BackendResult], ranking: list[str]) -> str:
     beaten = [o for o in others if o not in ties]
     if beaten:
         nxt = beaten[0]
-        text += f", {nxt.time_ms / best.time_ms:.2f}x faster than the next, `{nxt.backend}` ({nxt.time_ms:.3f} ms)"
+        text += (f", {nxt.time_ms / best.time_ms:.2f}x faster than the next" + (" beyond the noise" if ties else "")
+                 + f", `{nxt.backend}` ({nxt.time_ms:.3f} ms)")
     text += "."
     if ties:
         text += " Within measured noise of it: " + ", ".join(
