@@ -79,8 +79,8 @@ def numerics(model: nn.Module, workload: Workload, names: Iterable[str],
     if reference not in REFERENCES:
         raise ValueError(f"unknown numerics reference {reference!r}; use one of {', '.join(REFERENCES)}")
     dtype = next(model.parameters()).dtype
-    if reference == "fp32-attention" or dtype == torch.float32:
-        ref = _forward(model, workload, hf.REFERENCE if dtype != torch.float32 else "eager")
+    if reference == "fp32-attention" or dtype == torch.float32:  # a float32 model is its own float32 copy
+        ref = _forward(model, workload, hf.REFERENCE)
     else:
         ref_model = copy.deepcopy(model).float()
         ref_work = dataclasses.replace(workload, model=ref_model)

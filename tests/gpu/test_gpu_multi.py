@@ -157,3 +157,33 @@ def test_tensor_parallel_under_torchrun(tmp_path, folder, single):
         assert r.kernels == sum(d.kernels for d in r.devices)
         assert r.numerics is not None and r.numerics.ok, (b, r.numerics)
     assert "eager attention computed in float32" in rep.settings["numerics_reference"]
+
+
+def test_device_map_forward_time_against_the_wall_clock(spread):
+    # the multi-GPU CUDA-event time of one forward (a start and an end event on each GPU) against an
+    # independent clock: both GPUs synchronized before and after, host wall time in between
+    import time
+
+    from attnswitch.profiling.capture import Target, _timed_on_gpus
+
+    m, rep = spread
+    w = make_workload(m, batch=8, seq=512)  # enough work per forward for the GPUs to dominate
+    t = Target.of(m, w.kwargs)
+    assert t.devices == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    with torch.no_grad(), attnswitch.backend("cudnn", model=m):
+        for _ in range(3):
+            m(**w.kwargs)
+        events, wall = [], []
+        for _ in range(10):
+            t.sync()
+            events.append(_timed_on_gpus(t, w.kwargs))
+            t.sync()
+            t0 = time.perf_counter()
+            m(**w.kwargs)
+            t.sync()
+            wall.append((time.perf_counter() - t0) * 1e3)
+    ev, wl = sorted(events)[5], sorted(wall)[5]
+    assert 0.85 * wl <= ev <= wl * 1.02 + 0.02, (ev, wl)
+    # and the report's steady time is such an event time, not one GPU's share of it
+    for b in rep.ok:
+        assert b.time_ms >= max(d.gpu_busy_ms for d in b.devices), b.backend

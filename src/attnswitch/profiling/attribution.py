@@ -220,7 +220,7 @@ def transfers(trace: Trace, steps: set[str] | None = None) -> list[TransferRow]:
         ends[key] = ([e.end for e in evs], evs)
     rows: dict[tuple, TransferRow] = {}
     for e in trace.events:
-        peer = e.peer if e.cat == "gpu_memcpy" else None
+        peer = e.peer
         if peer is None or (steps is not None and e.step not in steps):
             continue
         into = e.module or OUTSIDE

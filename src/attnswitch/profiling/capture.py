@@ -29,6 +29,7 @@ from ..errors import BackendUnavailable, UnsupportedModel
 from ..report import BackendResult, DeviceStats, LayerStats, TransferStats
 from ..switch import backend as use_backend
 from .attribution import attribute, device_totals, kernel_summaries, step_totals, transfers
+from .distributed import world
 from .occupancy import device_limits
 from .trace import Trace
 
@@ -83,10 +84,6 @@ class Target:
         self.devices = _devices_of(model) if model is not None else [device]
         if device not in self.devices:
             self.devices = [device] + self.devices
-
-    @property
-    def cuda(self) -> bool:
-        return self.device.type == "cuda"
 
     def sync(self) -> None:
         for d in self.devices:
@@ -256,17 +253,14 @@ def _timed_on_gpus(target: Target, c) -> float:
     """One forward timed with CUDA events (ms). Every GPU of the model gets a start and an end event;
     all are idle at the start, so their starts coincide and the forward lasts until the last GPU's end.
     (Events of two devices cannot be subtracted, so each GPU is measured from its own start.)"""
-    gpus = [d for d in target.devices if d.type == "cuda"]
-    starts, ends = [], []
-    for d in gpus:
-        with torch.cuda.device(d):
-            starts.append(torch.cuda.Event(enable_timing=True))
-            starts[-1].record()
+    streams = [torch.cuda.current_stream(d) for d in target.devices if d.type == "cuda"]
+    starts = [torch.cuda.Event(enable_timing=True) for _ in streams]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in streams]
+    for e, s in zip(starts, streams):
+        e.record(s)
     target.fn(c)
-    for d in gpus:
-        with torch.cuda.device(d):
-            ends.append(torch.cuda.Event(enable_timing=True))
-            ends[-1].record()
+    for e, s in zip(ends, streams):  # nothing but the records between the forward and its end events
+        e.record(s)
     for e in ends:
         e.synchronize()
     return max(a.elapsed_time(b) for a, b in zip(starts, ends))
@@ -316,9 +310,8 @@ def _profiled(target: Target, name: str, calls: list, trace_dir) -> tuple[Path, 
 
 
 def _rank() -> int | None:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 else None
+    w = world()
+    return w[0] if w is not None else None
 
 
 def _from_trace(trace: Trace, rows: dict, cuda: bool, dev: torch.device, peaks: dict | None = None) -> dict:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-import statistics
 from pathlib import Path
 
 import torch
@@ -98,11 +97,6 @@ def agree_ok(ok: list[str]) -> list[str]:
     return [b for b in ok if all(b in other for other in every)]
 
 
-def _median(xs):
-    xs = list(xs)
-    return statistics.median(xs) if xs else None
-
-
 def merge_results(per_rank: list[BackendResult]) -> BackendResult:
     """One backend's results from every rank (index = rank) as one result.
 
@@ -110,7 +104,7 @@ def merge_results(per_rank: list[BackendResult]) -> BackendResult:
     and host times are rank 0's (every rank runs the same calls on its shard), peak memory is the
     fullest GPU's, and the time of a forward is the slowest rank's, forward by forward.
     """
-    from .capture import _noise_pct
+    from .capture import with_timing
 
     r0 = per_rank[0]
     bad = [(i, r) for i, r in enumerate(per_rank) if not r.ok]
@@ -130,10 +124,9 @@ def merge_results(per_rank: list[BackendResult]) -> BackendResult:
         if r.attn_kernels_per_call != r0.attn_kernels_per_call:
             notes.append(f"rank {i} ran {r.attn_kernels_per_call} attention kernels per call, rank 0 "
                          f"{r0.attn_kernels_per_call}")
+    merged = with_timing(r0, list(samples)) if samples else r0
     return dataclasses.replace(
-        r0, notes=tuple(dict.fromkeys(notes)), time_ms=_median(samples) if samples else r0.time_ms,
-        time_samples_ms=samples or r0.time_samples_ms, noise_pct=_noise_pct(list(samples)) if samples else None,
-        kernels=total("kernels"), memcpys=total("memcpys"), memsets=total("memsets"), ops=total("ops"),
+        merged, notes=tuple(dict.fromkeys(notes)), kernels=total("kernels"), memcpys=total("memcpys"), memsets=total("memsets"), ops=total("ops"),
         profiled_gpu_busy_ms=total("profiled_gpu_busy_ms"), profiled_gpu_span_ms=max(spans) if spans else None,
         peak_mem_mb=max(peaks) if peaks else None, layers=tuple(l for r in per_rank for l in r.layers),
         devices=devices, transfers=tuple(t for r in per_rank for t in r.transfers),
