@@ -19,7 +19,7 @@ from pathlib import Path
 from attnswitch.env import environment
 from attnswitch.profiling.attribution import device_totals
 from attnswitch.profiling.trace import Trace
-from attnswitch.report import Report
+from attnswitch.results import Report
 
 
 def _run(cmd: list[str], log: Path, timeout: int) -> float:

@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 
 import attnswitch
-from attnswitch.models import load_model, make_workload
+from attnswitch.models import load_model
+from attnswitch.workload import make_workload
 
 MULTI_BACKENDS = ["naive", "flash", "cudnn"]
 # layers 0-1 on GPU 0, layers 2-3 and the head on GPU 1: one boundary inside the layer stack

@@ -79,7 +79,8 @@ def main(folder: str) -> None:
         for k, v in pf["result"].items():
             for n, b in v["backends"].items():
                 print(f"| {k} | {n} | {b['cuda_event_ms']:.2f} | {b['profiled_busy_ms']:.2f} | "
-                      f"{b['busy_vs_events_pct']:+.1f}% | {b['profiled_span_ms']:.2f} | {b['span_vs_events_pct']:+.1f}% | "
+                      f"{b['busy_vs_events_pct']:+.1f}% | {b['profiled_span_ms']:.2f} | "
+                      f"{b['span_vs_events_pct']:+.1f}% | "
                       f"{b['trace_events']:,} | {b['trace_processing_s']:.2f} | {b['profiled_run_s']:.2f} |")
         print()
     pl = _load(d, "posts_findings_per_layer")

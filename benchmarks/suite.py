@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,8 @@ import torch
 
 import attnswitch
 from attnswitch.env import environment
+from attnswitch.stats import median as _median
+from attnswitch.stats import noise_pct as _iqr_half_pct
 
 BACKENDS6 = ["naive", "naive-inplace", "math", "efficient", "flash", "cudnn"]
 
@@ -37,17 +38,6 @@ POST_A100 = {
 def _sync():
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def _median(xs):
-    return statistics.median(xs) if xs else None
-
-
-def _iqr_half_pct(xs):
-    if len(xs) < 4:
-        return None
-    q = statistics.quantiles(xs, n=4)
-    return 100 * (q[2] - q[0]) / 2 / statistics.median(xs)
 
 
 def time_gpu(fn, n=100, warmup=10, rotate=None):
@@ -169,7 +159,8 @@ def switch_overhead(layers=16, seq=2048, batch=4, rounds=5, per_round=10, device
     Plus the host cost per attention call in isolation (``dispatch_overhead``)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from attnswitch.models import load_model, make_workload
+    from attnswitch.models import load_model
+    from attnswitch.workload import make_workload
 
     cuda = device == "cuda"
     dtype = "bf16" if cuda else "fp32"
@@ -227,7 +218,7 @@ def switch_overhead(layers=16, seq=2048, batch=4, rounds=5, per_round=10, device
         base_t, base_h = _median(res["sdpa_kernel"][0]), _median(res["sdpa_kernel"][1])
         row = {}
         for k, (t, h) in res.items():
-            row[k] = {"time_ms": _median(t), "time_rounds_ms": t, "noise_pct": _iqr_half_pct(t) if len(t) >= 4 else None,
+            row[k] = {"time_ms": _median(t), "time_rounds_ms": t, "noise_pct": _iqr_half_pct(t),
                       "host_ms": _median(h), "gpu_ratio_vs_sdpa_kernel": _median(t) / base_t,
                       "host_us_added_per_attention_call": (_median(h) - base_h) * 1e3 / layers}
         out["backends"][name] = row
@@ -287,7 +278,8 @@ def dispatch_overhead(device="cuda", n=400, rounds=5):
 def profiler_fidelity(seq=2048, iters=10):
     """Profiled GPU time per forward vs unprofiled CUDA-event time; trace processing vs run time,
     on the default preset and a 32-layer version of it."""
-    from attnswitch.models import load_model, make_workload
+    from attnswitch.models import load_model
+    from attnswitch.workload import make_workload
 
     out = {}
     for n_layers, batch in ((16, 8), (16, 2), (32, 2)):
@@ -322,7 +314,8 @@ def profiler_fidelity(seq=2048, iters=10):
 def posts_findings_per_layer(layers=4, seq=1024, batch=2):
     """Inside a Llama-style forward, per attention call: naive's extra Memcpy DtoD, math's many
     kernels, one kernel for each fused backend."""
-    from attnswitch.models import load_model, make_workload
+    from attnswitch.models import load_model
+    from attnswitch.workload import make_workload
 
     model, desc = load_model("llama-3.2-1b", dtype="bf16", device="cuda", layers=layers)
     w = make_workload(model, batch=batch, seq=seq)

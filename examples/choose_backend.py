@@ -10,8 +10,8 @@ import argparse
 import torch
 
 import attnswitch
-from attnswitch.models import default_preset, load_model, make_workload
-from attnswitch.plots import write_html
+from attnswitch.models import default_preset, load_model
+from attnswitch.workload import make_workload
 
 p = argparse.ArgumentParser()
 p.add_argument("--model", default=None)
@@ -33,7 +33,7 @@ if args.out:
 
     Path(args.out).mkdir(parents=True, exist_ok=True)
     report.to_json(Path(args.out) / "report.json")
-    write_html(report, Path(args.out) / "report.html")
+    report.write_html(Path(args.out) / "report.html")
     print("wrote", args.out)
 
 # the choice, applied: deploy with the recommended backend for as long as the process runs

@@ -11,8 +11,10 @@ import argparse
 import torch
 
 import attnswitch
-from attnswitch.models import default_preset, load_model, make_workload
-from attnswitch.profiling.distributed import is_main
+from attnswitch.dist import is_main
+from attnswitch.models import default_preset, load_model
+from attnswitch.render.sections import device_table, distribution_text, transfer_table
+from attnswitch.workload import make_workload
 
 p = argparse.ArgumentParser()
 p.add_argument("--model", default=None, help="a preset or a local checkpoint folder")
@@ -32,16 +34,16 @@ report = attnswitch.compare(model, batch, backends="naive,flash,cudnn,auto" if g
                             warmup=1, iters=4, model_name=spec)
 if is_main():
     print(about)
-    print(report.distribution_text() or "one device: nothing to spread")
+    print(distribution_text(report) or "one device: nothing to spread")
     report.render(layers=False)
     best = report.ranking[0] if report.ranking else None
     for b in report.ok:
         if b.backend != best:
             continue
         # where the time goes on each GPU, and what crosses between them
-        for row in report.device_table(best):
+        for row in device_table(report, best).rows:
             print("GPU row:", " | ".join(row))
-        for row in report.transfer_table(best):
+        for row in transfer_table(report, best).rows:
             print("copy:", " | ".join(row))
         comm = sorted({l.path for l in b.layers if l.comm_kernels or l.comm_ops})
         print("layers issuing collectives:", ", ".join(comm) or "none")

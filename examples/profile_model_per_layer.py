@@ -10,7 +10,8 @@ import argparse
 import torch
 
 import attnswitch
-from attnswitch.models import default_preset, load_model, make_workload
+from attnswitch.models import default_preset, load_model
+from attnswitch.workload import make_workload
 
 p = argparse.ArgumentParser()
 p.add_argument("--model", default=None, help="a preset, a local folder or a config.json")

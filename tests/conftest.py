@@ -1,9 +1,22 @@
 import pytest
 import torch
 from transformers import (
-    BertConfig, BertModel, FalconConfig, FalconForCausalLM, GPT2Config, GPT2LMHeadModel, Gemma2Config,
-    Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-    Qwen2ForCausalLM, T5Config, T5ForConditionalGeneration,
+    BertConfig,
+    BertModel,
+    FalconConfig,
+    FalconForCausalLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    T5Config,
+    T5ForConditionalGeneration,
 )
 
 VOCAB = 211

@@ -13,10 +13,11 @@ import torch
 
 from attnswitch.cli import main
 from attnswitch.profiling.attribution import OUTSIDE, attribute, device_totals, transfers
-from attnswitch.profiling.capture import _from_trace
 from attnswitch.profiling.distributed import _layout, merge_results
+from attnswitch.profiling.summarize import backend_fields
 from attnswitch.profiling.trace import Trace
-from attnswitch.report import SCHEMA_VERSION, BackendResult, DeviceStats, LayerStats, Report
+from attnswitch.render.sections import layer_table
+from attnswitch.results import SCHEMA_VERSION, BackendResult, DeviceStats, LayerStats, Report
 
 DATA = Path(__file__).parent / "data"
 BACKENDS = ["naive", "flash", "cudnn"]
@@ -108,7 +109,7 @@ def test_device_map_report_matches_its_traces_and_renders():
             assert d.kernels * n == sum(e.kind == "kernel" for e in raw)
         assert sum(d.kernels for d in b.devices) == b.kernels
         # the report is what the analysis of its own trace gives
-        fresh = _from_trace(t, attribute(t, {s.step for s in t.steps()}), True, None, {})
+        fresh = backend_fields(t, attribute(t, {s.step for s in t.steps()}), cuda=True)
         _same([dataclasses.replace(d, peak_mem_mb=None) for d in b.devices], fresh["devices"])
         _same(b.transfers, fresh["transfers"])
     text = str(rep)
@@ -263,7 +264,8 @@ def test_gloo_tensor_parallel_report_has_both_ranks_and_their_collectives(gloo_r
             steps = {s.step for s in t.steps()}
             raw_ops = sum(1 for e in t.events if e.cat == "cpu_op" and not e.parent_is_op and e.step in steps)
             assert sum(l.ops for l in mine.values()) * len(steps) == raw_ops
-    assert "comm ops" in rep.layer_headers("flash") and "rank" in rep.layer_headers("flash")
+    headers = layer_table(rep, "flash").headers
+    assert "comm ops" in headers and "rank" in headers
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,8 +286,9 @@ def test_cli_rejects_bad_distribution_options(argv, message, capsys, monkeypatch
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU host device_map spreads it (tests/gpu)")
 def test_cli_device_map_auto_on_a_cpu_loads_through_from_pretrained(tmp_path, capsys):
-    assert main(["profile", "tiny-llama", "--layers", "1", "--device-map", "auto", "--backends", "naive", "--iters", "1",
-                 "--warmup", "0", "--seq", "16", "--batch", "1", "--no-layers", "--out", str(tmp_path)]) == 0
+    assert main(["profile", "tiny-llama", "--layers", "1", "--device-map", "auto", "--backends", "naive",
+                 "--iters", "1", "--warmup", "0", "--seq", "16", "--batch", "1", "--no-layers",
+                 "--out", str(tmp_path)]) == 0
     rep = Report.from_json(tmp_path / "report.json")
     assert rep.distribution is None  # everything fit on the one device there is
     assert "device_map auto" in capsys.readouterr().err

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from conftest import batch_for, eager_reference, output_of, tiny, valid_positions
 
 import attnswitch
-from conftest import batch_for, eager_reference, output_of, tiny, valid_positions
 
 CPU_BACKENDS = ["naive", "naive-inplace", "math", "flash"]
 MODELS = ["llama", "mistral", "qwen2", "gpt2", "bert", "t5"]
@@ -142,11 +142,11 @@ def test_dropout_applies_in_training_mode_only(name):
 def test_cross_attention_t5_is_switched(cases):
     m, b, _ = cases["t5"]
     calls = []
-    from attnswitch import hf
+    from attnswitch import hf, sites
     orig = hf.run_attention
 
     def spy(name, q, k, v, *a, **kw):
-        calls.append((hf.module_path(kw.get("where")), q.shape[2], k.shape[2]))
+        calls.append((sites.module_path(kw.get("where")), q.shape[2], k.shape[2]))
         return orig(name, q, k, v, *a, **kw)
 
     hf.run_attention = spy

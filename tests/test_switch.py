@@ -4,13 +4,13 @@ import threading
 
 import pytest
 import torch
+from conftest import batch_for, op_names, tiny
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import attnswitch
 from attnswitch import hf
 from attnswitch.backends import sdpa_flags
-from conftest import batch_for, op_names, tiny
 
 
 def registries():

@@ -5,12 +5,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import batch_for, tiny
 
 import attnswitch
-from attnswitch.profiling.attribution import OUTSIDE, Row, attribute, fold, kernel_summaries, step_totals
+from attnswitch.profiling.attribution import OUTSIDE, attribute, kernel_summaries, step_totals
 from attnswitch.profiling.occupancy import H100_LIMITS
 from attnswitch.profiling.trace import Trace
-from conftest import batch_for, tiny
+from attnswitch.render.sections import fold
+from attnswitch.results import LayerStats
 
 DATA = Path(__file__).parent / "data"
 BACKENDS = ["naive", "naive-inplace", "math", "efficient", "flash", "cudnn", "auto"]
@@ -96,9 +98,11 @@ def test_profiler_occupancy_reads_zero_but_recomputed_does_not(traces):
 
 
 def test_fold_repeated_layers():
-    rows = [Row("model.layers.0.self_attn", "attention", calls=1, kernels=1),
-            Row("model.layers.1.self_attn", "attention", calls=1, kernels=1),
-            Row("model.layers.1.mlp", "module", calls=1, kernels=3), Row("lm_head", "module", kernels=1)]
+    def row(path, kind, calls, kernels):
+        return LayerStats(path, kind, calls, kernels, 0, 0, 0.0, 0.0, 0)
+
+    rows = [row("model.layers.0.self_attn", "attention", 1, 1), row("model.layers.1.self_attn", "attention", 1, 1),
+            row("model.layers.1.mlp", "module", 1, 3), row("lm_head", "module", 0, 1)]
     f = {(r.path, r.kind): r for r in fold(rows)}
     assert f[("model.layers.*.self_attn", "attention")].folded == 2
     assert f[("model.layers.*.self_attn", "attention")].kernels == 2

@@ -16,7 +16,7 @@ from .check import CheckResult, Eligibility, check  # noqa: E402
 from .compare import compare  # noqa: E402
 from .errors import BackendUnavailable, UnsupportedModel  # noqa: E402
 from .profiling import profile  # noqa: E402
-from .report import BackendResult, Report  # noqa: E402
+from .results import BackendResult, Report  # noqa: E402
 from .switch import active_backend, attention, backend, is_patched, patch, unpatch  # noqa: E402
 
 __version__ = "0.1.0"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from importlib.metadata import PackageNotFoundError, version
 
+__all__ = ["MINIMUM", "require_supported_versions"]
+
 MINIMUM = {"torch": (2, 11), "transformers": (5, 17)}
 
 

@@ -12,24 +12,36 @@ import re
 import threading
 import warnings
 from contextvars import ContextVar
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, _backend_names
 
 from .errors import BackendUnavailable
+from .sites import site_name
 
 __all__ = [
     "BACKENDS",
+    "REFERENCE",
     "SDPA_BACKENDS",
     "GPU_ONLY",
     "resolve_name",
     "run_attention",
     "naive_attention",
     "recording_notes",
+    "KERNEL_OPS",
+    "kernel_family",
+    "auto_choice",
+    "default_backends",
+    "parse_backends",
 ]
 
 #: Public backend names, in the order reports list them.
 BACKENDS: tuple[str, ...] = ("naive", "naive-inplace", "math", "efficient", "flash", "cudnn", "auto", "eager")
+
+#: Not listed among the backends compared: the model's own eager attention computed in float32 inside a model
+#: that stays in its dtype, the numerics reference for a model too large for a float32 copy.
+REFERENCE = "eager-fp32"
 
 #: The SDPA backend each forced name enables (and nothing else).
 SDPA_BACKENDS: dict[str, SDPBackend] = {
@@ -56,6 +68,32 @@ _ALIASES = {
 _ALIASES.update({f"sdpbackend.{b.name.lower()}": n for n, b in SDPA_BACKENDS.items()})
 
 
+#: ATen ops that name the attention kernel family, wherever they sit under an attention call
+KERNEL_OPS = ("aten::_scaled_dot_product", "aten::_flash_attention", "aten::_efficient_attention",
+              "aten::_cudnn_attention")
+_FAMILIES = ("cudnn", "flash", "efficient", "math")
+
+
+def kernel_family(names) -> str | None:
+    """Which SDPA backend family a list of ATen op or kernel names ran (``cudnn``, ``flash``, ...)."""
+    names = list(names)
+    for fam in _FAMILIES:
+        if any(fam in n for n in names):
+            return fam
+    return None
+
+
+def auto_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                enable_gqa: bool = False) -> str:
+    """The backend SDPA's own choice (``auto``) takes for these inputs under the current flags."""
+    choice = torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    for name, b in SDPA_BACKENDS.items():
+        if int(b) == int(choice):
+            return name
+    return SDPBackend(choice).name.lower()
+
+
 def resolve_name(name: str | SDPBackend) -> str:
     """Return the canonical backend name for ``name`` or an alias of it.
 
@@ -70,11 +108,30 @@ def resolve_name(name: str | SDPBackend) -> str:
     if not isinstance(name, str):
         raise TypeError(f"backend name must be a str or SDPBackend, not {type(name).__name__}")
     key = name.strip().lower()
-    if key in BACKENDS:
+    if key in BACKENDS or key == REFERENCE:
         return key
     if key in _ALIASES:
         return _ALIASES[key]
     raise ValueError(f"unknown attention backend {name!r}; valid names: {', '.join(BACKENDS)}")
+
+
+def default_backends(device) -> list[str]:
+    """Every backend that can exist on the device (the GPU-only ones are left out on a CPU)."""
+    cpu = torch.device(device).type != "cuda"
+    return [b for b in BACKENDS if not (cpu and b in GPU_ONLY)]
+
+
+def parse_backends(spec, device) -> list[str]:
+    """Canonical names, in order, without repeats, from ``spec``: None or ``"all"`` (every backend that
+    can exist on ``device``), a comma-separated string, or an iterable of names."""
+    if spec is None or spec == "all":
+        return default_backends(device)
+    if isinstance(spec, str):
+        spec = [b for b in spec.split(",") if b.strip()]
+    names = [resolve_name(b) for b in spec]
+    if not names:
+        raise ValueError("no backends given: name at least one, or 'all'")
+    return list(dict.fromkeys(names))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,10 +277,6 @@ _DIRECT, _REPEAT = "direct", "repeat_kv"
 _TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\s*$")
 _PLANS: dict[tuple, str] = {}
 
-#: turns the ``where`` given with a call (a module, say) into text, only when a note or error needs it
-site_name = str
-
-
 def _where(where) -> str | None:
     return where if where is None or isinstance(where, str) else site_name(where)
 
@@ -326,8 +379,8 @@ def run_attention(
     if name == "naive" or name == "naive-inplace":
         return naive_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, inplace=name == "naive-inplace",
                                softcap=softcap, need_weights=need_weights)
-    if name == "eager":
-        raise ValueError("'eager' is a transformers model's own attention and needs its module; "
+    if name in ("eager", REFERENCE):
+        raise ValueError(f"{name!r} is a transformers model's own attention and needs its module; "
                          "for a hand-written bare attention use 'naive'")
     return _sdpa_forced(name, q, k, v, attn_mask, dropout_p, is_causal, scale, softcap, where), None
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 import torch
 import torch.nn as nn
@@ -60,13 +60,9 @@ def check(model: nn.Module, *args, backends: Iterable[str] | None = None, **batc
             try:
                 with torch.no_grad(), use_backend(name, model=model):
                     model(*args, **batch)
-                results[name] = Eligibility(name, True, notes=_distinct(n[2] for n in notes))
+                results[name] = Eligibility(name, True, notes=tuple(dict.fromkeys(n[2] for n in notes)))
             except BackendUnavailable as e:
                 results[name] = Eligibility(name, False, tuple(e.reasons), e.where)
             except (RuntimeError, ValueError, NotImplementedError) as e:
                 results[name] = Eligibility(name, False, (f"{type(e).__name__}: {e}",))
     return CheckResult(results)
-
-
-def _distinct(items) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(items))

@@ -1,7 +1,8 @@
-"""The ``attnswitch`` command: env, check, profile, compare.
+"""The ``attnswitch`` command: one function per subcommand, in the table ``COMMANDS``.
 
 Exit codes: 0 when every asked-for step ran (backends that cannot run are part of the answer);
 1 when no backend could run at all; 2 for bad input (unknown model, unreadable config, bad option).
+Heavy libraries (torch, transformers) are imported by the subcommands that need them, not for ``--help``.
 """
 
 from __future__ import annotations
@@ -9,16 +10,29 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from . import __version__
+__all__ = ["main", "build_parser", "COMMANDS", "EXIT_OK", "EXIT_NOTHING_RAN", "EXIT_BAD_INPUT"]
 
 EXIT_OK, EXIT_NOTHING_RAN, EXIT_BAD_INPUT = 0, 1, 2
+_DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's named maps
 
 
-def _common(p: argparse.ArgumentParser, backends: bool = True) -> None:
+@dataclass(frozen=True)
+class Session:
+    """What a subcommand runs with: its arguments, the command line, and where to print."""
+
+    args: argparse.Namespace
+    argv: list[str]
+    out: object  # rich Console on stdout: the answer
+    err: object  # rich Console on stderr: progress and errors
+
+
+# -- options --------------------------------------------------------------------------------------
+
+def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="a preset, a local folder, a config.json or a hub id (default: a preset sized for the device)")
     p.add_argument("--batch", type=int, default=None, help="batch size (default: 4 on a GPU, 2 on a CPU)")
@@ -35,56 +49,48 @@ def _common(p: argparse.ArgumentParser, backends: bool = True) -> None:
     p.add_argument("--tp", action="store_true",
                    help="tensor parallelism over the ranks of torchrun (tp_plan='auto'): "
                         "torchrun --nproc-per-node N -m attnswitch compare MODEL --tp")
-    if backends:
-        p.add_argument("--backends", default="all", help="comma-separated backends, or 'all'")
+    p.add_argument("--backends", default="all", help="comma-separated backends, or 'all'")
 
 
-def _profile_opts(p: argparse.ArgumentParser, iters: int) -> None:
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--iters", type=int, default=iters)
-    p.add_argument("--out", default=None, help="write report.json/.csv/.md/.html and traces here")
-    p.add_argument("--unfold", action="store_true", help="one row per layer instead of folding repeated layers")
-    p.add_argument("--no-layers", action="store_true", help="print only the per-backend table")
+def _profile_options(iters: int) -> Callable[[argparse.ArgumentParser], None]:
+    def add(p: argparse.ArgumentParser) -> None:
+        _model_options(p)
+        p.add_argument("--warmup", type=int, default=3)
+        p.add_argument("--iters", type=int, default=iters)
+        p.add_argument("--out", default=None, help="write report.json/.csv/.md/.html and traces here")
+        p.add_argument("--unfold", action="store_true", help="one row per layer instead of folding repeated layers")
+        p.add_argument("--no-layers", action="store_true", help="print only the per-backend table")
+    return add
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attnswitch", description="Switch, profile and compare the attention "
-                                     "implementation of transformers models.")
-    parser.add_argument("--version", action="version", version=f"attnswitch {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("env", help="GPU, driver, CUDA, cuDNN, torch, transformers; SDPA's auto pick")
-    p = sub.add_parser("check", help="which backends can run the inputs, and why not")
-    _common(p)
-    p = sub.add_parser("profile", help="the per-layer profile of each backend")
-    _common(p)
-    _profile_opts(p, iters=5)
-    p = sub.add_parser("compare", help="every backend ranked, numerics checked, with a recommendation")
-    _common(p)
-    _profile_opts(p, iters=10)
+def _compare_options(p: argparse.ArgumentParser) -> None:
+    _profile_options(10)(p)
     p.add_argument("--no-numerics", action="store_true", help="skip the comparison with eager float32")
-    sub.add_parser("presets", help="list the built-in model presets")
-    return parser
 
 
-def _device(arg: str | None) -> torch.device:
-    if arg is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(arg)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {arg}: no CUDA device is available here")
-    return dev
+# -- shared steps ---------------------------------------------------------------------------------
 
-
-def _setup(args):
-    from .models import DEVICE_MAPS, default_preset, load_model, make_workload, parse_dtype
-
-    if args.device_map is not None and args.device_map not in DEVICE_MAPS:
-        raise ValueError(f"--device-map {args.device_map}: use one of {', '.join(DEVICE_MAPS)}")
+def _check_placement(args) -> None:
+    if args.device_map is not None and args.device_map not in _DEVICE_MAPS:
+        raise ValueError(f"--device-map {args.device_map}: use one of {', '.join(_DEVICE_MAPS)}")
     if (args.device_map or args.tp) and args.device is not None:
         raise ValueError("--device picks one device; --device-map and --tp place the model themselves")
     if args.device_map and args.tp:
         raise ValueError("--device-map and --tp exclude each other; choose one")
-    dev = _device(args.device)
+
+
+def _setup(args):
+    """The model and its workload, from the command line."""
+    import torch
+
+    from .backends import parse_backends
+    from .device import parse_device
+    from .models import default_preset, load_model, parse_dtype
+    from .workload import make_workload
+
+    _check_placement(args)
+    dev = parse_device(args.device)
+    parse_backends(args.backends, dev)  # bad names are bad input, before the model is loaded
     gpu = dev.type == "cuda"
     dtype = parse_dtype(args.dtype or ("bf16" if gpu else "fp32"))
     if gpu and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
@@ -98,46 +104,160 @@ def _setup(args):
     return model, work, spec, desc
 
 
-def _progress_console():
-    from rich.console import Console
+def _command_line(s: Session) -> str:
+    from . import dist
 
-    return Console(stderr=True)
+    command = "attnswitch " + " ".join(shlex.quote(a) for a in s.argv)
+    w = dist.world()
+    return f"torchrun --nproc-per-node {w[1]} -m {command}" if w is not None else command
 
 
 def _write_outputs(report, out: str | None, console) -> None:
     if not out:
         return
-    from .plots import write_html
-
     d = Path(out)
     d.mkdir(parents=True, exist_ok=True)
     report.to_json(d / "report.json")
     report.to_csv(d / "report.csv")
     report.to_markdown(d / "report.md")
-    write_html(report, d / "report.html")
+    report.write_html(d / "report.html")
     report.save_traces(d / "traces")
     if report.command:
         (d / "command.txt").write_text(report.command + "\n")
     console.print(f"wrote {d}/report.json, report.csv, report.md, report.html, traces/")
 
 
-def _is_main_rank(args) -> bool:
-    import os
+# -- subcommands ----------------------------------------------------------------------------------
 
-    return not getattr(args, "tp", False) or int(os.environ.get("RANK", "0")) == 0
+def _env(s: Session) -> int:
+    import torch
+
+    from .backends import auto_choice
+    from .device import default_device
+    from .env import environment
+
+    for k, v in environment().items():
+        s.out.print(f"{k:>18}: {v}")
+    dev = default_device()
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    q = torch.zeros(1, 16, 1024, 64, device=dev, dtype=dtype)
+    s.out.print(f"{'sdpa auto picks':>18}: {auto_choice(q, q, q, is_causal=True)} (B1 H16 S1024 D64 "
+                f"{str(dtype).replace('torch.', '')}, causal)")
+    return EXIT_OK
+
+
+def _presets(s: Session) -> int:
+    from .models import PRESETS
+
+    for p in PRESETS.values():
+        s.out.print(f"{p.name:>14}  {p.about}")
+    return EXIT_OK
+
+
+def _loaded(s: Session):
+    with s.err.status("loading model"):
+        model, work, spec, desc = _setup(s.args)
+    s.err.print(f"{desc}; {work.description}", highlight=False)
+    return model, work, spec
+
+
+def _check(s: Session) -> int:
+    from .backends import parse_backends
+    from .check import check
+    from .device import device_of
+
+    model, work, _ = _loaded(s)
+    res = check(model, backends=parse_backends(s.args.backends, device_of(model)), **work.first())
+    s.out.print(str(res), markup=False, highlight=False)
+    return EXIT_OK if res.eligible else EXIT_NOTHING_RAN
+
+
+def _measured(s: Session, run: Callable) -> int:
+    model, work, spec = _loaded(s)
+    trace_dir = Path(s.args.out) / "traces" if s.args.out else None
+    backends = None if s.args.backends == "all" else s.args.backends
+    with s.err.status("") as status:
+        report = run(model, work, backends=backends, warmup=s.args.warmup, iters=s.args.iters, trace_dir=trace_dir,
+                     progress=lambda name: status.update(f"running {name}"), model_name=spec)
+    import dataclasses
+
+    report = dataclasses.replace(report, command=_command_line(s))
+    report.render(s.out, layers=not s.args.no_layers, fold=not s.args.unfold)
+    from . import dist
+
+    if dist.is_main():
+        _write_outputs(report, s.args.out, s.err)
+    return EXIT_OK if report.ok else EXIT_NOTHING_RAN
+
+
+def _profile(s: Session) -> int:
+    from .profiling import profile
+
+    return _measured(s, profile)
+
+
+def _compare(s: Session) -> int:
+    from .compare import compare
+
+    def run(model, work, **kw):
+        return compare(model, work, check_numerics=not s.args.no_numerics, **kw)
+
+    return _measured(s, run)
+
+
+@dataclass(frozen=True)
+class Command:
+    help: str
+    options: Callable[[argparse.ArgumentParser], None] | None
+    run: Callable[[Session], int]
+
+
+COMMANDS: dict[str, Command] = {
+    "env": Command("GPU, driver, CUDA, cuDNN, torch, transformers; SDPA's auto pick", None, _env),
+    "check": Command("which backends can run the inputs, and why not", _model_options, _check),
+    "profile": Command("the per-layer profile of each backend", _profile_options(5), _profile),
+    "compare": Command("every backend ranked, numerics checked, with a recommendation", _compare_options, _compare),
+    "presets": Command("list the built-in model presets", None, _presets),
+}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("attnswitch")
+    except PackageNotFoundError:  # pragma: no cover - run from a source tree
+        return "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="attnswitch", description="Switch, profile and compare the attention "
+                                     "implementation of transformers models.")
+    parser.add_argument("--version", action="version", version=f"attnswitch {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, cmd in COMMANDS.items():
+        p = sub.add_parser(name, help=cmd.help)
+        if cmd.options:
+            cmd.options(p)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    err = _progress_console()
-    err.quiet = not _is_main_rank(args)  # under torchrun only rank 0 speaks (and writes)
+    from . import dist
+
+    quiet = not dist.is_main()  # under torchrun only rank 0 speaks (and writes)
+    out = Console(width=None if sys.stdout.isatty() else 200, quiet=quiet)
+    err = Console(stderr=True, quiet=quiet)
     try:
-        return _run(args, argv, err)
+        return COMMANDS[args.command].run(Session(args, argv, out, err))
     except (ValueError, FileNotFoundError, TypeError) as e:
         err.print(f"[bold red]error:[/bold red] {e}", markup=True, highlight=False)
         return EXIT_BAD_INPUT
-    except Exception as e:  # an UnsupportedModel, or anything the model raised
+    except Exception as e:  # an UnsupportedModel is bad input; anything the model raised is not
         from .errors import UnsupportedModel
 
         if isinstance(e, UnsupportedModel):
@@ -146,74 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:
         if getattr(args, "tp", False):
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                dist.destroy_process_group()
-
-
-def _run(args, argv, err) -> int:
-    from rich.console import Console
-
-    out = Console(width=None if sys.stdout.isatty() else 200, quiet=not _is_main_rank(args))
-    if args.command == "env":
-        from .env import auto_choice, environment
-
-        env = environment()
-        for k, v in env.items():
-            out.print(f"{k:>18}: {v}")
-        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-        out.print(f"{'sdpa auto picks':>18}: {auto_choice(dev, dtype)} (B1 H16 S1024 D64 "
-                  f"{str(dtype).replace('torch.', '')}, causal)")
-        return EXIT_OK
-    if args.command == "presets":
-        from .models import PRESETS
-
-        for p in PRESETS.values():
-            out.print(f"{p.name:>14}  {p.about}")
-        return EXIT_OK
-    with err.status("loading model"):
-        model, work, spec, desc = _setup(args)
-    err.print(f"{desc}; {work.description}", highlight=False)
-    if args.command == "check":
-        from .check import check
-        from .profiling import default_backends
-
-        names = default_backends(work.model.device if hasattr(work.model, "device") else "cpu") \
-            if args.backends == "all" else args.backends.split(",")
-        res = check(model, backends=names, **work.first())
-        out.print(str(res), markup=False, highlight=False)
-        return EXIT_OK if res.eligible else EXIT_NOTHING_RAN
-    command = "attnswitch " + " ".join(shlex.quote(a) for a in argv)
-    if args.tp:
-        import torch.distributed as dist
-
-        command = f"torchrun --nproc-per-node {dist.get_world_size()} -m {command}"
-    backends = None if args.backends == "all" else args.backends
-    trace_dir = Path(args.out) / "traces" if args.out else None
-    with err.status("") as status:
-        def progress(name):
-            status.update(f"running {name}")
-
-        if args.command == "profile":
-            from .profiling import profile
-
-            report = profile(model, work, backends=backends, warmup=args.warmup, iters=args.iters,
-                             trace_dir=trace_dir, progress=progress, model_name=spec)
-            import dataclasses
-
-            report = dataclasses.replace(report, command=command)
-        else:
-            from .compare import compare
-
-            report = compare(model, work, backends=backends, warmup=args.warmup, iters=args.iters,
-                             trace_dir=trace_dir, progress=progress, model_name=spec,
-                             check_numerics=not args.no_numerics, command=command)
-    report.render(out, layers=not args.no_layers, fold=not args.unfold)
-    if _is_main_rank(args):
-        _write_outputs(report, args.out, err)
-    return EXIT_OK if report.ok else EXIT_NOTHING_RAN
+            dist.destroy()
 
 
 if __name__ == "__main__":  # pragma: no cover

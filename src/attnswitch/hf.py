@@ -21,9 +21,10 @@ import threading
 import types
 import warnings
 import weakref
+from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -33,14 +34,16 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from . import instrument
-from . import backends as _backends
-from .backends import run_attention
+from .backends import REFERENCE, run_attention
 from .errors import BackendUnavailable, UnsupportedModel
+from .sites import module_path
+from .sites import remember_paths as _remember_paths
+
+__all__ = ["NAME", "REFERENCE", "STATE", "State", "selected", "attention_forward", "mask_forward",
+           "install_global", "uninstall_global", "switch_model", "unswitch_model", "set_patched", "configs_of",
+           "snapshot", "legacy_attention_classes", "require_interface", "model_eager_function", "module_path"]
 
 NAME = "attnswitch"
-#: not a public backend: the model's eager attention computed in float32, inside a model that stays in
-#: its own dtype (the numerics reference for models too large for a float32 copy)
-REFERENCE = "eager-fp32"
 _GLOBAL_KEYS = ("sdpa", "eager")  # the registry keys models already name
 _REGISTRIES = (ALL_ATTENTION_FUNCTIONS, ALL_MASK_ATTENTION_FUNCTIONS)
 _MISSING = object()
@@ -151,8 +154,9 @@ def _key_before(config) -> str | None:
 
 def attention_forward(module, query, key, value, attention_mask, **kwargs):
     """Entry for ``ALL_ATTENTION_FUNCTIONS``: runs the selected backend, else what was there."""
-    if instrument.active:
-        return instrument.call(module_path(module), _dispatch, module, query, key, value, attention_mask, **kwargs)
+    m = instrument.current()
+    if m is not None:
+        return instrument.call(m, module_path(module), _dispatch, module, query, key, value, attention_mask, **kwargs)
     return _dispatch(module, query, key, value, attention_mask, **kwargs)
 
 
@@ -404,29 +408,3 @@ def _remove_legacy_guard() -> None:
             del PreTrainedModel.__call__
         else:
             PreTrainedModel.__call__ = _SAVED_CALL
-
-
-# ---------------------------------------------------------------------------------------------
-# module paths, for error messages and reports
-
-_PATHS: "weakref.WeakKeyDictionary[nn.Module, str]" = weakref.WeakKeyDictionary()
-
-
-def _remember_paths(model: nn.Module) -> None:
-    for path, m in model.named_modules():
-        if path:
-            _PATHS[m] = path
-
-
-def module_path(module) -> str:
-    try:
-        path = _PATHS.get(module)
-    except TypeError:
-        path = None
-    if path is not None:
-        return path
-    layer = getattr(module, "layer_idx", None)
-    return type(module).__name__ + (f"(layer_idx={layer})" if layer is not None else "")
-
-
-_backends.site_name = module_path  # errors and notes name the module path of the call

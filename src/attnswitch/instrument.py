@@ -1,50 +1,71 @@
-"""Measurement hooks around each attention call, off unless the profiler turns them on.
+"""Measurement hooks around each attention call, off unless a measurement in this context turns them on.
 
-The attention entry points test one module attribute; when ``active`` is set, each call is wrapped in
-a profiler range named ``attnswitch.attention:<module path>`` and/or its host time is recorded.
+The state lives in a ``ContextVar``: a measurement records only the attention calls of its own thread
+(or asyncio task), measurements nest (an inner one records into the outer one's lists too), and a
+thread that measures nothing pays one ``ContextVar.get`` per attention call.
 """
 
 from __future__ import annotations
 
-import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
+from contextvars import ContextVar
 
 from torch.autograd.profiler import record_function
+
+__all__ = ["ATTENTION_PREFIX", "MODULE_PREFIX", "STEP_PREFIX", "BARE_CALL", "Measure", "current", "call",
+           "measuring"]
 
 ATTENTION_PREFIX = "attnswitch.attention:"
 MODULE_PREFIX = "attnswitch.module:"
 STEP_PREFIX = "attnswitch.step:"
 BARE_CALL = "(bare call)"
 
-active = False
-_annotate = False
-_host_times: list[tuple[str, float]] | None = None
-_LOCK = threading.Lock()  # one measurement at a time: the switches above are process-wide
+
+class Measure:
+    """What the calling context records: profiler ranges around attention calls, and/or host times."""
+
+    __slots__ = ("annotate", "host_times")
+
+    def __init__(self, annotate: bool, host_times: tuple[list, ...]):
+        self.annotate = annotate
+        self.host_times = host_times  # every list a call's (where, seconds) goes into
 
 
-def call(where: str, fn, *args, **kwargs):
-    if _host_times is not None:
-        t0 = time.perf_counter()
-        if _annotate:
-            with record_function(ATTENTION_PREFIX + where):
-                out = fn(*args, **kwargs)
-        else:
+_MEASURE: ContextVar[Measure | None] = ContextVar("attnswitch_measure", default=None)
+
+
+def current() -> Measure | None:
+    """The calling context's measurement, or None (the attention entry points test this)."""
+    return _MEASURE.get()
+
+
+def call(m: Measure, where: str, fn, *args, **kwargs):
+    """Run ``fn`` as one attention call measured by ``m``."""
+    if not m.host_times:
+        with record_function(ATTENTION_PREFIX + where):
+            return fn(*args, **kwargs)
+    t0 = time.perf_counter()
+    if m.annotate:
+        with record_function(ATTENTION_PREFIX + where):
             out = fn(*args, **kwargs)
-        _host_times.append((where, time.perf_counter() - t0))
-        return out
-    with record_function(ATTENTION_PREFIX + where):
-        return fn(*args, **kwargs)
+    else:
+        out = fn(*args, **kwargs)
+    dt = time.perf_counter() - t0
+    for times in m.host_times:
+        times.append((where, dt))
+    return out
 
 
 @contextmanager
 def measuring(*, annotate: bool = False, host_times: list | None = None) -> Iterator[None]:
-    """Turn the hooks on for the block: profiler ranges and/or host times of attention calls."""
-    global active, _annotate, _host_times
-    with _LOCK:
-        active, _annotate, _host_times = annotate or host_times is not None, annotate, host_times
-        try:
-            yield
-        finally:
-            active, _annotate, _host_times = False, False, None
+    """Inside the block, this context's attention calls get a profiler range (``annotate``) and/or
+    append ``(where, seconds)`` to ``host_times``."""
+    outer = _MEASURE.get()
+    lists = (outer.host_times if outer else ()) + ((host_times,) if host_times is not None else ())
+    token = _MEASURE.set(Measure(annotate or bool(outer and outer.annotate), lists))
+    try:
+        yield
+    finally:
+        _MEASURE.reset(token)

@@ -8,13 +8,14 @@ only), a ``config.json`` (random weights) or a hub id where the hub is reachable
 from __future__ import annotations
 
 import copy
-import inspect
-import itertools
 import json
 import os
-from dataclasses import dataclass, field
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -32,7 +33,10 @@ from transformers import (
     T5Config,
 )
 
-__all__ = ["PRESETS", "Preset", "default_preset", "load_model", "make_workload", "Workload", "parse_dtype"]
+from . import dist
+from .workload import task_of
+
+__all__ = ["PRESETS", "Preset", "DEVICE_MAPS", "default_preset", "load_model", "parse_dtype"]
 
 
 @dataclass(frozen=True)
@@ -103,22 +107,15 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"unknown dtype {name!r}; use one of fp32, fp16, bf16") from None
 
 
-def _task_of(config) -> str:
-    if getattr(config, "is_encoder_decoder", False):
-        return "seq2seq"
-    archs = getattr(config, "architectures", None) or []
-    if any("MaskedLM" in a for a in archs) or config.model_type in ("bert", "roberta", "distilbert", "xlm-roberta"):
-        return "masked-lm"
-    return "causal-lm"
-
-
 _AUTO = {"causal-lm": AutoModelForCausalLM, "masked-lm": AutoModelForMaskedLM, "seq2seq": AutoModelForSeq2SeqLM}
 
 
 def _from_config(config, task: str, dtype: torch.dtype, device: torch.device, seed: int) -> nn.Module:
-    torch.manual_seed(seed)
     config = copy.deepcopy(config)  # from_config mutates the config it is given
-    with torch.device(device):
+    # random weights from ``seed``, without touching the caller's random state
+    devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.device(device):
+        torch.manual_seed(seed)
         try:
             model = _AUTO[task].from_config(config, dtype=dtype)
         except ValueError:
@@ -164,7 +161,7 @@ def load_model(spec: str, *, dtype: torch.dtype | str = torch.float32, device: t
         except (OSError, ValueError, json.JSONDecodeError, KeyError) as e:
             raise ValueError(f"{spec}: cannot read this config ({type(e).__name__}: {e})") from None
         _set_layers(config, layers)
-        return _from_config(config, _task_of(config), dtype, device, seed), f"config {spec}, random weights"
+        return _from_config(config, task_of(config), dtype, device, seed), f"config {spec}, random weights"
     if path.is_dir():
         if not any(path.glob("*.safetensors")):
             raise ValueError(f"{spec}: no *.safetensors weights in this folder (pickle weights are not loaded)")
@@ -199,7 +196,7 @@ def _set_layers(config, layers: int | None) -> None:
 def _pretrained(where: str, dtype, device, trust_remote_code: bool, layers: int | None, **load) -> nn.Module:
     config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code)
     _set_layers(config, layers)
-    task = _task_of(config)
+    task = task_of(config)
     kwargs = dict(config=config, dtype=dtype, use_safetensors=True, trust_remote_code=trust_remote_code, **load)
     try:
         model = _AUTO[task].from_pretrained(where, **kwargs)
@@ -218,34 +215,9 @@ def _tp_kwargs() -> dict:
     return {"distributed_config": DistributedConfig(tp_plan="auto")}
 
 
-def init_process_group() -> tuple[int, int]:
-    """The process group ``torchrun`` asks for (NCCL on GPUs, gloo on CPUs), each rank bound to its
-    GPU; returns ``(rank, world_size)``. Already initialized: left as it is."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        raise ValueError("tensor parallelism needs one process per GPU: run under torchrun, e.g. "
-                         "`torchrun --nproc-per-node 2 -m attnswitch compare MODEL --tp`")
-    local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
-    if torch.cuda.is_available():
-        if local >= torch.cuda.device_count():
-            raise ValueError(f"rank {local} has no GPU: {torch.cuda.device_count()} visible, "
-                             f"{os.environ['WORLD_SIZE']} processes asked for")
-        torch.cuda.set_device(local)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
-    else:
-        dist.init_process_group("gloo")
-    return dist.get_rank(), dist.get_world_size()
-
-
 def _load_distributed(spec, dtype, device, trust_remote_code, layers, seed, device_map, tp):
-    import shutil
-    import tempfile
-
     if tp:
-        rank, world_size = init_process_group()
+        rank, world_size = dist.init_process_group()
         load = _tp_kwargs()
     else:
         rank, world_size = 0, 1
@@ -260,7 +232,7 @@ def _load_distributed(spec, dtype, device, trust_remote_code, layers, seed, devi
             tmp = tempfile.mkdtemp(prefix="attnswitch-weights-")
             model.save_pretrained(tmp)
             del model
-        folder = _broadcast(tmp) if tp else tmp
+        folder = dist.broadcast(tmp) if tp else tmp
         layers = None  # already truncated in the saved config
     elif not Path(spec).is_dir() and not _looks_like_hub_id(spec):
         load_model(spec)  # the single-device loader's clear error for a bad spec
@@ -270,9 +242,7 @@ def _load_distributed(spec, dtype, device, trust_remote_code, layers, seed, devi
         raise ValueError(f"{spec}: cannot load ({str(e).splitlines()[0]})") from None
     finally:
         if tp:
-            from .profiling.distributed import barrier
-
-            barrier()  # every rank has loaded: the temporary weights can go
+            dist.barrier()  # every rank has loaded: the temporary weights can go
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     how = (f"tensor parallel over {world_size} ranks" if tp else
@@ -281,90 +251,3 @@ def _load_distributed(spec, dtype, device, trust_remote_code, layers, seed, devi
     kind = "preset" if spec in PRESETS else "config" if Path(spec).is_file() else "folder" if Path(spec).is_dir() \
         else "hub"
     return model.eval(), f"{kind} {spec}" + (", random weights" if random_weights else "") + f", {how}"
-
-
-def _broadcast(obj):
-    import torch.distributed as dist
-
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-
-# ---------------------------------------------------------------------------------------------
-# inputs
-
-
-@dataclass
-class Workload:
-    """What one forward takes. ``calls(n)`` gives ``n`` argument sets: a decode workload needs a
-    fresh copy of its KV cache per call (a forward appends to it), made before the call is timed."""
-
-    model: nn.Module
-    kwargs: dict[str, Any]
-    mode: str = "prefill"
-    description: str = ""
-    tokens: torch.Tensor | None = field(default=None, repr=False)  # non-padding positions [b, s]
-
-    def calls(self, n: int) -> Iterator[dict[str, Any]]:
-        """``n`` argument sets, made one at a time (a decode cache copy each) as they are taken."""
-        if self.mode != "decode":
-            yield from itertools.repeat(self.kwargs, n)
-            return
-        key = _cache_kwarg(self.model)
-        for _ in range(n):
-            yield {**self.kwargs, key: copy.deepcopy(self.kwargs[key])}
-
-    def first(self) -> dict[str, Any]:
-        return next(self.calls(1))
-
-    def __call__(self, kwargs: dict[str, Any] | None = None):
-        return self.model(**(kwargs if kwargs is not None else self.first()))
-
-
-def _cache_kwarg(model: nn.Module) -> str:
-    # transformers renamed the forward argument past_key_values -> cache (5.2x; the old name warns)
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def make_workload(model: nn.Module, *, batch: int = 1, seq: int = 128, padding: bool = False,
-                  mode: str = "prefill", seed: int = 0) -> Workload:
-    """Random token inputs for ``model``: ``padding`` left-pads a decoder's batch (right-pads an
-    encoder's); ``mode="decode"`` is one new token against a KV cache of ``seq`` tokens."""
-    if batch < 1 or seq < 1:
-        raise ValueError(f"batch and seq must be positive, got batch={batch}, seq={seq}")
-    if mode not in ("prefill", "decode"):
-        raise ValueError(f"mode must be 'prefill' or 'decode', not {mode!r}")
-    config = model.config
-    device = next(model.parameters()).device
-    g = torch.Generator().manual_seed(seed)
-    vocab = getattr(config, "vocab_size", 1000)
-    ids = torch.randint(0, vocab, (batch, seq), generator=g)
-    mask = torch.ones(batch, seq, dtype=torch.long)
-    task = _task_of(config)
-    if padding:
-        for i in range(1, batch):  # row 0 full length, the others shorter
-            pad = min(seq - 1, (seq * i) // (2 * batch))
-            if task == "causal-lm":
-                mask[i, :pad] = 0
-            else:
-                mask[i, seq - pad:] = 0
-    ids, mask = ids.to(device), mask.to(device)
-    kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
-    if task == "seq2seq":
-        dec = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
-        kwargs["decoder_input_ids"] = dec
-    desc = f"batch {batch}, seq {seq}, {mode}" + (", padded" if padding else "")
-    if mode == "decode":
-        if task != "causal-lm":
-            raise ValueError("decode mode needs a causal language model")
-        with torch.no_grad():
-            out = model(input_ids=ids, attention_mask=mask, use_cache=True)
-        nxt = torch.randint(0, vocab, (batch, 1), generator=g).to(device)
-        mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype, device=device)], dim=1)
-        kwargs = {"input_ids": nxt, "attention_mask": mask, _cache_kwarg(model): out.past_key_values,
-                  "use_cache": True}
-        return Workload(model, kwargs, "decode", desc, tokens=torch.ones(batch, 1, dtype=torch.bool, device=device))
-    tokens = mask.bool() if task != "seq2seq" else torch.ones_like(mask, dtype=torch.bool)
-    return Workload(model, kwargs, "prefill", desc, tokens=tokens)

@@ -7,14 +7,14 @@ one comes back), and each thread or asyncio task sees only its own selection.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 import torch.nn as nn
 
 from . import hf, instrument
-from .backends import SDPBackend, resolve_name, run_attention
+from .backends import REFERENCE, SDPBackend, resolve_name, run_attention
 
 __all__ = ["backend", "patch", "unpatch", "attention", "active_backend", "is_patched"]
 
@@ -136,11 +136,12 @@ def attention(
                              "query attention")
         if q.shape[1] % k.shape[1]:
             raise ValueError(f"q heads ({q.shape[1]}) must be a multiple of k/v heads ({k.shape[1]})")
-    if name == "eager":
-        raise ValueError("'eager' is a transformers model's own attention; bare calls can use "
+    if name in ("eager", REFERENCE):
+        raise ValueError(f"{name!r} is a transformers model's own attention; bare calls can use "
                          "naive, naive-inplace, math, efficient, flash, cudnn or auto")
-    if instrument.active:
-        out, _ = instrument.call(instrument.BARE_CALL, run_attention, name, q, k, v, attn_mask, dropout_p, is_causal,
+    m = instrument.current()
+    if m is not None:
+        out, _ = instrument.call(m, instrument.BARE_CALL, run_attention, name, q, k, v, attn_mask, dropout_p, is_causal,
                                  scale)
     else:
         out, _ = run_attention(name, q, k, v, attn_mask, dropout_p, is_causal, scale)

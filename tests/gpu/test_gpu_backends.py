@@ -7,11 +7,11 @@ import threading
 
 import pytest
 import torch
+from conftest import batch_for, eager_reference, op_names, output_of, tiny, valid_positions
 
 import attnswitch
 from attnswitch import hf
 from attnswitch.backends import sdpa_flags
-from conftest import batch_for, eager_reference, op_names, output_of, tiny, valid_positions
 
 pytestmark = pytest.mark.gpu
 
@@ -101,7 +101,7 @@ def test_bare_call_one_fused_kernel_each():
     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
     for name in ("efficient", "flash", "cudnn"):
         attnswitch.attention(q, k, v, is_causal=True, backend=name)  # warm (plans, modules)
-        names = kernel_names(lambda: attnswitch.attention(q, k, v, is_causal=True, backend=name))
+        names = kernel_names(lambda name=name: attnswitch.attention(q, k, v, is_causal=True, backend=name))
         kernels = [n for n in names if not n.startswith(("Memset", "Memcpy"))]
         assert len(kernels) == 1, (name, names)  # (cuDNN also clears a buffer with one Memset)
         assert not any(n.startswith("Memcpy") for n in names)
@@ -113,7 +113,7 @@ def test_naive_has_a_memcpy_that_inplace_does_not():
     q, k, v = (torch.randn(2, 8, 256, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     for name, memcpys in (("naive", 1), ("naive-inplace", 0)):
         attnswitch.attention(q, k, v, is_causal=True, backend=name)
-        names = kernel_names(lambda: attnswitch.attention(q, k, v, is_causal=True, backend=name))
+        names = kernel_names(lambda name=name: attnswitch.attention(q, k, v, is_causal=True, backend=name))
         assert sum("Memcpy DtoD" in n for n in names) == memcpys, (name, names)
 
 

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 import attnswitch
-from attnswitch.models import load_model, make_workload
+from attnswitch.models import load_model
 from attnswitch.profiling.attribution import device_totals
 from attnswitch.profiling.trace import Trace
+from attnswitch.workload import make_workload
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")]
 

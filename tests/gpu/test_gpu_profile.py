@@ -3,9 +3,10 @@
 import pytest
 
 import attnswitch
-from attnswitch.models import load_model, make_workload
+from attnswitch.models import load_model
 from attnswitch.profiling.attribution import attribute, step_totals
 from attnswitch.profiling.trace import Trace
+from attnswitch.workload import make_workload
 
 pytestmark = pytest.mark.gpu
 

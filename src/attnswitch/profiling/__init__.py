@@ -1,32 +1,38 @@
 """Profiling end-to-end forwards per backend, attributed to model layers.
 
-``capture`` runs and times; ``trace`` parses Kineto traces (the only place that does);
-``attribution`` and ``occupancy`` are analyses over parsed traces.
+``capture`` runs and times; ``trace`` parses Kineto traces (the only place that does); ``attribution``,
+``occupancy`` and ``summarize`` are functions over parsed traces; ``distributed`` merges the ranks of a
+tensor-parallel job.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
+import torch
 import torch.nn as nn
 
-from ..backends import BACKENDS, GPU_ONLY, resolve_name
+from ..backends import parse_backends
+from ..dist import world
 from ..env import environment
-from ..report import Report
-from .capture import Target, prepare_backend, timed_rounds, with_timing
-from .distributed import agree_ok, distribution_of, merged_report_backends, world
+from ..hf import require_interface
+from ..results import Report
+from .capture import Target, prepare_backend, timed_rounds
+from .distributed import agree_ok, distribution_of, merged_report_backends
+from .summarize import with_timing
 from .trace import Trace
 
-__all__ = ["profile", "Trace", "default_backends"]
+__all__ = ["profile", "Trace"]
 
 
-def default_backends(device) -> list[str]:
-    """Every backend that can exist on the device (the GPU-only ones are left out on a CPU)."""
-    import torch
-
-    cpu = torch.device(device).type != "cuda"
-    return [b for b in BACKENDS if not (cpu and b in GPU_ONLY)]
+def _workload_info(target, batch, t: Target) -> dict:
+    workload = {"description": getattr(batch, "description", "") if batch is not None else "callable"}
+    if t.model is not None:
+        workload["dtype"] = str(next(t.model.parameters()).dtype).replace("torch.", "")
+        workload["mode"] = getattr(batch, "mode", "prefill")
+    return workload
 
 
 def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
@@ -50,15 +56,11 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
         raise ValueError(f"need warmup >= 0 and iters >= 1, got warmup={warmup}, iters={iters}")
     t = Target.of(target, batch)
     if t.model is not None:
-        from ..hf import require_interface
-
         require_interface(t.model)
-    names = _names(backends, t.device)
+    names = parse_backends(backends, t.device)
     # one forward before any backend, so that the first backend is not charged for process-wide
     # warm-up (CUDA context, cuBLAS handles, allocator growth). It runs the naive backend, which uses
     # no SDPA kernel: each SDPA backend's own first call (cuDNN's plan building) stays cold.
-    import torch
-
     with torch.no_grad(), t.switched("naive"):
         t.fn(next(t.calls(1)))
     results = []
@@ -74,21 +76,7 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
         results = [with_timing(r, samples[r.backend]) if r.backend in samples else r for r in results]
     if world() is not None:  # tensor parallelism: every rank's results, merged, on every rank
         results = merged_report_backends(results, trace_dir)
-    workload = {"description": getattr(batch, "description", "") if batch is not None else "callable"}
-    if t.model is not None:
-        workload["dtype"] = str(next(t.model.parameters()).dtype).replace("torch.", "")
-    return Report(tuple(results), environment(t.device), workload, {"warmup": warmup, "iters": iters,
-                                                                     "rounds": rounds},
-                  model=model_name or (type(t.model).__name__ if t.model is not None else getattr(
-                      target, "__name__", "callable")), distribution=distribution_of(t.model))
-
-
-def _names(backends, device) -> list[str]:
-    if backends is None or backends == "all":
-        return default_backends(device)
-    if isinstance(backends, str):
-        backends = [b for b in backends.split(",") if b.strip()]
-    names = [resolve_name(b) for b in backends]
-    if not names:
-        raise ValueError("no backends given")
-    return list(dict.fromkeys(names))
+    model = model_name or (type(t.model).__name__ if t.model is not None else getattr(target, "__name__", "callable"))
+    return Report(tuple(results), environment(t.device), _workload_info(target, batch, t),
+                  {"warmup": warmup, "iters": iters, "rounds": rounds}, model=model,
+                  distribution=distribution_of(t.model))

@@ -13,8 +13,8 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .occupancy import DeviceLimits, occupancy
 from ..instrument import MODULE_PREFIX
+from .occupancy import DeviceLimits, occupancy
 from .trace import DEVICE_KINDS, Event, Trace, is_collective_op
 
 __all__ = ["OUTSIDE", "Row", "StepTotals", "DeviceTotals", "TransferRow", "attribute", "step_totals",
@@ -50,7 +50,7 @@ class Row:
              "comm_ops")
     _COUNTERS = ("op_names", "kernel_names", "launch_apis", "devices")
 
-    def scaled(self, factor: float) -> "Row":
+    def scaled(self, factor: float) -> Row:
         r = Row(self.path, self.kind, folded=self.folded)
         for k in self._SUMS:
             setattr(r, k, getattr(self, k) * factor)
@@ -58,7 +58,7 @@ class Row:
             setattr(r, k, Counter({n: c * factor for n, c in getattr(self, k).items()}))
         return r
 
-    def add(self, other: "Row") -> None:
+    def add(self, other: Row) -> None:
         for k in self._SUMS:
             setattr(self, k, getattr(self, k) + getattr(other, k))
         for k in self._COUNTERS:

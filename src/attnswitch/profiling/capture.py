@@ -13,27 +13,31 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
-import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.nn as nn
 from torch.autograd.profiler import record_function
 
-from .. import instrument
+from .. import dist, instrument
 from ..backends import recording_notes, resolve_name
+from ..device import default_device, device_of, devices_of, sync
 from ..errors import BackendUnavailable, UnsupportedModel
-from ..report import BackendResult, DeviceStats, LayerStats, TransferStats
+from ..results import BackendResult
+from ..stats import median
 from ..switch import backend as use_backend
-from .attribution import attribute, device_totals, kernel_summaries, step_totals, transfers
-from .distributed import world
+from ..workload import Workload
+from .attribution import attribute
 from .occupancy import device_limits
+from .summarize import backend_fields
 from .trace import Trace
 
-__all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "with_timing", "Target"]
+__all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "Target", "Profiled"]
 
 
 try:  # a C++ range: about a tenth of record_function's host cost, which matters once per module call
@@ -63,10 +67,10 @@ def annotate_modules(model: nn.Module) -> Iterator[None]:
         if stack:
             stack.pop().__exit__(None, None, None)
 
-    for path, m in model.named_modules():
-        handles.append(m.register_forward_pre_hook(pre(path or root)))
-        handles.append(m.register_forward_hook(post, always_call=True))
     try:
+        for path, m in model.named_modules():
+            handles.append(m.register_forward_pre_hook(pre(path or root)))
+            handles.append(m.register_forward_hook(post, always_call=True))
         yield
     finally:
         for h in handles:
@@ -76,25 +80,22 @@ def annotate_modules(model: nn.Module) -> Iterator[None]:
 class Target:
     """What is run: a model with prepared argument sets (``Workload``) or a plain callable."""
 
-    def __init__(self, fn: Callable[..., Any], calls: Callable[[int], list], model: nn.Module | None,
+    def __init__(self, fn: Callable[..., Any], calls: Callable[[int], Iterator], model: nn.Module | None,
                  device: torch.device):
         self.fn, self.calls, self.model, self.device = fn, calls, model, device
         # every GPU the model's weights are on (several under accelerate's device_map); the inputs go to
         # ``device``, the first one
-        self.devices = _devices_of(model) if model is not None else [device]
+        self.devices = devices_of(model) if model is not None else [device]
         if device not in self.devices:
             self.devices = [device] + self.devices
 
     def sync(self) -> None:
-        for d in self.devices:
-            _sync(d)
+        sync(self.devices)
 
     @classmethod
-    def of(cls, target, batch=None, device=None) -> "Target":
-        from ..models import Workload
-
+    def of(cls, target, batch=None, device=None) -> Target:
         if isinstance(target, Workload):
-            return cls(lambda kw: target.model(**kw), target.calls, target.model, _device_of(target.model))
+            return cls(lambda kw: target.model(**kw), target.calls, target.model, device_of(target.model))
         if isinstance(target, nn.Module):
             if batch is None:
                 raise ValueError("profiling a model needs its inputs: profile(model, batch) with batch a dict "
@@ -103,10 +104,9 @@ class Target:
                 return cls.of(batch)
             if not isinstance(batch, dict):
                 raise TypeError(f"batch must be a dict of forward arguments, not {type(batch).__name__}")
-            return cls(lambda kw: target(**kw), lambda n: itertools.repeat(batch, n), target, _device_of(target))
+            return cls(lambda kw: target(**kw), lambda n: itertools.repeat(batch, n), target, device_of(target))
         if callable(target):
-            dev = torch.device(device) if device is not None else torch.device(
-                "cuda" if torch.cuda.is_available() else "cpu")
+            dev = torch.device(device) if device is not None else default_device()
             return cls(lambda kw: target(), lambda n: itertools.repeat(None, n), None, dev)
         raise TypeError(f"cannot profile a {type(target).__name__}: pass a model with a batch, or a callable")
 
@@ -118,43 +118,77 @@ class Target:
         return annotate_modules(self.model) if self.model is not None else contextlib.nullcontext()
 
 
-def _device_of(model: nn.Module) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
+@dataclass(frozen=True)
+class Profiled:
+    """One profiled pass: its trace (written to ``path``), attributed rows, and what it cost."""
+
+    path: Path
+    trace: Trace
+    rows: dict
+    parse_seconds: float  # reading and attributing the trace
+    run_seconds: float  # the profiled forwards, the profiler's own collection included
 
 
-def _devices_of(model: nn.Module) -> list[torch.device]:
-    seen: dict[torch.device, None] = {}
-    for t in itertools.chain(model.parameters(), model.buffers()):
-        if t.device.type != "meta":
-            seen.setdefault(t.device)
-    return list(seen) or [torch.device("cpu")]
+def _release(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def _cold(target: Target, c) -> tuple[float, float | None]:
+    """Host seconds of the first forward at this shape, and of its first attention call (µs)."""
+    attn: list = []
+    target.sync()
+    with instrument.measuring(host_times=attn):
+        t0 = time.perf_counter()
+        target.fn(c)
+        host = time.perf_counter() - t0
+    target.sync()
+    return host, (attn[0][1] * 1e6 if attn else None)
 
 
-def _median(xs: Iterable[float]) -> float | None:
-    xs = list(xs)
-    return statistics.median(xs) if xs else None
+def _steady_host(target: Target, calls, iters: int) -> tuple[list[float], list]:
+    """Host seconds per forward (each started with the device idle) and per attention call."""
+    attn: list = []
+    host = []
+    with instrument.measuring(host_times=attn):
+        for _ in range(iters):
+            c = next(calls)
+            target.sync()
+            t0 = time.perf_counter()
+            target.fn(c)
+            host.append(time.perf_counter() - t0)
+    target.sync()
+    return host, attn
 
 
-def _noise_pct(xs: list[float]) -> float | None:
-    """Half the interquartile range (half the range for fewer than 4 samples), in % of the median."""
-    if len(xs) < 2:
-        return None
-    if len(xs) < 4:
-        lo, hi = min(xs), max(xs)
-    else:
-        lo, _, hi = statistics.quantiles(xs, n=4)
-    return 100.0 * (hi - lo) / 2 / statistics.median(xs)
-
-
-def _counted(c) -> tuple[tuple[str, float], ...]:
-    return tuple(sorted(((k, float(v)) for k, v in c.items()), key=lambda kv: -kv[1]))
+def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, profile_trace: bool) -> dict:
+    cuda = target.device.type == "cuda"
+    calls = target.calls(1 + warmup + iters + (iters if profile_trace else 0))
+    with recording_notes() as notes, torch.no_grad(), target.switched(name):
+        cold_host, cold_attn_us = _cold(target, next(calls))
+        for _ in range(warmup):
+            target.fn(next(calls))
+        target.sync()
+        if cuda:
+            for d in target.devices:
+                torch.cuda.reset_peak_memory_stats(d)
+        host, attn = _steady_host(target, calls, iters)
+        peaks = {d.index: torch.cuda.max_memory_allocated(d) / 2**20 for d in target.devices} if cuda else {}
+        prof = _profiled(target, name, [next(calls) for _ in range(iters)], trace_dir) if profile_trace else None
+    result = dict(
+        backend=name, status="ok", notes=tuple(dict.fromkeys(n[2] for n in notes)),
+        timer="cuda-events" if cuda else "wall-clock", host_ms=median(h * 1e3 for h in host),
+        cold_host_ms=cold_host * 1e3, attn_calls=len(attn) / max(1, iters),
+        attn_host_us=median(t * 1e6 for _, t in attn), attn_cold_host_us=cold_attn_us,  # the first call at this shape
+        peak_mem_mb=max(peaks.values()) if peaks else None,  # the fullest GPU
+    )
+    if prof is not None:
+        limits = device_limits(target.device) if cuda else None
+        result.update(backend_fields(prof.trace, prof.rows, cuda=cuda, limits=limits, peaks=peaks, rank=dist.rank()),
+                      trace_path=str(prof.path), trace_seconds=prof.parse_seconds,
+                      profiled_run_seconds=prof.run_seconds, trace_events=len(prof.trace.events))
+    return result
 
 
 def prepare_backend(target: Target, name: str, *, warmup: int = 3, iters: int = 5,
@@ -164,63 +198,18 @@ def prepare_backend(target: Target, name: str, *, warmup: int = 3, iters: int = 
     counted), peak memory, and one profiled pass of ``iters`` forwards. A backend that cannot run
     gives status ``unavailable`` (PyTorch's reasons) or ``failed`` (out of memory, ...); never raises."""
     name = resolve_name(name)
-    dev = target.device
-    cuda = dev.type == "cuda"
-    calls = target.calls(1 + warmup + iters + (iters if profile_trace else 0))
     try:
-        with recording_notes() as notes, torch.no_grad(), target.switched(name):
-            cold_attn: list = []
-            c = next(calls)
-            target.sync()
-            with instrument.measuring(host_times=cold_attn):
-                t0 = time.perf_counter()
-                target.fn(c)
-                cold_host = time.perf_counter() - t0
-            target.sync()
-            for _ in range(warmup):
-                target.fn(next(calls))
-            target.sync()
-            if cuda:
-                for d in target.devices:
-                    torch.cuda.reset_peak_memory_stats(d)
-            attn_times: list = []
-            host = []
-            with instrument.measuring(host_times=attn_times):
-                for _ in range(iters):
-                    c = next(calls)
-                    target.sync()
-                    t0 = time.perf_counter()
-                    target.fn(c)
-                    host.append(time.perf_counter() - t0)
-            target.sync()
-            peaks = {d.index: torch.cuda.max_memory_allocated(d) / 2**20 for d in target.devices} if cuda else {}
-            trace_path = rows = trace_seconds = trace = None
-            if profile_trace:
-                trace_path, trace_seconds, trace, rows = _profiled(target, name, [next(calls) for _ in range(iters)],
-                                                                   trace_dir)
+        return BackendResult(**_measure(target, name, warmup, iters, trace_dir, profile_trace))
     except BackendUnavailable as e:
         return BackendResult(name, "unavailable", tuple(e.reasons), e.where)
     except UnsupportedModel:
         raise
     except torch.OutOfMemoryError as e:
-        _release(dev)
+        _release(target.device)
         return BackendResult(name, "failed", (f"out of memory: {str(e).splitlines()[0]}",))
     except (RuntimeError, ValueError, NotImplementedError) as e:
-        _release(dev)
+        _release(target.device)
         return BackendResult(name, "failed", (f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",))
-    result = dict(
-        backend=name, status="ok", notes=tuple(dict.fromkeys(n[2] for n in notes)),
-        timer="cuda-events" if cuda else "wall-clock",
-        host_ms=_median(h * 1e3 for h in host), cold_host_ms=cold_host * 1e3,
-        attn_calls=len(attn_times) / max(1, iters),
-        attn_host_us=_median(t * 1e6 for _, t in attn_times),
-        attn_cold_host_us=cold_attn[0][1] * 1e6 if cold_attn else None,  # the first call at this shape
-        peak_mem_mb=max(peaks.values()) if peaks else None,  # the fullest GPU
-    )
-    if trace is not None:
-        result.update(_from_trace(trace, rows, cuda, dev, peaks), trace_path=str(trace_path), trace_seconds=trace_seconds[0],
-                      profiled_run_seconds=trace_seconds[1], trace_events=len(trace.events))
-    return BackendResult(**result)
 
 
 def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 5) -> dict[str, list[float]]:
@@ -266,25 +255,7 @@ def _timed_on_gpus(target: Target, c) -> float:
     return max(a.elapsed_time(b) for a, b in zip(starts, ends))
 
 
-def with_timing(result: BackendResult, samples: list[float]) -> BackendResult:
-    import dataclasses
-
-    return dataclasses.replace(result, time_ms=_median(samples), time_samples_ms=tuple(samples),
-                               noise_pct=_noise_pct(samples))
-
-
-# ATen ops that name the attention kernel family, wherever they sit under the attention call
-_KERNEL_OPS = ("aten::_scaled_dot_product", "aten::_flash_attention", "aten::_efficient_attention",
-               "aten::_cudnn_attention")
-
-
-def _release(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-        torch.cuda.empty_cache()
-
-
-def _profiled(target: Target, name: str, calls: list, trace_dir) -> tuple[Path, tuple[float, float], Trace, dict]:
+def _profiled(target: Target, name: str, calls: list, trace_dir) -> Profiled:
     acts = [torch.profiler.ProfilerActivity.CPU]
     if target.device.type == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
@@ -295,8 +266,8 @@ def _profiled(target: Target, name: str, calls: list, trace_dir) -> tuple[Path, 
             with record_function(f"{instrument.STEP_PREFIX}{i}"):
                 target.fn(c)
         target.sync()
-    run_seconds = time.perf_counter() - t_run  # the profiled forwards, the profiler's own collection included
-    rank = _rank()
+    run_seconds = time.perf_counter() - t_run
+    rank = dist.rank()
     # only rank 0 writes into trace_dir: the other ranks' traces reach it through the process group
     mine = trace_dir is not None and not rank
     out_dir = Path(trace_dir) if mine else Path(tempfile.mkdtemp(prefix="attnswitch-"))
@@ -306,65 +277,4 @@ def _profiled(target: Target, name: str, calls: list, trace_dir) -> tuple[Path, 
     t0 = time.perf_counter()
     trace = Trace.load(path)
     rows = attribute(trace, steps={s.step for s in trace.steps()})
-    return path, (time.perf_counter() - t0, run_seconds), trace, rows
-
-
-def _rank() -> int | None:
-    w = world()
-    return w[0] if w is not None else None
-
-
-def _from_trace(trace: Trace, rows: dict, cuda: bool, dev: torch.device, peaks: dict | None = None) -> dict:
-    totals = step_totals(trace)
-    n = max(1, len(totals))
-    rank = _rank()
-    # names (ops, kernels, launch APIs) are kept for the attention rows; module rows keep their counts
-    layers = tuple(sorted((LayerStats(
-        r.path, r.kind, r.calls / n, r.kernels / n, r.memcpys / n, r.memsets / n, r.gpu_us / n, r.host_us / n,
-        r.ops / n, **(dict(op_names=_counted(r.op_names), kernel_names=_counted(r.kernel_names),
-                           launch_apis=_counted(r.launch_apis)) if r.kind == "attention" else {}),
-        comm_kernels=r.comm_kernels / n, comm_us=r.comm_us / n, comm_ops=r.comm_ops / n,
-        devices=tuple(sorted(r.devices)), rank=rank)
-        for r in rows.values()), key=lambda l: _path_order(l.path, l.kind)))
-    per_dev: dict[int, list] = {}
-    for t in device_totals(trace):
-        per_dev.setdefault(t.device, []).append(t)
-    devices = tuple(DeviceStats(
-        d, rank, sum(t.kernels for t in ts) / n, sum(t.memcpys for t in ts) / n, sum(t.memsets for t in ts) / n,
-        sum(t.comm_kernels for t in ts) / n, sum(t.gpu_busy_us for t in ts) / n / 1e3,
-        sum(t.comm_us for t in ts) / n / 1e3, _median(t.gpu_span_us for t in ts) / 1e3,
-        (peaks or {}).get(d)) for d, ts in sorted(per_dev.items()))
-    moved = tuple(TransferStats(t.after, t.into, t.src, t.dst, t.copies / n, t.bytes / n, t.gpu_us / n)
-                  for t in transfers(trace, steps={s.step for s in trace.steps()}))
-    attn = [r for r in rows.values() if r.kind == "attention"]
-    attn_calls = sum(r.calls for r in attn)
-    per_call = (lambda f: sum(getattr(r, f) for r in attn) / attn_calls) if attn_calls else (lambda f: None)
-    attn_events = [e for e in trace.device_events if e.attention is not None]
-    limits = device_limits(dev) if cuda and dev is not None else None  # None: a recorded trace, off its GPU
-    op_names: dict[str, None] = {}
-    for r in attn:
-        op_names.update(dict.fromkeys(r.op_names))
-    inner_ops = sorted({e.name for e in trace.events if e.cat == "cpu_op" and e.attention is not None
-                        and e.name.startswith(_KERNEL_OPS)})
-    return dict(
-        profiled_gpu_busy_ms=sum(t.gpu_busy_us for t in totals) / n / 1e3 if cuda else None,
-        profiled_gpu_span_ms=_median(t.gpu_span_us for t in totals) / 1e3 if cuda and totals else None,
-        kernels=sum(t.kernels for t in totals) / n if cuda else None,
-        memcpys=sum(t.memcpys for t in totals) / n if cuda else None,
-        memsets=sum(t.memsets for t in totals) / n if cuda else None, ops=sum(t.ops for t in totals) / n,
-        attn_kernels_per_call=per_call("kernels") if cuda else None,
-        attn_memcpys_per_call=per_call("memcpys") if cuda else None,
-        attn_gpu_us_per_call=per_call("gpu_us") if cuda else None,
-        attn_ops=tuple(dict.fromkeys(list(op_names) + inner_ops)),
-        attn_kernel_names=tuple(dict.fromkeys(e.name for e in attn_events)),
-        attn_launch_apis=tuple(dict.fromkeys(e.launch.name for e in attn_events if e.launch is not None)),
-        attn_kernel_details=tuple(k.__dict__ for k in kernel_summaries(attn_events, limits)),
-        layers=layers, devices=devices, transfers=moved,
-    )
-
-
-def _path_order(path: str, kind: str):
-    import re
-
-    parts = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"\.", path))
-    return (path == "(outside modules)", parts, kind != "module")
+    return Profiled(path, trace, rows, time.perf_counter() - t0, run_seconds)

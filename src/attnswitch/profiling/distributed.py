@@ -13,35 +13,13 @@ import dataclasses
 import gzip
 from pathlib import Path
 
-import torch
 import torch.nn as nn
 
-from ..report import BackendResult
+from ..dist import gather, world
+from ..results import BackendResult
+from .summarize import with_timing
 
-__all__ = ["world", "is_main", "distribution_of", "agree_ok", "merge_results", "gather_traces",
-           "merged_report_backends", "barrier"]
-
-
-def world() -> tuple[int, int] | None:
-    """``(rank, world_size)`` inside an initialized process group of more than one process, else None."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return dist.get_rank(), dist.get_world_size()
-    return None
-
-
-def is_main() -> bool:
-    w = world()
-    return w is None or w[0] == 0
-
-
-def _gather(obj) -> list:
-    import torch.distributed as dist
-
-    out: list = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
+__all__ = ["distribution_of", "agree_ok", "merge_results", "gather_traces", "merged_report_backends"]
 
 
 def _layout(device_map: dict) -> str:
@@ -65,7 +43,7 @@ def distribution_of(model: nn.Module | None) -> dict | None:
     if w is not None and (getattr(model, "_device_mesh", None) is not None or _has_dtensor(model)):
         import torch.distributed as dist
 
-        devices = _gather(str(next(model.parameters()).device))
+        devices = gather(str(next(model.parameters()).device))
         return {"mode": "tensor_parallel", "world_size": w[1], "backend": dist.get_backend(),
                 "devices": devices, "tp_plan": _plan_summary(model)}
     dmap = getattr(model, "hf_device_map", None)
@@ -93,7 +71,7 @@ def agree_ok(ok: list[str]) -> list[str]:
     """The backends that ran on every rank (timing needs every rank to run the same forwards)."""
     if world() is None:
         return ok
-    every = _gather(ok)
+    every = gather(ok)
     return [b for b in ok if all(b in other for other in every)]
 
 
@@ -104,8 +82,6 @@ def merge_results(per_rank: list[BackendResult]) -> BackendResult:
     and host times are rank 0's (every rank runs the same calls on its shard), peak memory is the
     fullest GPU's, and the time of a forward is the slowest rank's, forward by forward.
     """
-    from .capture import with_timing
-
     r0 = per_rank[0]
     bad = [(i, r) for i, r in enumerate(per_rank) if not r.ok]
     if bad:
@@ -126,7 +102,8 @@ def merge_results(per_rank: list[BackendResult]) -> BackendResult:
                          f"{r0.attn_kernels_per_call}")
     merged = with_timing(r0, list(samples)) if samples else r0
     return dataclasses.replace(
-        merged, notes=tuple(dict.fromkeys(notes)), kernels=total("kernels"), memcpys=total("memcpys"), memsets=total("memsets"), ops=total("ops"),
+        merged, notes=tuple(dict.fromkeys(notes)), kernels=total("kernels"), memcpys=total("memcpys"),
+        memsets=total("memsets"), ops=total("ops"),
         profiled_gpu_busy_ms=total("profiled_gpu_busy_ms"), profiled_gpu_span_ms=max(spans) if spans else None,
         peak_mem_mb=max(peaks) if peaks else None, layers=tuple(l for r in per_rank for l in r.layers),
         devices=devices, transfers=tuple(t for r in per_rank for t in r.transfers),
@@ -144,7 +121,7 @@ def gather_traces(results: list[BackendResult], trace_dir: str | Path | None) ->
         for r in results:
             if r.trace_path and Path(r.trace_path).exists():
                 mine[r.backend] = (Path(r.trace_path).name + ".gz", gzip.compress(Path(r.trace_path).read_bytes(), 1))
-    every = _gather(mine)  # all ranks take part; only rank 0 keeps anything
+    every = gather(mine)  # all ranks take part; only rank 0 keeps anything
     if w[0] != 0:
         return {}
     out: dict[str, list[str]] = {}
@@ -160,18 +137,7 @@ def gather_traces(results: list[BackendResult], trace_dir: str | Path | None) ->
 
 def merged_report_backends(results: list[BackendResult], trace_dir) -> list[BackendResult]:
     """Every rank's results merged (on every rank), the other ranks' trace paths on rank 0's copy."""
-    every = _gather(results)
+    every = gather(results)
     rank_traces = gather_traces(results, trace_dir)
     merged = [merge_results([rank_results[i] for rank_results in every]) for i in range(len(results))]
     return [dataclasses.replace(b, rank_trace_paths=rank_traces.get(b.backend, ())) for b in merged]
-
-
-def barrier() -> None:
-    """Wait for every rank (on the rank's own GPU under NCCL); nothing outside a process group."""
-    if world() is not None:
-        import torch.distributed as dist
-
-        if torch.cuda.is_available() and dist.get_backend() == "nccl":
-            dist.barrier(device_ids=[torch.cuda.current_device()])
-        else:
-            dist.barrier()

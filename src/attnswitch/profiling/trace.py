@@ -100,7 +100,7 @@ class Trace:
         return int(r) if r is not None else None
 
     @classmethod
-    def load(cls, path: str | Path) -> "Trace":
+    def load(cls, path: str | Path) -> Trace:
         path = Path(path)
         opener = gzip.open if path.suffix == ".gz" else open
         # tens of thousands of small objects: the cyclic GC would otherwise rescan everything alive
@@ -116,7 +116,7 @@ class Trace:
                 gc.enable()
 
     @classmethod
-    def from_json(cls, data: dict | list, source: str = "") -> "Trace":
+    def from_json(cls, data: dict | list, source: str = "") -> Trace:
         raw = data["traceEvents"] if isinstance(data, dict) else data
         props = data.get("deviceProperties", []) if isinstance(data, dict) else []
         dist = (data.get("distributedInfo") or {}) if isinstance(data, dict) else {}

@@ -1,0 +1,52 @@
+"""Where things run: the default device, the devices a model's weights are on, waiting for them."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+
+import torch
+import torch.nn as nn
+
+__all__ = ["default_device", "device_of", "devices_of", "sync", "parse_device"]
+
+
+def default_device() -> torch.device:
+    """CUDA when a GPU is visible, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def parse_device(arg: str | torch.device | None) -> torch.device:
+    """``arg`` as a device (the default one for None); a CUDA device where none exists is bad input."""
+    if arg is None:
+        return default_device()
+    try:
+        dev = torch.device(arg)
+    except RuntimeError as e:
+        raise ValueError(f"device {arg!r}: {e}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {arg}: no CUDA device is available here")
+    return dev
+
+
+def device_of(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (where its inputs go), the CPU for none."""
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def devices_of(model: nn.Module) -> list[torch.device]:
+    """Every device the model's weights and buffers are on (several under a ``device_map``)."""
+    seen: dict[torch.device, None] = {}
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        if t.device.type != "meta":
+            seen.setdefault(t.device)
+    return list(seen) or [torch.device("cpu")]
+
+
+def sync(devices: Iterable[torch.device]) -> None:
+    """Wait until every CUDA device among ``devices`` is idle."""
+    for d in devices:
+        if d.type == "cuda":
+            torch.cuda.synchronize(d)

@@ -1,0 +1,93 @@
+"""An attributed trace as the fields of a ``BackendResult``: per-forward totals, per-layer rows, per-GPU
+totals, copies between GPUs, what the attention call ran. Pure functions over parsed data."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from ..backends import KERNEL_OPS
+from ..results import BackendResult, DeviceStats, LayerStats, TransferStats
+from ..stats import median, noise_pct
+from .attribution import Row, device_totals, kernel_summaries, step_totals, transfers
+from .occupancy import DeviceLimits
+from .trace import Trace
+
+__all__ = ["backend_fields", "layer_stats", "with_timing"]
+
+
+def with_timing(result: BackendResult, samples: list[float]) -> BackendResult:
+    """``result`` with its steady time per forward: the median of ``samples`` (ms) and their noise."""
+    return dataclasses.replace(result, time_ms=median(samples), time_samples_ms=tuple(samples),
+                               noise_pct=noise_pct(samples))
+
+
+def _counted(c) -> tuple[tuple[str, float], ...]:
+    return tuple(sorted(((k, float(v)) for k, v in c.items()), key=lambda kv: -kv[1]))
+
+
+def _path_order(layer: LayerStats):
+    parts = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"\.", layer.path))
+    return (layer.path == "(outside modules)", parts, layer.kind != "module")
+
+
+def layer_stats(rows: dict[tuple[str, str], Row], n: int, rank: int | None) -> tuple[LayerStats, ...]:
+    """Rows summed over ``n`` forwards as per-forward layer stats, in model order. Names (ops, kernels,
+    launch APIs) are kept for the attention rows; module rows keep their counts."""
+    out = []
+    for r in rows.values():
+        names = dict(op_names=_counted(r.op_names), kernel_names=_counted(r.kernel_names),
+                     launch_apis=_counted(r.launch_apis)) if r.kind == "attention" else {}
+        out.append(LayerStats(r.path, r.kind, r.calls / n, r.kernels / n, r.memcpys / n, r.memsets / n, r.gpu_us / n,
+                              r.host_us / n, r.ops / n, **names, comm_kernels=r.comm_kernels / n,
+                              comm_us=r.comm_us / n, comm_ops=r.comm_ops / n, devices=tuple(sorted(r.devices)),
+                              rank=rank))
+    return tuple(sorted(out, key=_path_order))
+
+
+def _device_stats(trace: Trace, n: int, rank: int | None, peaks: dict) -> tuple[DeviceStats, ...]:
+    per_dev: dict[int, list] = {}
+    for t in device_totals(trace):
+        per_dev.setdefault(t.device, []).append(t)
+    return tuple(DeviceStats(
+        d, rank, sum(t.kernels for t in ts) / n, sum(t.memcpys for t in ts) / n, sum(t.memsets for t in ts) / n,
+        sum(t.comm_kernels for t in ts) / n, sum(t.gpu_busy_us for t in ts) / n / 1e3,
+        sum(t.comm_us for t in ts) / n / 1e3, median(t.gpu_span_us for t in ts) / 1e3, peaks.get(d))
+        for d, ts in sorted(per_dev.items()))
+
+
+def _attention_fields(trace: Trace, rows: dict, cuda: bool, limits: DeviceLimits | None) -> dict:
+    attn = [r for r in rows.values() if r.kind == "attention"]
+    calls = sum(r.calls for r in attn)
+    per_call = (lambda f: sum(getattr(r, f) for r in attn) / calls) if calls and cuda else (lambda f: None)
+    events = [e for e in trace.device_events if e.attention is not None]
+    op_names: dict[str, None] = {}
+    for r in attn:
+        op_names.update(dict.fromkeys(r.op_names))
+    inner_ops = sorted({e.name for e in trace.events if e.cat == "cpu_op" and e.attention is not None
+                        and e.name.startswith(KERNEL_OPS)})
+    return dict(
+        attn_kernels_per_call=per_call("kernels"), attn_memcpys_per_call=per_call("memcpys"),
+        attn_gpu_us_per_call=per_call("gpu_us"), attn_ops=tuple(dict.fromkeys(list(op_names) + inner_ops)),
+        attn_kernel_names=tuple(dict.fromkeys(e.name for e in events)),
+        attn_launch_apis=tuple(dict.fromkeys(e.launch.name for e in events if e.launch is not None)),
+        attn_kernel_details=tuple(k.__dict__ for k in kernel_summaries(events, limits)))
+
+
+def backend_fields(trace: Trace, rows: dict, *, cuda: bool, limits: DeviceLimits | None = None,
+                   peaks: dict | None = None, rank: int | None = None) -> dict:
+    """The trace-derived fields of a ``BackendResult``, per forward (the trace's steps). ``limits``: the
+    GPU's, for occupancy (None for a recorded trace read off its GPU); ``peaks``: peak MB per GPU."""
+    totals = step_totals(trace)
+    n = max(1, len(totals))
+    steps = {s.step for s in trace.steps()}
+    moved = tuple(TransferStats(t.after, t.into, t.src, t.dst, t.copies / n, t.bytes / n, t.gpu_us / n)
+                  for t in transfers(trace, steps=steps))
+    per_fwd = (lambda f: sum(getattr(t, f) for t in totals) / n) if cuda else (lambda f: None)
+    return dict(
+        profiled_gpu_busy_ms=per_fwd("gpu_busy_us") / 1e3 if cuda else None,
+        profiled_gpu_span_ms=median(t.gpu_span_us for t in totals) / 1e3 if cuda and totals else None,
+        kernels=per_fwd("kernels"), memcpys=per_fwd("memcpys"), memsets=per_fwd("memsets"),
+        ops=sum(t.ops for t in totals) / n, **_attention_fields(trace, rows, cuda, limits),
+        layers=layer_stats(rows, n, rank), devices=_device_stats(trace, n, rank, peaks or {}), transfers=moved,
+    )

@@ -1,0 +1,261 @@
+"""The immutable results of a measurement, and their files: JSON (versioned schema), CSV, traces.
+
+Measuring (``profiling``, ``compare``) builds these; nothing here measures, and the layout of tables
+lives in ``render``. Units are in the field names (``_ms``, ``_us``, ``_mb``); counts are per forward
+(or per attention call where named so).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import shutil
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import render
+from .backends import resolve_name
+
+__all__ = ["SCHEMA_VERSION", "LayerStats", "DeviceStats", "TransferStats", "Numerics", "BackendResult", "Report"]
+
+#: 2 added devices, transfers, ranks and collectives (multi-GPU); version 1 files still load
+SCHEMA_VERSION = 2
+_READABLE = (1, 2)
+
+
+@dataclass(frozen=True)
+class LayerStats:
+    """One row of the per-layer table, per forward."""
+
+    path: str
+    kind: str  # "module", "attention" or "outside"
+    calls: float
+    kernels: float
+    memcpys: float
+    memsets: float
+    gpu_us: float
+    host_us: float
+    ops: float
+    folded: int = 1
+    op_names: tuple[tuple[str, float], ...] = ()
+    kernel_names: tuple[tuple[str, float], ...] = ()
+    launch_apis: tuple[tuple[str, float], ...] = ()
+    comm_kernels: float = 0.0  # collective (NCCL) kernels among ``kernels``
+    comm_us: float = 0.0  # their device time, part of ``gpu_us``
+    comm_ops: float = 0.0  # collectives issued (their ``c10d::`` CPU op)
+    devices: tuple[int, ...] = ()  # GPU indices its device events ran on
+    rank: int | None = None  # the process (tensor parallelism), None in a single process
+
+
+@dataclass(frozen=True)
+class DeviceStats:
+    """One GPU's totals per forward, from its raw profiler events (per rank under tensor parallelism)."""
+
+    device: int
+    rank: int | None = None
+    kernels: float = 0.0
+    memcpys: float = 0.0
+    memsets: float = 0.0
+    comm_kernels: float = 0.0
+    gpu_busy_ms: float = 0.0  # sum of its device event durations
+    comm_ms: float = 0.0  # of which collective kernels
+    gpu_span_ms: float = 0.0  # its first to last device event (median over forwards)
+    peak_mem_mb: float | None = None
+    time_ms: float | None = None  # this rank's own steady time per forward (tensor parallelism)
+
+
+@dataclass(frozen=True)
+class TransferStats:
+    """Copies between GPUs at one layer boundary, per forward."""
+
+    after: str  # the last module to finish before the copy
+    into: str  # the module whose inputs were moved
+    src: int
+    dst: int
+    copies: float
+    bytes: float
+    gpu_us: float
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """Output of a backend against the reference (eager attention in float32, same weights/inputs)."""
+
+    max_rel_err: float
+    mean_rel_err: float
+    top1_agreement: float | None
+    tolerance: float
+    ok: bool
+
+
+@dataclass(frozen=True)
+class BackendResult:
+    backend: str
+    status: str  # "ok", "unavailable" or "failed"
+    reasons: tuple[str, ...] = ()
+    where: str | None = None
+    notes: tuple[str, ...] = ()
+    timer: str = ""  # "cuda-events" or "wall-clock"
+    time_ms: float | None = None  # median steady time per forward, unprofiled
+    time_samples_ms: tuple[float, ...] = ()
+    noise_pct: float | None = None  # half the interquartile range over the median
+    host_ms: float | None = None  # median host time per forward (until the call returns)
+    cold_host_ms: float | None = None  # the first forward of this backend at this shape
+    attn_calls: float | None = None  # attention calls per forward
+    attn_host_us: float | None = None  # median host time per attention call, steady
+    attn_cold_host_us: float | None = None  # host time of the first attention call at this shape (cold)
+    peak_mem_mb: float | None = None
+    profiled_gpu_busy_ms: float | None = None  # sum of device event durations per forward (profiler)
+    profiled_gpu_span_ms: float | None = None  # first to last device event per forward (profiler)
+    kernels: float | None = None  # per forward, from the profiler
+    memcpys: float | None = None
+    memsets: float | None = None
+    ops: float | None = None  # outermost CPU ops per forward
+    attn_kernels_per_call: float | None = None
+    attn_memcpys_per_call: float | None = None
+    attn_gpu_us_per_call: float | None = None
+    attn_ops: tuple[str, ...] = ()  # the ATen ops the attention call ran
+    attn_kernel_names: tuple[str, ...] = ()
+    attn_launch_apis: tuple[str, ...] = ()
+    attn_kernel_details: tuple[dict, ...] = ()  # per kernel: registers, shared memory, occupancy ...
+    layers: tuple[LayerStats, ...] = ()
+    devices: tuple[DeviceStats, ...] = ()  # per GPU (and rank); empty on a CPU
+    transfers: tuple[TransferStats, ...] = ()  # copies between GPUs, by layer boundary
+    trace_path: str | None = None
+    rank_trace_paths: tuple[str, ...] = ()  # the other ranks' traces, written by rank 0
+    trace_seconds: float | None = None  # time taken to parse and attribute the trace
+    profiled_run_seconds: float | None = None  # wall time of the profiled forwards themselves
+    trace_events: int | None = None
+    numerics: Numerics | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+_CSV_COLUMNS = ["backend", "status", "timer", "time_ms", "noise_pct", "host_ms", "cold_host_ms", "attn_host_us",
+                "attn_cold_host_us", "peak_mem_mb", "kernels", "memcpys", "memsets", "attn_kernels_per_call",
+                "attn_memcpys_per_call", "attn_gpu_us_per_call", "profiled_gpu_busy_ms", "profiled_gpu_span_ms",
+                "max_rel_err", "top1_agreement", "reasons"]
+
+
+@dataclass(frozen=True)
+class Report:
+    """What ``profile`` and ``compare`` return: print it, or save it (``to_json``, ``to_csv``,
+    ``to_markdown``, ``write_html``, ``save_traces``)."""
+
+    backends: tuple[BackendResult, ...]
+    environment: dict
+    workload: dict
+    settings: dict
+    model: str = ""
+    ranking: tuple[str, ...] = ()
+    recommendation: str | None = None
+    command: str | None = None
+    distribution: dict | None = None  # how the model was spread: device_map or tensor parallelism
+    schema_version: int = SCHEMA_VERSION
+
+    def __getitem__(self, name: str) -> BackendResult:
+        key = resolve_name(name)
+        for b in self.backends:
+            if b.backend == key:
+                return b
+        raise KeyError(f"backend {name!r} is not in this report ({', '.join(b.backend for b in self.backends)})")
+
+    @property
+    def ok(self) -> list[BackendResult]:
+        return [b for b in self.backends if b.ok]
+
+    # -- files -----------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self, path: str | Path | None = None, indent: int = 1) -> str:
+        text = json.dumps(self.to_dict(), indent=indent, default=str)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_json(cls, text_or_path: str | Path) -> Report:
+        """A report from its JSON text or file; older schema versions load with the new fields empty."""
+        p = Path(text_or_path) if not str(text_or_path).lstrip().startswith("{") else None
+        data = json.loads(p.read_text() if p else str(text_or_path))
+        if data.get("schema_version") not in _READABLE:
+            raise ValueError(f"report schema {data.get('schema_version')} is not one of {_READABLE}")
+        data["schema_version"] = SCHEMA_VERSION
+        return _build(cls, data)
+
+    def to_csv(self, path: str | Path | None = None) -> str:
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(_CSV_COLUMNS)
+        for b in self.backends:
+            d = dataclasses.asdict(b)
+            d["max_rel_err"] = b.numerics.max_rel_err if b.numerics else None
+            d["top1_agreement"] = b.numerics.top1_agreement if b.numerics else None
+            d["reasons"] = " | ".join(b.reasons)
+            w.writerow(["" if d[c] is None else d[c] for c in _CSV_COLUMNS])
+        text = buf.getvalue()
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    def save_traces(self, directory: str | Path) -> list[Path]:
+        """Copy each backend's Perfetto-loadable trace into ``directory``."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        copied = []
+        for b in self.backends:
+            for src in ([b.trace_path] if b.trace_path else []) + list(b.rank_trace_paths):
+                if not Path(src).exists():
+                    continue
+                dest = out / Path(src).name
+                if Path(src).resolve() != dest.resolve():
+                    shutil.copyfile(src, dest)
+                copied.append(dest)
+        return copied
+
+    # -- text: the layout is ``render``'s ---------------------------------------------------------
+    def render(self, console=None, layers: bool = True, fold: bool = True) -> None:
+        """Print the report on a rich console (stdout by default)."""
+        render.to_console(self, console, layers=layers, fold=fold)
+
+    def to_markdown(self, path: str | Path | None = None) -> str:
+        return render.to_markdown(self, path)
+
+    def write_html(self, path: str | Path) -> Path:
+        return render.write_html(self, path)
+
+    def __str__(self) -> str:
+        return render.to_text(self)
+
+
+# -- loading: dicts back into the frozen dataclasses, by their field types -------------------------
+
+def _convert(tp, value):
+    if value is None:
+        return None
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return _convert(inner[0], value) if len(inner) == 1 else value
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(args[0], v) for v in value)
+        return tuple(_convert(a, v) for a, v in zip(args, value))
+    return value
+
+
+def _build(cls, data: dict):
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: _convert(hints[k], v) for k, v in data.items() if k in names})
