@@ -107,6 +107,57 @@ def op_names(fn):
     return {e.name for e in prof.events()}
 
 
+def sdpa_flags():
+    """PyTorch's process-wide SDPA backend flags."""
+    b = torch.backends.cuda
+    return (b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled(), b.cudnn_sdp_enabled())
+
+
+def configs(model):
+    from attnswitch.hf import configs_of
+    return {id(c): c._attn_implementation_internal for c in configs_of(model)}
+
+
+def world(model=None):
+    """Everything a switch may touch: transformers' registries and PreTrainedModel.__call__, leases,
+    patches, this context's selection, PyTorch's SDPA flags, and the model's configs and attributes."""
+    from attnswitch import hf
+    out = {**hf.world(), "flags": sdpa_flags()}
+    if model is not None:
+        out["configs"] = configs(model)
+        out["model attributes"] = sorted(vars(model))
+    return out
+
+
+class Spy:
+    """Records (thread, backend, call site) of every attention call a switch runs."""
+
+    def __init__(self):
+        import threading
+        self.calls, self._lock, self._threading = [], threading.Lock(), threading
+
+    def __call__(self, orig):
+        from attnswitch.sites import site_name
+
+        def record(name, call):
+            with self._lock:
+                self.calls.append((self._threading.get_ident(), name, site_name(call.where)))
+            return orig(name, call)
+        return record
+
+    @property
+    def names(self):
+        return [n for _, n, _ in self.calls]
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    from attnswitch.hf import dispatch
+    s = Spy()
+    monkeypatch.setattr(dispatch, "run_backend", s(dispatch.run_backend))
+    return s
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

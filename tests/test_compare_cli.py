@@ -7,9 +7,9 @@ import torch
 from conftest import tiny
 
 import attnswitch
-from attnswitch import backends as B
 from attnswitch.cli import main
 from attnswitch.compare import rank, recommend
+from attnswitch.hf import dispatch
 from attnswitch.models import PRESETS, load_model
 from attnswitch.numerics import numerics
 from attnswitch.results import SCHEMA_VERSION, BackendResult, Report
@@ -41,13 +41,13 @@ def test_compare_ranks_checks_numerics_and_recommends(tiny_compare):
 def test_a_backend_with_wrong_numerics_is_flagged_and_never_recommended(monkeypatch):
     m, _ = load_model("tiny-llama", layers=2)
     w = make_workload(m, batch=2, seq=16)
-    real = B.naive_attention
+    real = dispatch.run_backend
 
-    def corrupted(q, k, v, *a, **kw):  # as a kernel that silently corrupts few-KV-head models would
-        out, wts = real(q, k, v, *a, **kw)
-        return out + 0.5, wts
+    def corrupted(name, call):  # naive as a kernel that silently corrupts few-KV-head models would
+        out, wts = real(name, call)
+        return (out + 0.5, wts) if name == "naive" else (out, wts)
 
-    monkeypatch.setattr(B, "naive_attention", corrupted)
+    monkeypatch.setattr(dispatch, "run_backend", corrupted)
     nums = numerics(m, w, ["naive", "math"])
     assert not nums["naive"].ok and nums["math"].ok
     results = [BackendResult("naive", "ok", time_ms=1.0, numerics=nums["naive"]),
@@ -168,14 +168,14 @@ def test_cli_check_and_env(capsys):
 def test_out_of_memory_on_one_backend_is_recorded_and_the_others_run(monkeypatch):
     m, _ = load_model("tiny-llama", layers=1)
     w = make_workload(m, batch=1, seq=16)
-    real = B._sdpa_call
+    real = dispatch.run_backend
 
-    def oom_for_flash(only, *a):
-        if only == B._ONLY["flash"]:
+    def oom_for_flash(name, call):
+        if name == "flash":
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
-        return real(only, *a)
+        return real(name, call)
 
-    monkeypatch.setattr(B, "_sdpa_call", oom_for_flash)
+    monkeypatch.setattr(dispatch, "run_backend", oom_for_flash)
     r = attnswitch.compare(m, w, backends=["flash", "math", "naive"], warmup=0, iters=2, rounds=1)
     assert r["flash"].status == "failed" and "out of memory" in r["flash"].reasons[0]
     assert r["math"].ok and r["naive"].ok and "flash" not in r.ranking

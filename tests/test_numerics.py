@@ -111,7 +111,11 @@ def test_output_attentions_weights_from_naive_match_eager():
     assert len(got) == len(ref)
     for g, r in zip(got, ref):
         torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
-    with torch.no_grad(), attnswitch.backend("math", model=m), pytest.warns(UserWarning, match="weights"):
+    with torch.no_grad(), attnswitch.backend("math", model=m):  # SDPA's math op returns its weights too
+        got = m(**b, output_attentions=True).attentions
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
+    with torch.no_grad(), attnswitch.backend("flash", model=m), pytest.warns(UserWarning, match="weights"):
         out = m(**b, output_attentions=True)
     assert all(a is None for a in out.attentions)
 
@@ -139,23 +143,20 @@ def test_dropout_applies_in_training_mode_only(name):
     assert not torch.allclose(t1, e1)
 
 
-def test_cross_attention_t5_is_switched(cases):
+def test_cross_attention_t5_is_switched(cases, spy, monkeypatch):
     m, b, _ = cases["t5"]
-    calls = []
-    from attnswitch import hf, sites
-    orig = hf.run_attention
+    from attnswitch.hf import dispatch
+    shapes = []
+    inner = dispatch.run_backend
 
-    def spy(name, q, k, v, *a, **kw):
-        calls.append((sites.module_path(kw.get("where")), q.shape[2], k.shape[2]))
-        return orig(name, q, k, v, *a, **kw)
+    def record(name, call):
+        shapes.append((call.q.shape[2], call.k.shape[2]))
+        return inner(name, call)
 
-    hf.run_attention = spy
-    try:
-        with torch.no_grad(), attnswitch.backend("math", model=m):
-            m(**b)
-    finally:
-        hf.run_attention = orig
-    wheres = {w for w, *_ in calls}
+    monkeypatch.setattr(dispatch, "run_backend", record)
+    with torch.no_grad(), attnswitch.backend("math", model=m):
+        m(**b)
+    wheres = {w for _, _, w in spy.calls}
     assert any("EncDecAttention" in w for w in wheres)  # cross attention: 9 queries over 12 keys
-    assert any(sq == 9 and skv == 12 for _, sq, skv in calls)
+    assert any(sq == 9 and skv == 12 for sq, skv in shapes)
     assert any("encoder" in w for w in wheres) and any("decoder" in w for w in wheres)

@@ -4,24 +4,10 @@ import threading
 
 import pytest
 import torch
-from conftest import batch_for, op_names, tiny
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from conftest import batch_for, configs, op_names, sdpa_flags, tiny, world
 
 import attnswitch
 from attnswitch import hf
-from attnswitch.backends import sdpa_flags
-
-
-def registries():
-    return (dict(ALL_ATTENTION_FUNCTIONS._global_mapping), dict(ALL_MASK_ATTENTION_FUNCTIONS._global_mapping))
-
-
-def world(model):
-    """Everything a switch may touch."""
-    from transformers import PreTrainedModel
-    return (hf.snapshot(model), registries(), sdpa_flags(), dict(hf._PATCHED), dict(hf._SWITCHED),
-            PreTrainedModel.__dict__.get("__call__"))
 
 
 @pytest.fixture
@@ -29,27 +15,16 @@ def llama():
     return tiny("llama")
 
 
-@pytest.fixture
-def spy(monkeypatch):
-    """Records (thread, backend, module path) of every attention call attnswitch runs."""
-    calls = []
-    orig = hf.run_attention
-
-    def record(name, *a, **kw):
-        calls.append((threading.get_ident(), name, kw.get("where")))
-        return orig(name, *a, **kw)
-
-    monkeypatch.setattr(hf, "run_attention", record)
-    return calls
-
-
 # -- which implementation ran: the profiler's op names --------------------------------------------
 
+# a forced backend runs its own ATen op, never SDPA's dispatching one (which reads the process-wide flags)
 EXPECTED_OPS = {
     "naive": ({"aten::masked_fill"}, {"aten::scaled_dot_product_attention"}),
     "naive-inplace": ({"aten::masked_fill_"}, {"aten::masked_fill", "aten::scaled_dot_product_attention"}),
-    "math": ({"aten::_scaled_dot_product_attention_math"}, {"aten::_scaled_dot_product_flash_attention_for_cpu"}),
-    "flash": ({"aten::_scaled_dot_product_flash_attention_for_cpu"}, {"aten::_scaled_dot_product_attention_math"}),
+    "math": ({"aten::_scaled_dot_product_attention_math"}, {"aten::_scaled_dot_product_flash_attention_for_cpu",
+                                                            "aten::scaled_dot_product_attention"}),
+    "flash": ({"aten::_scaled_dot_product_flash_attention_for_cpu"}, {"aten::_scaled_dot_product_attention_math",
+                                                                     "aten::scaled_dot_product_attention"}),
 }
 
 
@@ -100,6 +75,7 @@ def test_bare_attention_gqa_and_masks():
 @pytest.mark.parametrize("scoped", [True, False])
 def test_state_restored_after_exception(llama, scoped):
     before = world(llama)
+    assert before["leases"] == {} and before["call"] is hf.registries.MISSING
     with pytest.raises(KeyError):
         with attnswitch.backend("math", model=llama if scoped else None):
             assert world(llama) != before
@@ -128,14 +104,17 @@ def test_sdpa_flags_untouched_between_calls(llama):
         assert sdpa_flags() == inside
 
 
-def test_subconfigs_switched_and_restored():
+def test_configs_are_never_written_and_every_stack_is_switched(spy):
     m = tiny("t5")
-    configs = hf.configs_of(m)
-    assert len(configs) == 3  # the model's, and the encoder's and decoder's copies
-    before = hf.snapshot(m)
-    with attnswitch.backend("naive", model=m):
-        assert all(c._attn_implementation == hf.NAME for c in configs)
-    assert hf.snapshot(m) == before
+    assert len(hf.configs_of(m)) == 3  # the model's, and the encoder's and decoder's copies
+    before = world(m)
+    with torch.no_grad(), attnswitch.backend("naive", model=m):
+        assert configs(m) == before["configs"]
+        m(**batch_for(m))
+    assert world(m) == before
+    sites = {w for _, _, w in spy.calls}
+    assert any(w.startswith("encoder.") for w in sites) and any(w.startswith("decoder.") for w in sites)
+    assert any("EncDecAttention" in w for w in sites)
 
 
 def test_nesting_inner_wins_outer_returns(llama, spy):
@@ -148,7 +127,7 @@ def test_nesting_inner_wins_outer_returns(llama, spy):
                 llama(**b)
             llama(**b)
         llama(**b)
-    names = [n for _, n, _ in spy]
+    names = spy.names
     per_forward = 2  # two layers
     assert names == ["naive"] * per_forward + ["math"] * per_forward + ["flash"] * per_forward + \
         ["math"] * per_forward + ["naive"] * per_forward
@@ -159,7 +138,7 @@ def test_outside_any_context_the_model_runs_its_own_attention(llama, spy):
     with attnswitch.backend("naive", model=llama):
         pass
     llama(**b)
-    assert spy == []
+    assert spy.calls == []
 
 
 def test_threads_get_their_own_backend(llama, spy):
@@ -185,11 +164,11 @@ def test_threads_get_their_own_backend(llama, spy):
         t.join()
     assert not errors
     by_thread = {}
-    for tid, name, _ in spy:
+    for tid, name, _ in spy.calls:
         by_thread.setdefault(tid, set()).add(name)
     assert sorted(tuple(s) for s in by_thread.values()) == [("flash",), ("math",), ("naive",)]
-    assert len(spy) == 3 * 5 * 2
-    assert world(llama)[0] == {id(c): "sdpa" for c in hf.configs_of(llama)}
+    assert len(spy.calls) == 3 * 5 * 2
+    assert configs(llama) == {id(c): "sdpa" for c in hf.configs_of(llama)}
 
 
 def test_a_thread_outside_the_context_is_not_switched(llama, spy):
@@ -207,7 +186,7 @@ def test_a_thread_outside_the_context_is_not_switched(llama, spy):
         inside.set()
         done.wait(30)
     t.join()
-    assert spy == []
+    assert spy.calls == []
 
 
 # -- patch / unpatch ------------------------------------------------------------------------------
@@ -225,18 +204,20 @@ def test_patch_persists_until_unpatch(llama, spy):
         llama(**b)
     attnswitch.unpatch(llama)
     llama(**b)
-    assert [n for _, n, _ in spy] == ["math", "math", "naive-inplace", "naive-inplace"]
-    assert world(llama) == before
-    assert not hasattr(llama, "_attnswitch_patch")
+    assert spy.names == ["math", "math", "naive-inplace", "naive-inplace"]
+    assert world(llama) == before  # nothing written on the model (its attributes are in the snapshot)
     with pytest.raises(ValueError, match="not patched"):
         attnswitch.unpatch(llama)
 
 
-def test_patch_and_context_on_same_model_restore_in_any_order(llama):
+def test_patch_and_context_on_same_model_restore_in_any_order(llama, spy):
     before = world(llama)
     with attnswitch.backend("math", model=llama):
         attnswitch.patch(llama, "naive")
-    assert llama.config._attn_implementation == hf.NAME  # still patched
+    assert attnswitch.is_patched(llama) == "naive"  # still patched
+    with torch.no_grad():
+        llama(**batch_for(llama))
+    assert set(spy.names) == {"naive"}
     attnswitch.unpatch(llama)
     assert world(llama) == before
 
@@ -263,7 +244,7 @@ def test_aliases():
 
 def test_legacy_model_is_refused_by_name():
     m = tiny("falcon")
-    before = hf.snapshot(m)
+    before = world(m)
     with pytest.raises(attnswitch.UnsupportedModel, match="FalconAttention"):
         with attnswitch.backend("math", model=m):
             pass
@@ -272,8 +253,7 @@ def test_legacy_model_is_refused_by_name():
     with pytest.raises(attnswitch.UnsupportedModel, match="FalconAttention"):
         with attnswitch.backend("math"):
             m(input_ids=torch.ones(1, 4, dtype=torch.long))
-    assert hf.snapshot(m) == before
-    assert registries() == world(tiny("llama"))[1]
+    assert world(m) == before
 
 
 def test_version_check_names_what_is_needed():
@@ -288,6 +268,7 @@ def test_version_check_names_what_is_needed():
 def test_check_reports_eligibility_with_reasons(llama):
     res = attnswitch.check(llama, **batch_for(llama))
     assert set(res.eligible) == {"naive", "naive-inplace", "math", "flash", "auto", "eager"}
+    assert set(res.results) == set(attnswitch.BACKENDS)  # the CUDA-only ones listed too, with the reason
     assert not res["cudnn"].ok and any("CUDA" in r for r in res["cudnn"].reasons)
     assert res["efficient"].where == "model.layers.0.self_attn"
     assert "UNAVAILABLE" in str(res)

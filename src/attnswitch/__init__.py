@@ -11,10 +11,11 @@ from ._versions import require_supported_versions
 
 require_supported_versions()
 
-from .backends import BACKENDS, resolve_name  # noqa: E402
+from .backends import BACKENDS, register_backend, resolve_name, unregister_backend  # noqa: E402
 from .check import CheckResult, Eligibility, check  # noqa: E402
 from .compare import compare  # noqa: E402
 from .errors import BackendUnavailable, UnsupportedModel  # noqa: E402
+from .hf import Policy  # noqa: E402
 from .profiling import profile  # noqa: E402
 from .results import BackendResult, Report  # noqa: E402
 from .switch import active_backend, attention, backend, is_patched, patch, unpatch  # noqa: E402
@@ -26,6 +27,7 @@ __all__ = [
     "BackendResult",
     "BackendUnavailable",
     "CheckResult",
+    "Policy",
     "Eligibility",
     "Report",
     "UnsupportedModel",
@@ -37,6 +39,8 @@ __all__ = [
     "is_patched",
     "patch",
     "profile",
+    "register_backend",
     "resolve_name",
     "unpatch",
+    "unregister_backend",
 ]

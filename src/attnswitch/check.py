@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from .backends import BACKENDS, recording_notes, resolve_name
+from .backends import names as backend_names
+from .backends import parse_backends, recording_notes, resolve_name
+from .device import device_of
 from .errors import BackendUnavailable
 from .switch import backend as use_backend
 
@@ -50,10 +52,14 @@ class CheckResult:
         return "\n".join(lines)
 
 
-def check(model: nn.Module, *args, backends: Iterable[str] | None = None, **batch) -> CheckResult:
+def check(model: nn.Module, *args, backends: Iterable[str] | str | None = None, **batch) -> CheckResult:
     """Run one forward of ``model(*args, **batch)`` under each backend (no grad) and record whether
-    the backend could run it; nothing is kept but the verdicts."""
-    names = [resolve_name(b) for b in (backends or BACKENDS)]
+    the backend could run it; nothing is kept but the verdicts. Every registered backend by default,
+    those that cannot exist on this device included (with the reason). Inputs the model itself
+    refuses (a misspelt argument, say) raise, as the model does."""
+    names = backend_names(compared=True) if backends is None else parse_backends(backends, device_of(model))
+    with torch.no_grad():
+        model(*args, **batch)  # the model's own attention first: an error here is the inputs', not a backend's
     results: dict[str, Eligibility] = {}
     for name in names:
         with recording_notes() as notes:

@@ -1,35 +1,45 @@
 """The switch: ``backend()`` context manager, ``patch()``/``unpatch()``, and the bare ``attention()``.
 
-The selection lives in a ``ContextVar`` (``hf.STATE``): contexts nest (the inner one wins, the outer
-one comes back), and each thread or asyncio task sees only its own selection.
+The selection lives in a ``ContextVar`` (``hf.selection``): contexts nest (the inner one wins, the outer
+one comes back), and each thread or asyncio task sees only its own selection. Neither a model, nor its
+configs, nor PyTorch's SDPA flags are written; transformers' registries hold attnswitch's dispatchers
+while any switch is active and are put back exactly when the last one ends.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from dataclasses import dataclass
+import threading
+import weakref
+from collections.abc import Mapping
 
 import torch
 import torch.nn as nn
 
-from . import hf, instrument
-from .backends import REFERENCE, SDPBackend, resolve_name, run_attention
+from . import backends, instrument
+from .backends import Call
+from .hf import install, registries, selection
+from .hf.interface import require_interface
+from .hf.selection import PATCHED, STATE, Policy, Selection, State, resolve_selection
 
 __all__ = ["backend", "patch", "unpatch", "attention", "active_backend", "is_patched"]
 
-_PATCH_ATTR = "_attnswitch_patch"
+_PATCH_LOCK = threading.Lock()
+_PATCHES: dict[int, tuple[object, weakref.finalize]] = {}  # owner token -> (lease, finalizer)
 
 
-@contextlib.contextmanager
-def backend(name: str | SDPBackend, model: nn.Module | None = None) -> Iterator[str]:
+class backend:
     r"""Compute attention with backend ``name`` inside the block.
 
-    Without ``model`` every transformers model on the attention interface that runs in this thread
-    (or task) inside the block is switched; with ``model`` only that model. On exit, normal or by
-    exception, every config, transformers' registries and PyTorch's SDPA flags are as found.
+    ``name`` is a backend name (or alias), or a policy per phase: ``{"prefill": "cudnn", "decode":
+    "flash"}`` (decode: calls with one query token; ``"decode_max_query"`` sets another limit).
+    Without ``model`` every transformers model on the attention interface that runs in this thread (or
+    task) inside the block is switched; with ``model`` only that model, never another sharing its
+    config. On exit, normal or by exception, transformers' registries are as found; models, configs and
+    PyTorch's SDPA flags are never written.
 
-    A forced backend never falls back: if it cannot run a call, ``BackendUnavailable`` says why.
+    A forced backend never falls back: if it cannot run a call, ``BackendUnavailable`` says why; a
+    forward that made no attention call through the switch raises ``UnsupportedModel``. Contexts must
+    be exited innermost first: one exited out of order raises ``RuntimeError`` and leaves nothing selected.
 
     Example::
 
@@ -38,79 +48,101 @@ def backend(name: str | SDPBackend, model: nn.Module | None = None) -> Iterator[
         >>> with attnswitch.backend("naive-inplace", model=m):
         ...     m(**batch)
 
-    Yields the canonical backend name.
+    The block gets the canonical backend name (or the ``Policy``).
     """
-    with _switched(resolve_name(name), model) as n:
-        yield n
 
+    def __init__(self, name: str | Policy | Mapping, model: nn.Module | None = None):
+        self.selection: Selection = resolve_selection(name)
+        self.model = model
+        self._info = None
+        if model is not None:
+            require_interface(model)
+            self._info = selection.register(model)
+        self._state: State | None = None
 
-@contextlib.contextmanager
-def _switched(name: str, model: nn.Module | None) -> Iterator[str]:
-    if model is None:
-        hf.install_global()
-        token = hf.STATE.set(hf.State(name, {}))
+    def __enter__(self) -> Selection:
+        if self._state is not None:
+            raise RuntimeError("this backend() context is already entered; make a new one")
+        keys = self._info.keys() if self._info is not None else frozenset(registries.standard_keys())
+        parent = STATE.get()
+        if self._info is None:
+            state = State(self.selection, parent=parent)
+        else:
+            state = State(parent.global_sel, {**parent.per_owner, self._info.token: self.selection}, parent)
         try:
-            yield name
-        finally:
-            hf.STATE.reset(token)
-            hf.uninstall_global()
-        return
-    configs = hf.switch_model(model)
-    try:
-        st = hf.STATE.get()
-        per_config = dict(st.per_config)
-        per_config.update((id(c), name) for c in configs)
-        token = hf.STATE.set(hf.State(st.global_name, per_config))
-        try:
-            yield name
-        finally:
-            hf.STATE.reset(token)
-    finally:
-        hf.unswitch_model(configs)
+            with install.interrupts_deferred():
+                install.acquire(self, keys)
+                STATE.set(state)
+                self._state = state
+        except BaseException:  # an interrupt too: nothing of this context may stay behind
+            self._state = None
+            with install.interrupts_deferred():
+                install.settle(lambda: (STATE.set(parent), install.drop(self)))
+            raise
+        return self.selection
+
+    def __exit__(self, *exc) -> None:
+        state, self._state = self._state, None
+        if state is None:
+            return
+        out_of_order = STATE.get() is not state
+        if out_of_order:
+            selection.close(state)
+        with install.interrupts_deferred():
+            install.settle(lambda: (STATE.set(State() if out_of_order else state.parent), install.drop(self)))
+        if out_of_order and not selection.closed(state.parent) and exc[0] is None:
+            raise RuntimeError("attnswitch.backend contexts exited out of order (an outer one before an inner "
+                               "one); nothing is selected now in this context")
 
 
-@dataclass
-class _Patch:
-    configs: list
-    backend: str
+def _drop_patch(token: int) -> None:
+    PATCHED.pop(token, None)
+    entry = _PATCHES.pop(token, None)
+    if entry is not None:
+        install.release_later(entry[0])
 
 
-def patch(model: nn.Module, name: str | SDPBackend) -> nn.Module:
+def patch(model: nn.Module, name: str | Policy | Mapping) -> nn.Module:
     """Make ``model`` compute attention with ``name`` until ``unpatch(model)``, in every thread.
 
-    Patching a patched model only changes its backend; what ``unpatch`` restores is always the state
-    found before the first patch. A ``backend()`` context still wins over a patch inside its block.
+    Patching a patched model only changes its backend. A ``backend()`` context still wins over a patch
+    inside its block. The model itself is not written: a copy of it is an unpatched model, and a
+    patched model that is dropped unpatches itself.
     """
-    name = resolve_name(name)
-    state: _Patch | None = getattr(model, _PATCH_ATTR, None)
-    if state is None:
-        state = _Patch(hf.switch_model(model), name)
-        object.__setattr__(model, _PATCH_ATTR, state)  # plain attribute: not a submodule, not saved
-    state.backend = name
-    hf.set_patched(state.configs, name)
+    sel = resolve_selection(name)
+    require_interface(model)
+    info = selection.register(model)
+    with _PATCH_LOCK, install.interrupts_deferred():
+        if info.token not in _PATCHES:
+            lease = object()
+            install.acquire(lease, info.keys())
+            _PATCHES[info.token] = (lease, weakref.finalize(model, _drop_patch, info.token))
+        PATCHED[info.token] = sel
     return model
 
 
 def unpatch(model: nn.Module) -> nn.Module:
-    """Undo ``patch``: every config comes back to the value it had before the first patch."""
-    state: _Patch | None = getattr(model, _PATCH_ATTR, None)
-    if state is None:
+    """Undo ``patch``: the model computes attention as before the first patch."""
+    info = selection.info_of(model)
+    if info is None or info.token not in _PATCHES:
         raise ValueError(f"{type(model).__name__} is not patched by attnswitch")
-    hf.set_patched(state.configs, None)
-    hf.unswitch_model(state.configs)
-    object.__delattr__(model, _PATCH_ATTR)
+    with _PATCH_LOCK, install.interrupts_deferred():
+        lease, fin = _PATCHES.pop(info.token)
+        fin.detach()
+        PATCHED.pop(info.token, None)
+        install.release(lease)
     return model
 
 
-def is_patched(model: nn.Module) -> str | None:
+def is_patched(model: nn.Module) -> Selection | None:
     """The backend ``model`` is patched with, or None."""
-    state = getattr(model, _PATCH_ATTR, None)
-    return None if state is None else state.backend
+    info = selection.info_of(model)
+    return None if info is None else PATCHED.get(info.token)
 
 
-def active_backend() -> str | None:
+def active_backend() -> Selection | None:
     """The backend selected by the innermost global ``backend()`` context of this thread, or None."""
-    return hf.STATE.get().global_name
+    return STATE.get().global_sel
 
 
 def attention(
@@ -123,11 +155,11 @@ def attention(
     scale: float | None = None,
     enable_gqa: bool = False,
     *,
-    backend: str | SDPBackend | None = None,
+    backend: str | Policy | None = None,
 ) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` with the active backend (``backend=`` overrides it;
     ``auto``, SDPA's own choice, when none is active). Same arguments and result as SDPA."""
-    name = resolve_name(backend) if backend is not None else (active_backend() or "auto")
+    sel = resolve_selection(backend) if backend is not None else (active_backend() or "auto")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"expected 4-d q, k, v [batch, heads, seq, dim]; got {q.dim()}, {k.dim()}, {v.dim()} dims")
     if k.shape[1] != q.shape[1]:
@@ -136,13 +168,11 @@ def attention(
                              "query attention")
         if q.shape[1] % k.shape[1]:
             raise ValueError(f"q heads ({q.shape[1]}) must be a multiple of k/v heads ({k.shape[1]})")
-    if name in ("eager", REFERENCE):
-        raise ValueError(f"{name!r} is a transformers model's own attention; bare calls can use "
-                         "naive, naive-inplace, math, efficient, flash, cudnn or auto")
+    name = selection.choose(sel, q.shape[2])
+    call = Call(q, k, v, attn_mask, dropout_p, is_causal, scale)
     m = instrument.current()
     if m is not None:
-        out, _ = instrument.call(m, instrument.BARE_CALL, run_attention, name, q, k, v, attn_mask, dropout_p, is_causal,
-                                 scale)
+        out, _ = instrument.call(m, instrument.BARE_CALL, backends.run, name, call)
     else:
-        out, _ = run_attention(name, q, k, v, attn_mask, dropout_p, is_causal, scale)
+        out, _ = backends.run(name, call)
     return out

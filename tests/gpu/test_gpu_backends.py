@@ -7,11 +7,9 @@ import threading
 
 import pytest
 import torch
-from conftest import batch_for, eager_reference, op_names, output_of, tiny, valid_positions
+from conftest import batch_for, configs, eager_reference, op_names, output_of, sdpa_flags, tiny, valid_positions
 
 import attnswitch
-from attnswitch import hf
-from attnswitch.backends import sdpa_flags
 
 pytestmark = pytest.mark.gpu
 
@@ -80,13 +78,13 @@ def test_efficient_gqa_repeats_kv_and_says_so():
 def test_flash_with_padding_mask_refuses_with_reasons():
     m = cuda_model("llama")
     b = to_cuda(batch_for(m, pad=True, seq=64))
-    before = hf.snapshot(m), sdpa_flags()
+    before = configs(m), sdpa_flags()
     with pytest.raises(attnswitch.BackendUnavailable) as e:
         with torch.no_grad(), attnswitch.backend("flash", model=m):
             m(**b)
     assert e.value.where == "model.layers.0.self_attn"
     assert any("mask" in r.lower() for r in e.value.reasons)
-    assert (hf.snapshot(m), sdpa_flags()) == before
+    assert (configs(m), sdpa_flags()) == before
 
 
 def test_cudnn_and_efficient_refuse_on_cpu_tensors_even_with_cuda_present():
@@ -117,30 +115,22 @@ def test_naive_has_a_memcpy_that_inplace_does_not():
         assert sum("Memcpy DtoD" in n for n in names) == memcpys, (name, names)
 
 
-def test_threads_on_gpu_get_their_own_backend():
+def test_threads_on_gpu_get_their_own_backend(spy):
     m = cuda_model("llama")
     b = to_cuda(batch_for(m, pad=False, seq=64))
-    seen, lock = {}, threading.Lock()
-    orig = hf.run_attention
-
-    def spy(name, *a, **kw):
-        with lock:
-            seen.setdefault(threading.get_ident(), set()).add(name)
-        return orig(name, *a, **kw)
-
-    hf.run_attention = spy
     barrier = threading.Barrier(2)
-    try:
-        def work(name):
-            with torch.no_grad(), attnswitch.backend(name, model=m):
-                barrier.wait()
-                for _ in range(10):
-                    m(**b)
-        ts = [threading.Thread(target=work, args=(n,)) for n in ("cudnn", "efficient")]
-        [t.start() for t in ts]
-        [t.join() for t in ts]
-    finally:
-        hf.run_attention = orig
+
+    def work(name):
+        with torch.no_grad(), attnswitch.backend(name, model=m):
+            barrier.wait()
+            for _ in range(10):
+                m(**b)
+    ts = [threading.Thread(target=work, args=(n,)) for n in ("cudnn", "efficient")]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    seen = {}
+    for tid, name, _ in spy.calls:
+        seen.setdefault(tid, set()).add(name)
     assert sorted(tuple(s) for s in seen.values()) == [("cudnn",), ("efficient",)]
 
 

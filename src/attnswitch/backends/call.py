@@ -1,0 +1,114 @@
+"""One attention call: its arguments as one value, the checks every backend shares, notes it leaves.
+
+``Call`` carries SDPA-shaped inputs (``q [b, h_q, s_q, d]``, ``k, v [b, h_kv, s_kv, d]``) and what
+transformers passes besides (softcap, attention sinks, whether weights are wanted, the call site).
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from typing import NamedTuple
+
+import torch
+
+from ..errors import BackendUnavailable
+from ..sites import site_name
+
+__all__ = ["Call", "validate", "unavailable", "describe", "recording_notes", "note", "repeat_kv"]
+
+
+class Call(NamedTuple):
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    mask: torch.Tensor | None = None  # bool (True = attend) or additive float, broadcastable to [b, h, s_q, s_kv]
+    dropout: float = 0.0
+    causal: bool = False  # top-left aligned, as SDPA's is_causal
+    scale: float | None = None
+    softcap: float | None = None  # logits -> tanh(logits / softcap) * softcap (Gemma 2)
+    sinks: torch.Tensor | None = None  # per query head, a logit that takes softmax mass and no value (GPT-OSS)
+    need_weights: bool = False
+    where: object = None  # the calling module, a name, or None for a bare call
+
+    @property
+    def gqa(self) -> bool:
+        return self.k.shape[1] != self.q.shape[1]
+
+
+def describe(call: Call) -> str:
+    q, k, v, mask = call.q, call.k, call.v, call.mask
+    m = "None" if mask is None else f"{mask.dtype} {tuple(mask.shape)}"
+    return (f"q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} {q.dtype} on {q.device}, attn_mask={m}, "
+            f"is_causal={call.causal}, dropout_p={call.dropout}")
+
+
+def unavailable(name: str, call: Call, reasons: list[str]) -> BackendUnavailable:
+    return BackendUnavailable(name, site_name(call.where), reasons, describe(call))
+
+
+def validate(call: Call) -> None:
+    """Raise what ``F.scaled_dot_product_attention`` raises for inputs no backend takes (a
+    ``RuntimeError``, as SDPA's own checks do): differing or non-float dtypes, devices, q/k head dims,
+    a mask of another dtype or one that does not broadcast to the scores, k/v heads that do not
+    divide q's."""
+    q, k, v, mask = call.q, call.k, call.v, call.mask
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise RuntimeError(f"expected 4-d q, k, v [batch, heads, seq, dim]; got {q.dim()}, {k.dim()}, {v.dim()} dims")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise RuntimeError(f"Expected query, key, and value to have the same dtype, but got query.dtype: {q.dtype} "
+                           f"key.dtype: {k.dtype} and value.dtype: {v.dtype} instead.")
+    if not q.is_floating_point():
+        raise RuntimeError(f"expected floating point query, key and value, got {q.dtype}")
+    if not (q.device == k.device == v.device):
+        raise RuntimeError(f"Expected query, key, and value to have the same device, got {q.device}, {k.device}, "
+                           f"{v.device}")
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] or k.shape[1] != v.shape[1]:
+        raise RuntimeError(f"q/k head dims and k/v lengths and heads must agree: q {tuple(q.shape)}, "
+                           f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise RuntimeError(f"Number of heads in key and value ({k.shape[1]}) must divide the number of heads in "
+                           f"query ({q.shape[1]})")
+    if mask is not None:
+        if mask.dtype not in (torch.bool, torch.float32, q.dtype):
+            raise RuntimeError(f"Expected attn_mask dtype to be bool or float or to match query dtype, but got "
+                               f"attn_mask.dtype: {mask.dtype} and  query.dtype: {q.dtype} instead.")
+        scores = (max(q.shape[0], k.shape[0]), q.shape[1], q.shape[2], k.shape[2])
+        try:
+            ok = torch.broadcast_shapes(tuple(mask.shape), scores) == scores
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise RuntimeError(f"attn_mask of shape {tuple(mask.shape)} does not broadcast to the attention scores "
+                               f"{list(scores)}")
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """``[b, h_kv, s, d] -> [b, h_kv * n_rep, s, d]``, each key/value head repeated for its query group."""
+    if n_rep == 1:
+        return x
+    b, h, s, d = x.shape
+    return x[:, :, None].expand(b, h, n_rep, s, d).reshape(b, h * n_rep, s, d)
+
+
+# -- notes: layout changes made so that a backend can run (reported, since they cost kernels) ------
+
+_NOTES: ContextVar[list | None] = ContextVar("attnswitch_notes", default=None)
+
+
+class recording_notes:
+    """Collect the notes (e.g. ``repeated k/v heads``) that attention calls make inside the block, as
+    ``(backend, where, text)``."""
+
+    def __enter__(self) -> list[tuple[str, str, str]]:
+        self.notes: list[tuple[str, str, str]] = []
+        self._token = _NOTES.set(self.notes)
+        return self.notes
+
+    def __exit__(self, *exc) -> None:
+        _NOTES.reset(self._token)
+
+
+def note(backend: str, call: Call, text: str) -> None:
+    notes = _NOTES.get()
+    if notes is not None:
+        notes.append((backend, site_name(call.where), text))

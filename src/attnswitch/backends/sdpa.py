@@ -1,0 +1,273 @@
+"""PyTorch's SDPA backends, forced without touching PyTorch's process-wide SDPA flags.
+
+Each forced backend calls its own ATen op (``torch._scaled_dot_product_{flash,efficient,cudnn}_attention``,
+``..._flash_attention_for_cpu``, ``..._attention_math``) after the input preparation
+``F.scaled_dot_product_attention`` does for it (mask conversion, padding, log-sum-exp when a gradient
+is needed) and after PyTorch's own eligibility checks (``torch.backends.cuda.can_use_*`` on CUDA; on
+CPUs SDPA's choice, with the reasons from a mirror of its checks). A thread that runs plain SDPA, or
+``torch.nn.attention.sdpa_kernel``, at the same time sees nothing change.
+
+On CUDA, PyTorch's checks stop at a backend turned off in this process (``enable_flash_sdp(False)``,
+or an ``sdpa_kernel`` context open in any thread); the forced backend is then refused with that reason.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from .call import Call, note, repeat_kv, unavailable, validate
+
+__all__ = ["forced", "sdpa_auto", "auto_choice", "eligibility", "GPU_ONLY", "FORCED"]
+
+#: the backends attnswitch forces, and those PyTorch implements only for CUDA tensors
+FORCED = ("math", "efficient", "flash", "cudnn")
+GPU_ONLY = frozenset({"efficient", "cudnn"})
+_CAN_USE = {"flash": torch.backends.cuda.can_use_flash_attention,
+            "efficient": torch.backends.cuda.can_use_efficient_attention,
+            "cudnn": torch.backends.cuda.can_use_cudnn_attention}
+_ENABLED = {"flash": torch.backends.cuda.flash_sdp_enabled, "efficient": torch.backends.cuda.mem_efficient_sdp_enabled,
+            "cudnn": torch.backends.cuda.cudnn_sdp_enabled}
+_TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\s*$")
+_CPU_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _grad(call: Call) -> bool:
+    return torch.is_grad_enabled() and (call.q.requires_grad or call.k.requires_grad or call.v.requires_grad)
+
+
+def _float_mask(mask: torch.Tensor | None, dtype: torch.dtype, fill: float = float("-inf")):
+    """SDPA's conversion: a boolean mask (True = attend) as an additive one in the query's dtype."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.where(mask.logical_not(), fill, torch.zeros((), dtype=dtype))  # a CPU scalar: no kernel
+
+
+# -- eligibility ------------------------------------------------------------------------------------
+
+def _cuda_reasons(name: str, call: Call, gqa: bool) -> list[str]:
+    params = torch.backends.cuda.SDPAParams(call.q, call.k, call.v, call.mask, call.dropout, call.causal, gqa)
+    if _CAN_USE[name](params, False):
+        return []
+    if not _ENABLED[name]():
+        return [f"PyTorch's {name} SDPA backend is turned off in this process (torch.backends.cuda."
+                f"{name.replace('efficient', 'mem_efficient')}_sdp_enabled() is False: an enable_*_sdp(False) call, "
+                "or an sdpa_kernel context open in some thread), and PyTorch does not check it while it is off"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _CAN_USE[name](params, True)
+    return list(dict.fromkeys(_TRIGGERED.sub("", str(w.message)).strip() for w in caught)) or \
+        [f"PyTorch's can_use_{name}_attention refused these inputs without a reason"]
+
+
+_CPU_GQA: list[bool] = []
+
+
+def _cpu_flash_takes_gqa() -> bool:
+    """Whether this torch's CPU flash kernel takes fewer k/v heads than q heads (asked once)."""
+    if not _CPU_GQA:
+        q, kv = torch.zeros(1, 2, 1, 8), torch.zeros(1, 1, 1, 8)
+        try:
+            _CPU_GQA.append(torch._fused_sdp_choice(q, kv, kv, enable_gqa=True) == 1)
+        except RuntimeError:
+            _CPU_GQA.append(False)
+    return _CPU_GQA[0]
+
+
+def _cpu_mask_reasons(call: Call) -> list[str]:
+    m, q, k = call.mask, call.q, call.k
+    if m is None:
+        return []
+    if m.requires_grad:
+        return ["the CPU flash kernel takes no attn_mask that requires grad"]
+    ok = m.shape[-2] in (q.shape[2], 1) and m.shape[-1] in (k.shape[2], 1) and (
+        m.dim() == 2 or (m.dim() == 4 and m.shape[0] in (1, q.shape[0]) and m.shape[1] in (1, q.shape[1])))
+    return [] if ok else ["the CPU flash kernel takes attn_mask shapes 2d - ({Q_seq_len, 1} x {KV_seq_len, 1}) or "
+                          "4d - ({Batch, 1} x {Num_heads, 1} x {Q_seq_len, 1} x {KV_seq_len, 1}); got "
+                          f"{tuple(m.shape)}"]
+
+
+def _cpu_flash_reasons(call: Call, gqa: bool) -> list[str]:
+    """A mirror of PyTorch's CPU flash checks (``use_flash_attention_cpp``), for their reasons."""
+    q, k, v = call.q, call.k, call.v
+    reasons = []
+    if call.dropout > 0:
+        reasons.append("Both fused kernels do not support non-zero dropout.")
+    if not (q.shape[0] == k.shape[0] == v.shape[0]):
+        reasons.append(f"the CPU flash kernel needs equal batch sizes; got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
+    if k.shape[1] != v.shape[1] or (q.shape[1] != k.shape[1] and not (gqa and _cpu_flash_takes_gqa())):
+        reasons.append("the CPU flash kernel needs equal head counts for q, k and v"
+                       + (" (this torch has no grouped-query support on CPU)" if gqa else "")
+                       + f"; got {q.shape[1]}, {k.shape[1]}, {v.shape[1]}")
+    reasons += _cpu_mask_reasons(call)
+    if not (q.shape[-1] == k.shape[-1] == v.shape[-1]):
+        reasons.append("Flash attention requires q,k,v to have the same last dimension.")
+    if q.shape[2] == 0 or k.shape[2] == 0:
+        reasons.append("the CPU flash kernel needs non-empty sequences")
+    if any(t.stride(-1) != 1 for t in (q, k, v)):
+        reasons.append("the CPU flash kernel needs the last dimension of q, k and v contiguous (stride 1)")
+    if q.dtype not in _CPU_FLASH_DTYPES:
+        reasons.append(f"the CPU flash kernel takes float32, float64, bfloat16 or float16, not {q.dtype}")
+    return reasons
+
+
+def _cpu_flash_ok(call: Call, gqa: bool) -> bool:
+    # SDPA's own choice says yes for eligible inputs while the flag is on (it is by default); when it
+    # says math, the mirror decides, so that a flag another thread turned off changes nothing here
+    if torch.backends.cuda.flash_sdp_enabled():
+        try:
+            if torch._fused_sdp_choice(call.q, call.k, call.v, call.mask, call.dropout, call.causal,
+                                       scale=call.scale, enable_gqa=gqa) == 1:
+                return True
+        except RuntimeError:
+            pass
+    return not _cpu_flash_reasons(call, gqa)
+
+
+def eligibility(name: str, call: Call, gqa: bool | None = None) -> list[str]:
+    """Why forced backend ``name`` cannot run ``call`` as given (empty: it can)."""
+    gqa = call.gqa if gqa is None else gqa
+    dev = call.q.device.type
+    if name in GPU_ONLY and dev != "cuda":
+        return [f"the {name} backend runs only on CUDA tensors; these are on {dev}"]
+    if name == "math":
+        return []
+    if dev == "cuda":
+        return _cuda_reasons(name, call, gqa)
+    if name == "flash" and dev == "cpu":
+        return [] if _cpu_flash_ok(call, gqa) else (_cpu_flash_reasons(call, gqa) or [
+            "PyTorch's CPU flash checks refused these inputs without a reason"])
+    return [f"the {name} backend does not run on {dev} tensors"]
+
+
+def _extra_reasons(name: str, call: Call) -> list[str]:
+    """What SDPA has no parameter for: softcapping always, attention sinks where no log-sum-exp helps."""
+    reasons = []
+    if call.softcap is not None:
+        reasons.append("scaled_dot_product_attention has no logit softcapping (softcap); use naive, eager or flex")
+    if call.sinks is not None:
+        if name == "math":
+            reasons.append("SDPA's math backend has no attention sinks (s_aux) and returns no log-sum-exp to apply "
+                           "them with; use naive or eager")
+        elif _grad(call):
+            reasons.append("attention sinks (s_aux) are applied through the kernel's log-sum-exp, which carries no "
+                           "gradient; for training use naive or eager")
+    return reasons
+
+
+# -- running ----------------------------------------------------------------------------------------
+
+def _pad8(t: torch.Tensor) -> torch.Tensor:
+    pad = -t.shape[-1] % 8
+    return F.pad(t, (0, pad)) if pad else t
+
+
+def _efficient_mask(mask: torch.Tensor, call: Call) -> torch.Tensor:
+    """SDPA's preparation for the efficient kernel: strides aligned to 8, expanded to the scores' shape."""
+    if not (all(s % 8 == 0 for s in mask.stride()[:-1]) and mask.stride(-1) == 1):
+        last = mask.shape[-1]
+        mask = F.pad(mask, (0, 8 - last % 8))[..., :last]
+    return mask.expand(call.q.shape[0], call.q.shape[1], call.q.shape[2], call.k.shape[2])
+
+
+def _run(name: str, call: Call, gqa: bool, lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(out, log-sum-exp or attention weights or None)`` from the backend's own op."""
+    q, k, v = call.q, call.k, call.v
+    if name == "math":
+        return torch._scaled_dot_product_attention_math(q, k, v, _float_mask(call.mask, q.dtype), call.dropout,
+                                                         call.causal, None, scale=call.scale, enable_gqa=gqa)
+    if name == "flash" and q.device.type == "cpu":
+        return torch._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, call.dropout, call.causal, attn_mask=_float_mask(call.mask, q.dtype), scale=call.scale)
+    if name == "flash":
+        d = q.shape[-1]
+        scale = d ** -0.5 if call.scale is None else call.scale  # of the head dim before padding
+        out, logsumexp, *_ = torch._scaled_dot_product_flash_attention(_pad8(q), _pad8(k), _pad8(v), call.dropout,
+                                                                        call.causal, False, scale=scale)
+        return (out[..., :d] if out.shape[-1] != d else out), logsumexp
+    with_lse = lse or _grad(call)
+    if name == "efficient":
+        mask = _float_mask(call.mask, q.dtype)
+        mask = _efficient_mask(mask, call) if mask is not None else None
+        out, logsumexp, *_ = torch._scaled_dot_product_efficient_attention(q, k, v, mask, with_lse, call.dropout,
+                                                                            call.causal, scale=call.scale)
+        return out, logsumexp
+    out, logsumexp, *_ = torch._scaled_dot_product_cudnn_attention(
+        q, k, v, _float_mask(call.mask, q.dtype, -65504.0), with_lse, call.dropout, call.causal, False,
+        scale=call.scale)
+    return out, logsumexp
+
+
+def _with_sinks(out: torch.Tensor, lse: torch.Tensor, call: Call) -> torch.Tensor:
+    """Attention with a sink logit per head, from attention without: ``out · σ(lse − sink)``, since the
+    sink takes ``e^sink / (Z + e^sink)`` of the softmax mass (``Z = e^lse``)."""
+    b, h, s = out.shape[0], out.shape[1], out.shape[2]
+    lse = lse.reshape(b, h, -1)[..., :s].float()
+    keep = torch.sigmoid(lse - call.sinks.reshape(1, h, 1).float())
+    return out * keep.unsqueeze(-1).to(out.dtype)
+
+
+def _relaid(call: Call) -> tuple[Call, str] | None:
+    """The same attention with a pure layout change that may make it eligible, and what was changed:
+    k/v heads repeated (a backend without grouped-query support), last dims made contiguous."""
+    changes = []
+    k, v = call.k, call.v
+    if call.gqa:
+        n_rep = call.q.shape[1] // k.shape[1]
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+        changes.append(f"repeated k/v heads x{n_rep}")
+    q = call.q
+    if any(t.stride(-1) != 1 for t in (q, k, v)):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        changes.append("made q/k/v contiguous in the last dimension")
+    return (call._replace(q=q, k=k, v=v), ", ".join(changes)) if changes else None
+
+
+def forced(name: str, call: Call) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run ``call`` with SDPA backend ``name`` and nothing else; ``(out, weights or None)``. Raises
+    ``BackendUnavailable`` (PyTorch's reasons) when the backend cannot take the inputs, and SDPA's own
+    error for inputs no backend takes."""
+    extra = _extra_reasons(name, call)
+    if extra:
+        raise unavailable(name, call, extra)
+    reasons = eligibility(name, call)
+    run_call, gqa = call, call.gqa
+    if reasons:
+        alt = _relaid(call)
+        alt_reasons = eligibility(name, alt[0], False) if alt is not None else None
+        if alt_reasons is not None and not alt_reasons:
+            run_call, gqa = alt[0], False
+            note(name, call, f"{alt[1]} (the {name} backend refuses the inputs as given)")
+        else:
+            validate(call)  # inputs no backend takes get SDPA's own error, not a refusal
+            more = [f"with {alt[1]}: {r}" for r in alt_reasons] if alt_reasons else []
+            raise unavailable(name, call, reasons + [r for r in more if r[r.index(': ') + 2:] not in reasons])
+    out, second = _run(name, run_call, gqa, lse=call.sinks is not None)
+    if name == "math":
+        return out, (second if call.need_weights else None)
+    if call.sinks is not None:
+        out = _with_sinks(out, second, call)
+    return out, None
+
+
+def sdpa_auto(call: Call) -> tuple[torch.Tensor, None]:
+    """SDPA's own choice (``F.scaled_dot_product_attention`` under the flags as they are)."""
+    if call.softcap is not None or call.sinks is not None:
+        raise unavailable("auto", call, [r for r in _extra_reasons("math", call)])
+    return F.scaled_dot_product_attention(call.q, call.k, call.v, attn_mask=call.mask, dropout_p=call.dropout,
+                                          is_causal=call.causal, scale=call.scale, enable_gqa=call.gqa), None
+
+
+def auto_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                enable_gqa: bool = False) -> str:
+    """The backend SDPA's own choice (``auto``) takes for these inputs under the current flags."""
+    choice = int(torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale=scale,
+                                         enable_gqa=enable_gqa))
+    names = {int(torch.nn.attention.SDPBackend.MATH): "math", int(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+             "flash", int(torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION): "efficient",
+             int(torch.nn.attention.SDPBackend.CUDNN_ATTENTION): "cudnn"}
+    return names.get(choice, str(torch.nn.attention.SDPBackend(choice)).split(".")[-1].lower())

@@ -1,0 +1,28 @@
+"""transformers integration: which backend each attention call runs, without touching models or configs.
+
+Models on transformers' attention interface look up ``ALL_ATTENTION_FUNCTIONS`` by
+``config._attn_implementation`` on every forward, and ``masking_utils`` builds their masks from
+``ALL_MASK_ATTENTION_FUNCTIONS`` under the same name. While a switch is active attnswitch holds those
+entries (``install``) with dispatchers (``dispatch``) that ask the calling context which backend is
+selected for the calling model (``selection``), and run what was there before for everything else.
+``interface`` tells which models use the interface at all; ``registries`` keeps what each entry held.
+"""
+
+from __future__ import annotations
+
+from . import dispatch, install, interface, registries, selection
+from .dispatch import attention_forward, mask_forward, run_backend
+from .interface import configs_of, legacy_attention_classes, model_eager_function, require_interface
+from .selection import STATE, Policy, State, resolve_selection
+
+__all__ = ["dispatch", "install", "interface", "registries", "selection", "attention_forward", "mask_forward",
+           "run_backend", "configs_of", "legacy_attention_classes", "model_eager_function", "require_interface",
+           "STATE", "Policy", "State", "resolve_selection", "world"]
+
+
+def world() -> dict:
+    """Everything a switch may touch, for tests that check nothing was left changed: transformers'
+    registries and ``PreTrainedModel.__call__``, the leases, the patches, and this context's selection."""
+    st = selection.STATE.get()
+    return {**registries.snapshot(), "leases": install.leases(), "patched": dict(selection.PATCHED),
+            "selection": (st.global_sel, dict(st.per_owner))}

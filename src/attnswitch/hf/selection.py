@@ -1,0 +1,180 @@
+"""Which backend each attention call runs: the selection of the calling context, per model.
+
+The selection lives in a ``ContextVar`` as a frozen ``State``: a global backend and per-model ones.
+Contexts nest (the inner one wins, the outer one comes back), and each thread or asyncio task sees only
+its own. A model is selected by itself, never by its config: every module of a switched model is
+remembered (weakly) as owned by that model, so two models sharing one config are switched apart, and a
+copy of a model (``copy.deepcopy``, pickling) is a model attnswitch has never switched. Nothing is
+written on the model or its configs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import types
+import weakref
+from collections.abc import Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+import torch.nn as nn
+
+from ..backends import resolve_name
+from ..sites import remember_paths
+from .interface import configs_of
+
+__all__ = ["Policy", "Selection", "State", "STATE", "ModelInfo", "register", "info_of", "selected",
+           "selected_for_config", "resolve_selection", "choose", "PATCHED", "closed", "close"]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A backend per phase: calls with at most ``decode_max_query`` query tokens are decode steps (one
+    new token each, by default), the rest prefill."""
+
+    prefill: str
+    decode: str
+    decode_max_query: int = 1
+
+    def __str__(self) -> str:
+        return f"prefill={self.prefill}/decode={self.decode}"
+
+
+Selection = str | Policy
+_PHASE_KEYS = {"prefill", "decode", "decode_max_query"}
+
+
+def resolve_selection(x) -> Selection:
+    """A backend name (or alias), a ``Policy``, or a dict ``{"prefill": ..., "decode": ...}``, checked."""
+    if isinstance(x, Policy):
+        x = {"prefill": x.prefill, "decode": x.decode, "decode_max_query": x.decode_max_query}
+    if isinstance(x, Mapping):
+        unknown = set(x) - _PHASE_KEYS
+        if unknown:
+            raise ValueError(f"unknown phase key(s) {', '.join(map(repr, sorted(unknown)))}; a policy takes "
+                             "'prefill', 'decode' and optionally 'decode_max_query'")
+        if "prefill" not in x or "decode" not in x:
+            raise ValueError("a backend policy needs both 'prefill' and 'decode'")
+        limit = x.get("decode_max_query", 1)
+        if not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"decode_max_query must be a positive int, got {limit!r}")
+        return Policy(resolve_name(x["prefill"]), resolve_name(x["decode"]), limit)
+    return resolve_name(x)
+
+
+def choose(sel: Selection, q_len: int) -> str:
+    """The backend a selection runs for a call with ``q_len`` query tokens."""
+    if isinstance(sel, str):
+        return sel
+    return sel.decode if q_len <= sel.decode_max_query else sel.prefill
+
+
+@dataclass(frozen=True, eq=False)
+class State:
+    """The calling context's selection: a global backend and per-model (owner token) ones."""
+
+    global_sel: Selection | None = None
+    per_owner: Mapping[int, Selection] = field(default_factory=lambda: types.MappingProxyType({}))
+    parent: State | None = None
+
+
+STATE: ContextVar[State] = ContextVar("attnswitch_state", default=State())  # noqa: B039 (immutable)
+_CLOSED: weakref.WeakSet = weakref.WeakSet()  # states whose context was exited out of order
+
+
+def close(state: State) -> None:
+    _CLOSED.add(state)
+
+
+def closed(state: State | None) -> bool:
+    """Whether ``state`` or a context it is nested in was exited out of order."""
+    while state is not None:
+        if state in _CLOSED:
+            return True
+        state = state.parent
+    return False
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What attnswitch remembers of a model: its owner token and its configs' ids (no reference to it)."""
+
+    token: int
+    config_ids: frozenset[int]
+    configs: tuple  # the configs themselves (owned by the model; they hold no reference back)
+
+    def keys(self) -> frozenset[str]:
+        """The attention implementations its configs name now."""
+        return frozenset(k for c in self.configs if (k := c._attn_implementation_internal) is not None)
+
+
+_TOKENS = itertools.count(1)
+_MODELS: weakref.WeakKeyDictionary[nn.Module, ModelInfo] = weakref.WeakKeyDictionary()
+_BY_TOKEN: weakref.WeakValueDictionary[int, ModelInfo] = weakref.WeakValueDictionary()
+_OWNERS: weakref.WeakKeyDictionary[nn.Module, tuple[int, ...]] = weakref.WeakKeyDictionary()
+_REGISTER_LOCK = threading.Lock()
+#: owner token -> selection of a patched model (``patch``), seen by every thread
+PATCHED: dict[int, Selection] = {}
+
+
+def info_of(model: nn.Module) -> ModelInfo | None:
+    return _MODELS.get(model)
+
+
+def register(model: nn.Module) -> ModelInfo:
+    """Remember ``model`` (its modules' owner and paths, its configs); once per model."""
+    info = _MODELS.get(model)
+    if info is not None:
+        return info
+    with _REGISTER_LOCK:
+        info = _MODELS.get(model)
+        if info is None:
+            configs = tuple(configs_of(model))
+            info = ModelInfo(next(_TOKENS), frozenset(id(c) for c in configs), configs)
+            remember_paths(model)
+            for m in model.modules():
+                owners = _OWNERS.get(m, ())
+                if info.token not in owners:
+                    _OWNERS[m] = owners + (info.token,)
+            _BY_TOKEN[info.token] = info
+            _MODELS[model] = info
+    return info
+
+
+def selected(module) -> tuple[Selection | None, int | None]:
+    """The selection for an attention call of ``module`` in the calling context, and the owner it came
+    from: the innermost model-scoped context of a model owning the module, else the innermost global
+    context, else a patch."""
+    st = STATE.get()
+    try:
+        owners = _OWNERS.get(module, ())
+    except TypeError:
+        owners = ()
+    if st.per_owner:
+        for t in owners:
+            sel = st.per_owner.get(t)
+            if sel is not None:
+                return sel, t
+    if st.global_sel is not None:
+        return st.global_sel, owners[0] if owners else None
+    if PATCHED:
+        for t in owners:
+            sel = PATCHED.get(t)
+            if sel is not None:
+                return sel, t
+    return None, None
+
+
+def selected_for_config(config) -> Selection | None:
+    """The selection that applies to models built on ``config`` in the calling context (for masks, which
+    transformers builds from the config alone)."""
+    st = STATE.get()
+    if st.global_sel is not None:
+        return st.global_sel
+    cid = id(config)
+    for t, sel in list(st.per_owner.items()) + list(PATCHED.items()):
+        info = _BY_TOKEN.get(t)
+        if info is not None and cid in info.config_ids:
+            return sel
+    return None
