@@ -8,7 +8,6 @@ while any switch is active and are put back exactly when the last one ends.
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections.abc import Mapping
 
@@ -18,12 +17,10 @@ import torch.nn as nn
 from . import backends, instrument
 from .backends import Call
 from .hf import install, registries, selection
-from .hf.interface import require_interface
 from .hf.selection import PATCHED, STATE, Policy, Selection, State, resolve_selection
 
 __all__ = ["backend", "patch", "unpatch", "attention", "active_backend", "is_patched"]
 
-_PATCH_LOCK = threading.Lock()
 _PATCHES: dict[int, tuple[object, weakref.finalize]] = {}  # owner token -> (lease, finalizer)
 
 
@@ -56,41 +53,61 @@ class backend:
         self.model = model
         self._info = None
         if model is not None:
-            require_interface(model)
-            self._info = selection.register(model)
+            self._info = selection.register(model)  # refuses models off the attention interface, once
         self._state: State | None = None
+        self._parent_state: State | None = None
+        self._in_order: bool | None = None
+        self._finalizer: weakref.finalize | None = None
 
     def __enter__(self) -> Selection:
         if self._state is not None:
             raise RuntimeError("this backend() context is already entered; make a new one")
         keys = self._info.keys() if self._info is not None else frozenset(registries.standard_keys())
-        parent = STATE.get()
+        parent = self._parent_state = selection.current()
+        self._in_order = None
+        lease = self._lease = object()
         if self._info is None:
-            state = State(self.selection, parent=parent)
+            state = State(self.selection, parent=parent, lease=lease)
         else:
-            state = State(parent.global_sel, {**parent.per_owner, self._info.token: self.selection}, parent)
+            state = State(parent.global_sel, {**parent.per_owner, self._info.token: self.selection}, parent, lease)
         try:
             with install.interrupts_deferred():
-                install.acquire(self, keys)
+                # a context dropped without an exit (an interrupt at the entry of __exit__) still lets go
+                self._finalizer = weakref.finalize(self, install.release_later, lease)
+                install.acquire(lease, keys)
                 STATE.set(state)
                 self._state = state
+            return self.selection
         except BaseException:  # an interrupt too: nothing of this context may stay behind
             self._state = None
             with install.interrupts_deferred():
-                install.settle(lambda: (STATE.set(parent), install.drop(self)))
+                install.settle(lambda: (STATE.set(parent), install.drop(lease)))
+                if self._finalizer is not None:
+                    self._finalizer.detach()
             raise
-        return self.selection
 
-    def __exit__(self, *exc) -> None:
-        state, self._state = self._state, None
+    def _leave(self) -> None:
+        # idempotent: run again after an interrupt, it does what is left
+        state = self._state
         if state is None:
             return
-        out_of_order = STATE.get() is not state
-        if out_of_order:
+        if self._in_order is None:
+            self._in_order = STATE.get() is state
+        if not self._in_order:
             selection.close(state)
         with install.interrupts_deferred():
-            install.settle(lambda: (STATE.set(State() if out_of_order else state.parent), install.drop(self)))
-        if out_of_order and not selection.closed(state.parent) and exc[0] is None:
+            install.settle(lambda: (STATE.set(state.parent if self._in_order else State()),
+                                    install.drop(state.lease)))
+            self._finalizer.detach()
+        self._state = None
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._leave()
+        except BaseException:  # an interrupt while leaving: leave whole, then raise it
+            self._leave()
+            raise
+        if not self._in_order and exc[0] is None and not selection.closed(self._parent_state):
             raise RuntimeError("attnswitch.backend contexts exited out of order (an outer one before an inner "
                                "one); nothing is selected now in this context")
 
@@ -110,14 +127,17 @@ def patch(model: nn.Module, name: str | Policy | Mapping) -> nn.Module:
     patched model that is dropped unpatches itself.
     """
     sel = resolve_selection(name)
-    require_interface(model)
     info = selection.register(model)
-    with _PATCH_LOCK, install.interrupts_deferred():
+    lease = object()
+
+    def step():  # idempotent: run again after an interrupt, it does what is left
         if info.token not in _PATCHES:
-            lease = object()
-            install.acquire(lease, info.keys())
+            install.LEASES[lease] = info.keys()
             _PATCHES[info.token] = (lease, weakref.finalize(model, _drop_patch, info.token))
         PATCHED[info.token] = sel
+
+    with install.interrupts_deferred():
+        install.settle(step)
     return model
 
 
@@ -126,11 +146,17 @@ def unpatch(model: nn.Module) -> nn.Module:
     info = selection.info_of(model)
     if info is None or info.token not in _PATCHES:
         raise ValueError(f"{type(model).__name__} is not patched by attnswitch")
-    with _PATCH_LOCK, install.interrupts_deferred():
-        lease, fin = _PATCHES.pop(info.token)
-        fin.detach()
-        PATCHED.pop(info.token, None)
-        install.release(lease)
+
+    def step():  # idempotent; the record that finds the lease goes last
+        entry = _PATCHES.get(info.token)
+        if entry is not None:
+            PATCHED.pop(info.token, None)
+            install.drop(entry[0])
+            entry[1].detach()
+            _PATCHES.pop(info.token, None)
+
+    with install.interrupts_deferred():
+        install.settle(step)
     return model
 
 
@@ -142,7 +168,7 @@ def is_patched(model: nn.Module) -> Selection | None:
 
 def active_backend() -> Selection | None:
     """The backend selected by the innermost global ``backend()`` context of this thread, or None."""
-    return STATE.get().global_sel
+    return selection.current().global_sel
 
 
 def attention(

@@ -23,6 +23,6 @@ __all__ = ["dispatch", "install", "interface", "registries", "selection", "atten
 def world() -> dict:
     """Everything a switch may touch, for tests that check nothing was left changed: transformers'
     registries and ``PreTrainedModel.__call__``, the leases, the patches, and this context's selection."""
-    st = selection.STATE.get()
+    st = selection.current()
     return {**registries.snapshot(), "leases": install.leases(), "patched": dict(selection.PATCHED),
             "selection": (st.global_sel, dict(st.per_owner))}

@@ -180,7 +180,7 @@ def mask_forward(*args, config=None, **kwargs):
 # -- the per-forward guard --------------------------------------------------------------------------
 
 def _forward_selected(model) -> bool:
-    st = selection.STATE.get()
+    st = selection.current()
     if st.global_sel is not None:
         return True
     info = selection.info_of(model)

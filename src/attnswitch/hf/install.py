@@ -12,19 +12,14 @@ back until it has.
 
 from __future__ import annotations
 
-import contextlib
-import signal
-import threading
-from collections.abc import Iterator
-
-from . import registries
+from . import critical, registries
 from .dispatch import ENTRIES
+from .leases import DEAD as _DEAD
+from .leases import LEASES
+from .leases import LEASES as _LEASES
 
-__all__ = ["acquire", "release", "release_later", "drop", "apply", "settle", "leases", "interrupts_deferred"]
+__all__ = ["LEASES", "acquire", "release", "release_later", "drop", "apply", "settle", "leases", "interrupts_deferred"]
 
-_LOCK = threading.Lock()
-_LEASES: dict[object, frozenset[str]] = {}  # lease -> attention keys its models name
-_DEAD: list[object] = []  # leases of models collected while the lock was held (released at the next apply)
 
 
 def leases() -> dict[object, frozenset[str]]:
@@ -34,16 +29,21 @@ def leases() -> dict[object, frozenset[str]]:
 def _desired() -> set[tuple[str, str, str]]:
     if not _LEASES:
         return set()
-    keys = {k for k in frozenset().union(*_LEASES.values()) if not k.startswith("paged")}
     out = {registries.CALL}
-    for registry in ("attention", "masks"):
-        for key in keys:
-            for scope in ("global", "local"):
-                present = key in registries._mapping(registry, scope)
-                # the class-wide attention entry is written even where absent ("eager" has none); the
-                # rest only where something is there to take over
-                if present or (registry, scope) == ("attention", "global"):
-                    out.add((registry, scope, key))
+    att_local = registries.ATTENTION._local_mapping
+    masks = (registries.MASKS._global_mapping, registries.MASKS._local_mapping)
+    for key in frozenset().union(*_LEASES.values()):
+        if key.startswith("paged"):
+            continue
+        # the class-wide attention entry is written even where absent ("eager" has none); the rest only
+        # where something is there to take over
+        out.add(("attention", "global", key))
+        if key in att_local:
+            out.add(("attention", "local", key))
+        if key in masks[0]:
+            out.add(("masks", "global", key))
+        if key in masks[1]:
+            out.add(("masks", "local", key))
     return out
 
 
@@ -59,24 +59,16 @@ def apply() -> None:
     for entry in registries.installed_entries():
         if entry not in want:
             registries.restore(entry, _entry_fn(entry))
-    for entry in sorted(want, key=str):
+    for entry in want:
         registries.override(entry, _entry_fn(entry))
 
 
 def settle(step) -> None:
-    """Run ``step`` then ``apply`` under the lock until both complete; an exception raised meanwhile
-    (KeyboardInterrupt, say) is raised after, with the registries consistent."""
-    pending: BaseException | None = None
-    for _ in range(100):
-        try:
-            with _LOCK:
-                step()
-                apply()
-            break
-        except BaseException as e:
-            pending = pending or e
-    if pending is not None:
-        raise pending
+    """Run ``step`` then ``apply`` as one change that completes whatever interrupts it."""
+    def change():
+        step()
+        apply()
+    critical.settle(change)
 
 
 def acquire(lease: object, keys: frozenset[str] = frozenset()) -> None:
@@ -97,28 +89,12 @@ def release(lease: object) -> None:
 def release_later(lease: object) -> None:
     """Drop ``lease`` from a finalizer, which may run inside ``apply`` (garbage collection): now if the
     lock is free, else at the next ``apply``."""
-    if _LOCK.acquire(blocking=False):
-        try:
-            _LEASES.pop(lease, None)
-            apply()
-        finally:
-            _LOCK.release()
-    else:
-        _DEAD.append(lease)
-
-
-@contextlib.contextmanager
-def interrupts_deferred() -> Iterator[None]:
-    """Hold a SIGINT back for the block (main thread, Python's own handler only), then raise it."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield
-        return
-    caught: list = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
     try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught:
-            raise KeyboardInterrupt
+        if critical.try_locked(lambda: (drop(lease), apply())):
+            return
+    except BaseException:  # a finalizer cannot raise; the next apply completes it
+        pass
+    _DEAD.append(lease)
+
+
+interrupts_deferred = critical.interrupts_deferred

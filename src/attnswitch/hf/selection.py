@@ -11,7 +11,6 @@ written on the model or its configs.
 from __future__ import annotations
 
 import itertools
-import threading
 import types
 import weakref
 from collections.abc import Mapping
@@ -22,9 +21,10 @@ import torch.nn as nn
 
 from ..backends import resolve_name
 from ..sites import remember_paths
-from .interface import configs_of
+from .interface import configs_of, require_interface
+from .leases import held
 
-__all__ = ["Policy", "Selection", "State", "STATE", "ModelInfo", "register", "info_of", "selected",
+__all__ = ["Policy", "Selection", "State", "STATE", "current", "ModelInfo", "register", "info_of", "selected",
            "selected_for_config", "resolve_selection", "choose", "PATCHED", "closed", "close"]
 
 
@@ -77,10 +77,23 @@ class State:
     global_sel: Selection | None = None
     per_owner: Mapping[int, Selection] = field(default_factory=lambda: types.MappingProxyType({}))
     parent: State | None = None
+    lease: object = None  # the lease of the context that set it (None for the empty state)
 
 
 STATE: ContextVar[State] = ContextVar("attnswitch_state", default=State())  # noqa: B039 (immutable)
 _CLOSED: weakref.WeakSet = weakref.WeakSet()  # states whose context was exited out of order
+
+
+def current() -> State:
+    """The calling context's state; one whose context is gone without an exit (its lease released by
+    the context's finalizer) is replaced by the closest live one it was nested in."""
+    st = STATE.get()
+    if st.lease is None or held(st.lease):
+        return st
+    while st.lease is not None and not held(st.lease):
+        st = st.parent or State()
+    STATE.set(st)
+    return st
 
 
 def close(state: State) -> None:
@@ -113,7 +126,6 @@ _TOKENS = itertools.count(1)
 _MODELS: weakref.WeakKeyDictionary[nn.Module, ModelInfo] = weakref.WeakKeyDictionary()
 _BY_TOKEN: weakref.WeakValueDictionary[int, ModelInfo] = weakref.WeakValueDictionary()
 _OWNERS: weakref.WeakKeyDictionary[nn.Module, tuple[int, ...]] = weakref.WeakKeyDictionary()
-_REGISTER_LOCK = threading.Lock()
 #: owner token -> selection of a patched model (``patch``), seen by every thread
 PATCHED: dict[int, Selection] = {}
 
@@ -123,30 +135,29 @@ def info_of(model: nn.Module) -> ModelInfo | None:
 
 
 def register(model: nn.Module) -> ModelInfo:
-    """Remember ``model`` (its modules' owner and paths, its configs); once per model."""
+    """Remember ``model`` (its modules' owner and paths, its configs) once it is known to use the
+    attention interface (``UnsupportedModel`` otherwise); once per model. Interrupted,
+    it leaves nothing a later call does not complete: the model is recorded last."""
     info = _MODELS.get(model)
     if info is not None:
         return info
-    with _REGISTER_LOCK:
-        info = _MODELS.get(model)
-        if info is None:
-            configs = tuple(configs_of(model))
-            info = ModelInfo(next(_TOKENS), frozenset(id(c) for c in configs), configs)
-            remember_paths(model)
-            for m in model.modules():
-                owners = _OWNERS.get(m, ())
-                if info.token not in owners:
-                    _OWNERS[m] = owners + (info.token,)
-            _BY_TOKEN[info.token] = info
-            _MODELS[model] = info
-    return info
+    require_interface(model)
+    configs = tuple(configs_of(model))
+    info = ModelInfo(next(_TOKENS), frozenset(id(c) for c in configs), configs)
+    remember_paths(model)
+    for m in model.modules():
+        owners = _OWNERS.get(m, ())
+        if info.token not in owners:
+            _OWNERS[m] = owners + (info.token,)
+    _BY_TOKEN[info.token] = info
+    return _MODELS.setdefault(model, info)
 
 
 def selected(module) -> tuple[Selection | None, int | None]:
     """The selection for an attention call of ``module`` in the calling context, and the owner it came
     from: the innermost model-scoped context of a model owning the module, else the innermost global
     context, else a patch."""
-    st = STATE.get()
+    st = current()
     try:
         owners = _OWNERS.get(module, ())
     except TypeError:
@@ -169,7 +180,7 @@ def selected(module) -> tuple[Selection | None, int | None]:
 def selected_for_config(config) -> Selection | None:
     """The selection that applies to models built on ``config`` in the calling context (for masks, which
     transformers builds from the config alone)."""
-    st = STATE.get()
+    st = current()
     if st.global_sel is not None:
         return st.global_sel
     cid = id(config)

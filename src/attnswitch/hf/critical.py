@@ -1,0 +1,62 @@
+"""The atomic sections every change of attnswitch's state runs in: one lock, a retry until the change
+completes, and a SIGINT held back meanwhile.
+
+A change is a ``step`` (forget or record a lease, set the selection) followed by ``install.apply``;
+both are idempotent, so running them again after an interrupt completes the change. This module is the
+mechanism the rest relies on: a signal cannot split a ``with lock`` (CPython raises it between bytecodes
+a ``with`` exit does not span), and the SIGINT handler it swaps in raises nothing.
+"""
+
+from __future__ import annotations
+
+import _signal  # the C module under ``signal``: the same calls without the enum conversions (~10 µs each)
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+
+__all__ = ["settle", "try_locked", "interrupts_deferred"]
+
+_LOCK = threading.Lock()
+
+
+def settle(change: Callable[[], None]) -> None:
+    """Run ``change`` under the lock until it completes; an exception raised meanwhile (KeyboardInterrupt,
+    say) is raised after, with the change complete."""
+    pending: BaseException | None = None
+    for _ in range(100):
+        try:
+            with _LOCK:
+                change()
+            break
+        except BaseException as e:
+            pending = pending or e
+    if pending is not None:
+        raise pending
+
+
+def try_locked(change: Callable[[], None]) -> bool:
+    """Run ``change`` now if the lock is free (a finalizer may run while it is held); False if not."""
+    if not _LOCK.acquire(blocking=False):
+        return False
+    try:
+        change()
+    finally:
+        _LOCK.release()
+    return True
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold a SIGINT back for the block (main thread, Python's own handler only), then raise it."""
+    if threading.current_thread() is not threading.main_thread() or \
+            _signal.getsignal(_signal.SIGINT) is not _signal.default_int_handler:
+        yield
+        return
+    caught: list = []
+    previous = _signal.signal(_signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        _signal.signal(_signal.SIGINT, previous)
+        if caught:
+            raise KeyboardInterrupt
