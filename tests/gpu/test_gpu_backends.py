@@ -146,3 +146,74 @@ def test_generate_matches_eager_greedy_bf16():
         assert out.shape == ref.shape
         # bf16 backends may round differently; the prompt and the first greedy token must agree
         assert torch.equal(out[:, : b["input_ids"].shape[1] + 1], ref[:, : b["input_ids"].shape[1] + 1])
+
+
+def test_forced_backends_call_their_own_op_not_sdpas_dispatcher():
+    q, k, v = (torch.randn(2, 8, 128, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    for name, op in CUDA_OPS.items():
+        ops = op_names(lambda name=name: attnswitch.attention(q, k, v, is_causal=True, backend=name))
+        assert op in ops and "aten::scaled_dot_product_attention" not in ops, (name, sorted(ops))
+
+
+def test_forcing_on_gpu_never_changes_what_another_thread_runs():
+    q = torch.randn(1, 8, 256, 64, device="cuda", dtype=torch.bfloat16)
+    expected = int(torch._fused_sdp_choice(q, q, q, None, 0.0, True))
+    done, seen = threading.Event(), []
+
+    def forced():
+        for _ in range(300):
+            for name in ("math", "efficient", "flash", "cudnn"):
+                attnswitch.attention(q, q, q, is_causal=True, backend=name)
+        done.set()
+
+    t = threading.Thread(target=forced)
+    t.start()
+    while not done.is_set():
+        seen.append(int(torch._fused_sdp_choice(q, q, q, None, 0.0, True)))
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    t.join()
+    assert len(seen) > 10 and set(seen) == {expected}
+    assert sdpa_flags() == (True, True, True, True)
+
+
+@pytest.mark.parametrize("name", ["flash", "efficient", "cudnn", "naive"])
+def test_attention_sinks_on_gpu_match_eager(name):
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    torch.manual_seed(0)
+    cfg = GptOssConfig(vocab_size=211, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_local_experts=4,
+                       num_experts_per_tok=2, sliding_window=128)  # wider than the inputs: no mask
+    m = GptOssForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for mod in m.modules():
+            if hasattr(mod, "sinks"):
+                mod.sinks.normal_(0, 2)
+    m = m.to("cuda", torch.bfloat16)
+    b = to_cuda(batch_for(m, pad=False, seq=32))
+    ref = eager_reference(m, b).float()
+    try:
+        with torch.no_grad(), attnswitch.backend(name, model=m):
+            out = output_of(m(**b)).float()
+    except attnswitch.BackendUnavailable as e:
+        pytest.skip(f"{name} refuses these inputs here: {e.reasons[0]}")
+    assert ((out - ref).abs().max() / ref.abs().max()).item() < 3e-2
+
+
+@pytest.mark.parametrize("name", ["flash", "efficient", "cudnn", "math", "naive"])
+def test_training_step_backward_through_forced_kernels(name):
+    m = cuda_model("llama")
+    b = to_cuda(batch_for(m, pad=False, seq=64))
+    m.set_attn_implementation("eager")
+    m.zero_grad()
+    output_of(m(**b)).float().square().mean().backward()
+    ref = {n: p.grad.float().clone() for n, p in m.named_parameters() if p.grad is not None}
+    m.set_attn_implementation("sdpa")
+    m.zero_grad()
+    with attnswitch.backend(name, model=m):
+        output_of(m(**b)).float().square().mean().backward()
+    for n, p in m.named_parameters():
+        if n in ref:
+            g = p.grad.float()
+            assert torch.isfinite(g).all(), n
+            assert ((g - ref[n]).abs().max() / ref[n].abs().max().clamp_min(1e-6)).item() < 0.1, (name, n)

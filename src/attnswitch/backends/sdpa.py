@@ -13,7 +13,10 @@ or an ``sdpa_kernel`` context open in any thread); the forced backend is then re
 
 from __future__ import annotations
 
+import os
 import re
+import sys
+import tempfile
 import warnings
 
 import torch
@@ -32,6 +35,7 @@ _CAN_USE = {"flash": torch.backends.cuda.can_use_flash_attention,
 _ENABLED = {"flash": torch.backends.cuda.flash_sdp_enabled, "efficient": torch.backends.cuda.mem_efficient_sdp_enabled,
             "cudnn": torch.backends.cuda.cudnn_sdp_enabled}
 _TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\s*$")
+_C10_WARNING = re.compile(r"Warning: (.*?)(?: \(function \w+\))?$")
 _CPU_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
@@ -48,19 +52,58 @@ def _float_mask(mask: torch.Tensor | None, dtype: torch.dtype, fill: float = flo
 
 # -- eligibility ------------------------------------------------------------------------------------
 
+def _params(call: Call, gqa: bool, **change):
+    c = call._replace(**change) if change else call
+    return torch.backends.cuda.SDPAParams(c.q, c.k, c.v, c.mask, c.dropout, c.causal, gqa)
+
+
+def _printed_reasons(name: str, call: Call, gqa: bool) -> list[str]:
+    """PyTorch's own reasons: ``can_use_*(params, debug=True)`` warns them through c10, which prints them
+    on the process's stderr (not as Python warnings); read from there, anything else written back."""
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as tmp:
+        saved = os.dup(2)
+        try:
+            os.dup2(tmp.fileno(), 2)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                _CAN_USE[name](_params(call, gqa), True)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        printed = tmp.read().decode(errors="replace").splitlines()
+    reasons = [_TRIGGERED.sub("", str(w.message)).strip() for w in caught]
+    for line in printed:
+        m = _C10_WARNING.search(line)
+        if m:
+            reasons.append(m.group(1).strip())
+        elif line.strip():
+            sys.stderr.write(line + "\n")
+    return list(dict.fromkeys(reasons))
+
+
+def _probed_reasons(name: str, call: Call, gqa: bool) -> list[str]:
+    """Where PyTorch printed nothing: which single change of the inputs its check would accept."""
+    can = _CAN_USE[name]
+    probes = [("takes no attention mask", dict(mask=None)), ("takes no dropout", dict(dropout=0.0)),
+              ("takes no inputs that require grad",
+               dict(q=call.q.detach(), k=call.k.detach(), v=call.v.detach())),
+              ("takes float16 or bfloat16 inputs only",
+               dict(q=call.q.half(), k=call.k.half(), v=call.v.half()) if call.q.dtype == torch.float32 else None)]
+    found = [f"PyTorch's can_use_{name}_attention accepts these inputs only if changed: it {text}"
+             for text, change in probes if change is not None and can(_params(call, gqa, **change), False)]
+    return found or [f"PyTorch's can_use_{name}_attention refused these inputs without printing a reason"]
+
+
 def _cuda_reasons(name: str, call: Call, gqa: bool) -> list[str]:
-    params = torch.backends.cuda.SDPAParams(call.q, call.k, call.v, call.mask, call.dropout, call.causal, gqa)
-    if _CAN_USE[name](params, False):
+    if _CAN_USE[name](_params(call, gqa), False):
         return []
     if not _ENABLED[name]():
         return [f"PyTorch's {name} SDPA backend is turned off in this process (torch.backends.cuda."
                 f"{name.replace('efficient', 'mem_efficient')}_sdp_enabled() is False: an enable_*_sdp(False) call, "
                 "or an sdpa_kernel context open in some thread), and PyTorch does not check it while it is off"]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        _CAN_USE[name](params, True)
-    return list(dict.fromkeys(_TRIGGERED.sub("", str(w.message)).strip() for w in caught)) or \
-        [f"PyTorch's can_use_{name}_attention refused these inputs without a reason"]
+    return _printed_reasons(name, call, gqa) or _probed_reasons(name, call, gqa)
 
 
 _CPU_GQA: list[bool] = []

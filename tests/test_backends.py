@@ -1,0 +1,95 @@
+"""Backends below the switch: PyTorch's eligibility as attnswitch reads it, and the registry."""
+
+import itertools
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnswitch
+from attnswitch.backends import Call, sdpa
+
+
+def _inputs(heads_q=4, heads_kv=4, s_q=16, s_kv=16, d=16, dtype=torch.float32, contiguous=True):
+    q = torch.randn(2, heads_q, s_q, d, dtype=dtype)
+    k = torch.randn(2, heads_kv, s_kv, d, dtype=dtype)
+    v = torch.randn(2, heads_kv, s_kv, d, dtype=dtype)
+    if not contiguous:
+        q = torch.randn(2, heads_q, d, s_q, dtype=dtype).transpose(-1, -2)
+    return q, k, v
+
+
+CASES = list(itertools.product(
+    [(4, 4), (4, 2)],  # heads q, kv
+    [None, "bool4", "float2", "bad_shape"],  # mask
+    [0.0, 0.3],  # dropout
+    [False, True],  # causal
+    [torch.float32, torch.bfloat16],
+    [True, False],  # last dim contiguous
+))
+
+
+@pytest.mark.parametrize("heads, mask, dropout, causal, dtype, contiguous", CASES)
+def test_cpu_flash_mirror_agrees_with_sdpas_own_choice(heads, mask, dropout, causal, dtype, contiguous):
+    # attnswitch decides CPU flash eligibility without reading the flags: its mirror of PyTorch's checks
+    # must say what SDPA's own choice says under the default flags
+    q, k, v = _inputs(*heads, dtype=dtype, contiguous=contiguous)
+    m = {None: None, "bool4": torch.rand(2, 1, 16, 16) > 0.3, "float2": torch.zeros(16, 16, dtype=dtype),
+         "bad_shape": torch.zeros(2, 3, 16, 16, dtype=dtype)}[mask]
+    gqa = heads[0] != heads[1]
+    call = Call(q, k, v, m, dropout, causal and m is None)
+    try:
+        choice = int(torch._fused_sdp_choice(q, k, v, m, dropout, call.causal, enable_gqa=gqa))
+    except RuntimeError:
+        pytest.skip("SDPA refuses these inputs altogether")
+    assert (choice == 1) == (not sdpa._cpu_flash_reasons(call, gqa)), sdpa._cpu_flash_reasons(call, gqa)
+
+
+def test_pytorch_reasons_printed_by_c10_are_read_back(monkeypatch, capfd):
+    # can_use_*(params, debug=True) prints its reasons through c10 on the process's stderr
+    def can_use(params, debug):
+        if debug:
+            os.write(2, b"[W1201 11:25:03.5 sdp_utils_cpp.h:262] Warning: Flash Attention does not support "
+                        b"non-null attn_mask. (function check_for_attn_mask)\nsomething else entirely\n")
+        return False
+
+    monkeypatch.setitem(sdpa._CAN_USE, "flash", can_use)
+    monkeypatch.setitem(sdpa._ENABLED, "flash", lambda: True)
+    q, k, v = _inputs()
+    reasons = sdpa._cuda_reasons("flash", Call(q, k, v, torch.rand(16, 16) > 0.5), False)
+    assert reasons == ["Flash Attention does not support non-null attn_mask."]
+    assert "something else entirely" in capfd.readouterr().err  # the rest of stderr is not swallowed
+
+
+def test_without_printed_reasons_the_refusal_is_probed_with_pytorchs_own_check(monkeypatch):
+    monkeypatch.setitem(sdpa._CAN_USE, "flash", lambda params, debug: params.attn_mask is None)
+    monkeypatch.setitem(sdpa._ENABLED, "flash", lambda: True)
+    q, k, v = _inputs()
+    reasons = sdpa._cuda_reasons("flash", Call(q, k, v, torch.rand(16, 16) > 0.5), False)
+    assert len(reasons) == 1 and "takes no attention mask" in reasons[0]
+
+
+def test_a_backend_turned_off_in_the_process_is_refused_with_that_reason(monkeypatch):
+    monkeypatch.setitem(sdpa._CAN_USE, "cudnn", lambda params, debug: False)
+    monkeypatch.setitem(sdpa._ENABLED, "cudnn", lambda: False)
+    q, k, v = _inputs()
+    (reason,) = sdpa._cuda_reasons("cudnn", Call(q, k, v), False)
+    assert "turned off in this process" in reason and "cudnn_sdp_enabled" in reason
+
+
+def test_auto_choice_names_the_backend_sdpa_takes():
+    q, k, v = _inputs()
+    assert attnswitch.backends.auto_choice(q, k, v, is_causal=True) == "flash"
+    assert attnswitch.backends.auto_choice(q, k, v, dropout_p=0.5) == "math"
+
+
+def test_fused_outputs_with_sinks_equal_the_softmax_with_a_sink_column():
+    q, k, v = _inputs()
+    sinks = torch.randn(4)
+    ref, _ = attnswitch.backends.run("naive", Call(q, k, v, causal=True, sinks=sinks))
+    with torch.no_grad():
+        out, _ = attnswitch.backends.run("flash", Call(q, k, v, causal=True, sinks=sinks))
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    plain = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert (plain - ref).abs().max() > 1e-2  # the sinks matter
