@@ -26,7 +26,7 @@ def traces():
 
 def attention_rows(trace):
     rows = attribute(trace, {s.step for s in trace.steps()})
-    return rows, {p: rows[(p, "attention")] for p in LAYERS}
+    return rows, {p: rows[(p, "attention", None)] for p in LAYERS}
 
 
 @pytest.mark.parametrize("name", BACKENDS)
@@ -83,10 +83,10 @@ def test_launch_apis_by_correlation(traces):
 
 def test_attention_row_is_separate_from_its_module(traces):
     rows, att = attention_rows(traces["flash"])
-    module = rows[(LAYERS[0], "module")]
+    module = rows[(LAYERS[0], "module", None)]
     assert module.kernels > 0  # rotary embedding, cat, elementwise ops around the call
     assert not any("flash_fwd" in k for k in module.kernel_names)
-    assert (OUTSIDE, "outside") not in rows or rows[(OUTSIDE, "outside")].kernels == 0
+    assert (OUTSIDE, "outside", None) not in rows or rows[(OUTSIDE, "outside", None)].kernels == 0
 
 
 def test_profiler_occupancy_reads_zero_but_recomputed_does_not(traces):
@@ -119,7 +119,7 @@ def test_events_outside_any_module_are_kept():
     ]}
     t = Trace.from_json(data)
     rows = attribute(t, {"0"})
-    assert rows[(OUTSIDE, "outside")].kernels == 1
+    assert rows[(OUTSIDE, "outside", None)].kernels == 1
 
 
 # -- live CPU profiles ------------------------------------------------------------------------------
@@ -202,7 +202,8 @@ def test_attention_host_time_against_an_independent_clock():
                 t0 = time.perf_counter()
                 hf.attention_forward(mod, q, kv, kv, None, dropout=0.0, scaling=0.125)
                 outside.append(time.perf_counter() - t0)
-        assert len(recorded) == 20 and all(w == "model.layers.0.self_attn" for w, _ in recorded)
-        for (_, inner), outer in zip(recorded, outside):
+        assert len(recorded) == 20 and all(w == "model.layers.0.self_attn" for w, _, _ in recorded)
+        assert all(kv_len == 16 for _, _, kv_len in recorded)
+        for (_, inner, _), outer in zip(recorded, outside):
             assert 0 < inner <= outer
-        assert sum(t for _, t in recorded) >= 0.5 * sum(outside)
+        assert sum(t for _, t, _ in recorded) >= 0.5 * sum(outside)

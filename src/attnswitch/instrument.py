@@ -14,12 +14,13 @@ from contextvars import ContextVar
 
 from torch.autograd.profiler import record_function
 
-__all__ = ["ATTENTION_PREFIX", "MODULE_PREFIX", "STEP_PREFIX", "BARE_CALL", "Measure", "current", "call",
-           "measuring"]
+__all__ = ["ATTENTION_PREFIX", "MODULE_PREFIX", "STEP_PREFIX", "PHASE_PREFIX", "BARE_CALL", "Measure", "current",
+           "call", "measuring"]
 
 ATTENTION_PREFIX = "attnswitch.attention:"
 MODULE_PREFIX = "attnswitch.module:"
 STEP_PREFIX = "attnswitch.step:"
+PHASE_PREFIX = "attnswitch.phase:"  # around each forward of a generate: prefill or decode
 BARE_CALL = "(bare call)"
 
 
@@ -41,8 +42,8 @@ def current() -> Measure | None:
     return _MEASURE.get()
 
 
-def call(m: Measure, where: str, fn, *args, **kwargs):
-    """Run ``fn`` as one attention call measured by ``m``."""
+def call(m: Measure, where: str, kv_len: int, fn, *args, **kwargs):
+    """Run ``fn`` as one attention call measured by ``m``; ``kv_len``: its key length."""
     if not m.host_times:
         with record_function(ATTENTION_PREFIX + where):
             return fn(*args, **kwargs)
@@ -54,14 +55,14 @@ def call(m: Measure, where: str, fn, *args, **kwargs):
         out = fn(*args, **kwargs)
     dt = time.perf_counter() - t0
     for times in m.host_times:
-        times.append((where, dt))
+        times.append((where, dt, kv_len))
     return out
 
 
 @contextmanager
 def measuring(*, annotate: bool = False, host_times: list | None = None) -> Iterator[None]:
     """Inside the block, this context's attention calls get a profiler range (``annotate``) and/or
-    append ``(where, seconds)`` to ``host_times``."""
+    append ``(where, seconds, key length)`` to ``host_times``."""
     outer = _MEASURE.get()
     lists = (outer.host_times if outer else ()) + ((host_times,) if host_times is not None else ())
     token = _MEASURE.set(Measure(annotate or bool(outer and outer.annotate), lists))

@@ -21,11 +21,13 @@ from typing import Any
 from . import render
 from .backends import resolve_name
 
-__all__ = ["SCHEMA_VERSION", "LayerStats", "DeviceStats", "TransferStats", "Numerics", "BackendResult", "Report"]
+__all__ = ["SCHEMA_VERSION", "LayerStats", "DeviceStats", "TransferStats", "Numerics", "GenerateStats", "SlowCall",
+           "TrainStats", "BackendResult", "SweepPoint", "Report"]
 
-#: 2 added devices, transfers, ranks and collectives (multi-GPU); version 1 files still load
-SCHEMA_VERSION = 2
-_READABLE = (1, 2)
+#: 2 added devices, transfers, ranks and collectives (multi-GPU); 3 workloads: generate and train stats,
+#: a phase on layer rows, sweeps; older versions still load
+SCHEMA_VERSION = 3
+_READABLE = (1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class LayerStats:
     comm_ops: float = 0.0  # collectives issued (their ``c10d::`` CPU op)
     devices: tuple[int, ...] = ()  # GPU indices its device events ran on
     rank: int | None = None  # the process (tensor parallelism), None in a single process
+    phase: str | None = None  # "prefill"/"decode" (generate), "backward" (train); None: the forward
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,56 @@ class Numerics:
 
 
 @dataclass(frozen=True)
+class SlowCall:
+    """An attention call of the first generate whose host time was far above the backend's steady call."""
+
+    prompt: int  # which prompt length (index)
+    step: int  # 0: the prefill, then one per new token
+    layer: str
+    host_us: float
+    kv_len: int
+
+
+@dataclass(frozen=True)
+class GenerateStats:
+    """A generate workload under one backend. Steps are decode forwards; times in ms unless named."""
+
+    ttft_ms: float | None = None  # prefill forward start to the first decode forward's start, median
+    step_ms_p50: float | None = None  # wall time between decode steps, steady
+    step_ms_p90: float | None = None
+    step_ms_p99: float | None = None
+    step_host_ms: float | None = None  # host time of a decode forward (until it returns), median
+    step_gpu_ms: float | None = None  # GPU time of a decode forward (CUDA events), median
+    tokens_per_s: float | None = None  # every prompt's new tokens over the workload's steady time
+    cold_e2e_ms: float | None = None  # the first workload at these shapes (plans, compiles)
+    new_shape_step_ms: float | None = None  # first workload: steps that met a key length for the first time
+    seen_shape_step_ms: float | None = None  # first workload: steps whose key lengths were met before
+    new_shape_steps: int = 0
+    seen_shape_steps: int = 0
+    slow_attn_calls: int = 0  # first workload: attention calls far above the steady call's host time
+    slow_calls: tuple[SlowCall, ...] = ()  # the first of them: where they happened
+    slow_threshold_us: float | None = None
+    plan_cache_host_mb: float | None = None  # host memory the first workload grew the process by
+    step_times_ms: tuple[float, ...] = ()  # one steady generate of the first prompt, step by step
+    cold_step_times_ms: tuple[float, ...] = ()  # the same, in the first workload
+    token_agreement: float | None = None  # generated tokens equal to float32 eager's, fraction
+    first_diff_step: int | None = None  # the first step where any sequence differs (None: none)
+
+
+@dataclass(frozen=True)
+class TrainStats:
+    """A training step (forward + backward of the loss, no optimizer) under one backend."""
+
+    loss: str = ""  # what the loss is
+    forward_ms: float | None = None  # step start to the forward's end (the loss computed), median
+    backward_ms: float | None = None  # the forward's end to the step's end, median
+    grad_max_rel_err: float | None = None  # max over parameters of |g - g_ref| / |g_ref| (norms)
+    grad_tolerance: float | None = None
+    grad_ok: bool | None = None
+    worst_grad: str | None = None  # the parameter with the largest error
+
+
+@dataclass(frozen=True)
 class BackendResult:
     backend: str
     status: str  # "ok", "unavailable" or "failed"
@@ -132,10 +185,22 @@ class BackendResult:
     profiled_run_seconds: float | None = None  # wall time of the profiled forwards themselves
     trace_events: int | None = None
     numerics: Numerics | None = None
+    generate: GenerateStats | None = None
+    train: TrainStats | None = None
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One shape of a sweep: every backend's result there (per-layer rows left to the full report)."""
+
+    batch: int
+    seq: int
+    backends: tuple[BackendResult, ...]
+    ranking: tuple[str, ...] = ()
 
 
 _CSV_COLUMNS = ["backend", "status", "timer", "time_ms", "noise_pct", "host_ms", "cold_host_ms", "attn_host_us",
@@ -158,10 +223,11 @@ class Report:
     recommendation: str | None = None
     command: str | None = None
     distribution: dict | None = None  # how the model was spread: device_map or tensor parallelism
+    sweep: tuple[SweepPoint, ...] = ()  # one point per shape of a sweep (the backends: the last shape's)
     schema_version: int = SCHEMA_VERSION
 
-    def __getitem__(self, name: str) -> BackendResult:
-        key = resolve_name(name)
+    def __getitem__(self, name) -> BackendResult:
+        key = name if isinstance(name, str) and "=" in name else resolve_name(name)
         for b in self.backends:
             if b.backend == key:
                 return b

@@ -198,7 +198,7 @@ def attention(
     call = Call(q, k, v, attn_mask, dropout_p, is_causal, scale)
     m = instrument.current()
     if m is not None:
-        out, _ = instrument.call(m, instrument.BARE_CALL, backends.run, name, call)
+        out, _ = instrument.call(m, instrument.BARE_CALL, k.shape[2], backends.run, name, call)
     else:
         out, _ = backends.run(name, call)
     return out

@@ -1,10 +1,14 @@
-"""What a model is run on: the inputs of one step (prefill or decode forward) and how to repeat them.
+"""What a model is run on: one step of a workload and how to repeat it.
 
-A leaf module: it knows transformers' forward arguments, not how anything is measured.
+A step is one forward (``prefill``: the whole sequence; ``decode``: one new token against a KV cache), a
+whole ``generate`` workload (greedy generation of exactly ``new_tokens`` tokens for each of several
+prompt lengths), or a ``train`` step (forward and backward of the model's loss, no optimizer step).
+A leaf module: it knows transformers' arguments, not how anything is measured.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import inspect
@@ -18,10 +22,31 @@ import torch.nn as nn
 
 from .device import device_of
 
-__all__ = ["Workload", "make_workload", "cache_kwarg", "task_of", "MODES"]
+__all__ = ["Workload", "Generation", "make_workload", "cache_kwarg", "task_of", "loss_of", "prompt_lengths",
+           "MODES", "CACHES"]
 
 #: what one step of a workload is
-MODES = ("prefill", "decode")
+MODES = ("prefill", "decode", "generate", "train")
+#: KV caches a generate workload can use: the model's default (grows per token) or transformers' static one
+CACHES = ("dynamic", "static")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A generate workload: greedy, exactly ``new_tokens`` new tokens per prompt, one prompt length after
+    another (a server sees many lengths: a key length is new for some steps, seen for others)."""
+
+    prompt_lens: tuple[int, ...]
+    new_tokens: int
+    cache: str = "dynamic"
+
+
+def prompt_lengths(prompt_len: int, new_tokens: int, n: int = 5) -> tuple[int, ...]:
+    """``n`` prompt lengths spread around ``prompt_len``, a quarter of ``new_tokens`` apart, so that each
+    generate sees key lengths the previous ones saw, and some new ones."""
+    gap = max(1, new_tokens // 4)
+    lens = [prompt_len + (i - n // 2) * gap for i in range(n)]
+    return tuple(sorted({max(1, x) for x in lens}))
 
 
 def task_of(config) -> str:
@@ -50,16 +75,75 @@ def _cache_to(cache, dtype: torch.dtype):
     return cache
 
 
+def loss_of(out) -> torch.Tensor:
+    """The model's own loss where it computed one, else a stated stand-in: the mean square of its output."""
+    loss = getattr(out, "loss", None)
+    if loss is not None:
+        return loss
+    t = getattr(out, "logits", None)
+    t = t if t is not None else getattr(out, "last_hidden_state", None)
+    t = t if t is not None else (out if isinstance(out, torch.Tensor) else out[0])
+    return t.float().square().mean()
+
+
+@contextlib.contextmanager
+def _training(model: nn.Module) -> Iterator[None]:
+    """The model in training mode (dropout as configured) for the block, every module's mode restored."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.train()
+    try:
+        yield
+    finally:
+        for m, was in modes:
+            m.training = was
+
+
 @dataclass(frozen=True)
 class Workload:
     """What one step takes. ``calls(n)`` gives ``n`` argument sets: a decode step needs a fresh copy of
-    its KV cache per call (a forward appends to it), made before the call is timed."""
+    its KV cache per call (a forward appends to it), made before the call is timed. ``step(kwargs)``
+    runs one step, in its own grad mode; ``context()`` holds what a measurement of many steps needs
+    (training mode for a train workload)."""
 
     model: nn.Module
     kwargs: dict[str, Any]
     mode: str = "prefill"
     description: str = ""
     tokens: torch.Tensor | None = field(default=None, repr=False)  # positions that are not padding [b, s]
+    generation: Generation | None = None
+    prompts: tuple[dict, ...] = field(default=(), repr=False)  # generate: the inputs of each prompt length
+    loss: str = ""  # train: what the loss is
+
+    def step(self, kwargs: dict[str, Any] | None = None):
+        """One step: a forward (no grad), a whole generate workload, or forward + backward."""
+        kwargs = kwargs if kwargs is not None else self.first()
+        if self.mode == "generate":
+            with torch.no_grad():
+                return [self.model.generate(**p, **self.generate_kwargs()) for p in self.prompts]
+        if self.mode == "train":
+            with torch.enable_grad():
+                loss = loss_of(self.model(**kwargs))
+                loss.backward()
+            self.model.zero_grad(set_to_none=True)  # no optimizer: each step starts without gradients
+            return loss.detach()
+        with torch.no_grad():
+            return self.model(**kwargs)
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        """Greedy generation of exactly ``new_tokens`` tokens (end-of-sequence tokens do not stop it)."""
+        g = self.generation
+        config = getattr(self.model, "generation_config", None)
+        pad = getattr(config, "pad_token_id", None)
+        pad = pad if pad is not None else getattr(config, "eos_token_id", None)
+        kw: dict[str, Any] = {"max_new_tokens": g.new_tokens, "min_new_tokens": g.new_tokens, "do_sample": False,
+                              "pad_token_id": pad[0] if isinstance(pad, list) else (pad if pad is not None else 0)}
+        if g.cache == "static":
+            kw["cache_implementation"] = "static"
+        return kw
+
+    def context(self):
+        """What a measurement of many steps holds around them: training mode for a train workload."""
+        return _training(self.model) if self.mode == "train" else contextlib.nullcontext()
 
     def calls(self, n: int) -> Iterator[dict[str, Any]]:
         """``n`` argument sets, made one at a time (a decode cache copy each) as they are taken."""
@@ -74,7 +158,10 @@ class Workload:
         return next(self.calls(1))
 
     def __call__(self, kwargs: dict[str, Any] | None = None):
-        return self.model(**(kwargs if kwargs is not None else self.first()))
+        """One forward of the model on the step's inputs (for a generate workload, its first prompt)."""
+        if kwargs is None:
+            kwargs = self.prompts[0] if self.mode == "generate" else self.first()
+        return self.model(**kwargs)
 
     def for_model(self, model: nn.Module) -> Workload:
         """The same inputs for another copy of the model (a float32 reference, say): a KV cache is
@@ -85,6 +172,25 @@ class Workload:
             dtype = next(model.parameters()).dtype
             kwargs = {**kwargs, key: _cache_to(kwargs[key], dtype)}
         return dataclasses.replace(self, model=model, kwargs=kwargs)
+
+    def short(self, new_tokens: int = 8) -> Workload:
+        """The workload cut short for a profiled pass: a generate of the first prompt, at most
+        ``new_tokens`` tokens (the other modes as they are)."""
+        if self.mode != "generate":
+            return self
+        g = self.generation
+        return dataclasses.replace(self, generation=Generation(g.prompt_lens[:1], min(g.new_tokens, new_tokens),
+                                                               g.cache), prompts=self.prompts[:1])
+
+    def describe(self) -> dict[str, Any]:
+        """The workload as a report records it."""
+        d: dict[str, Any] = {"description": self.description, "mode": self.mode}
+        if self.generation is not None:
+            d.update(prompt_lens=list(self.generation.prompt_lens), new_tokens=self.generation.new_tokens,
+                     cache=self.generation.cache)
+        if self.loss:
+            d["loss"] = self.loss
+        return d
 
     @classmethod
     def of(cls, model: nn.Module, batch: dict[str, Any]) -> Workload:
@@ -105,10 +211,51 @@ def _padding(mask: torch.Tensor, seq: int, task: str) -> None:
             mask[i, seq - pad:] = 0
 
 
+def _check_generation(model: nn.Module, prompt_lens, new_tokens: int, cache: str) -> None:
+    if new_tokens < 1:
+        raise ValueError(f"--new-tokens must be at least 1, got {new_tokens}")
+    if cache not in CACHES:
+        raise ValueError(f"cache must be one of {', '.join(CACHES)}, not {cache!r}")
+    if not (hasattr(model, "can_generate") and model.can_generate()):
+        raise ValueError(f"{type(model).__name__} cannot generate (no language-model head): use --mode prefill")
+    limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+    longest = max(prompt_lens) + new_tokens
+    if limit is not None and longest > limit:
+        raise ValueError(f"a prompt of {max(prompt_lens)} tokens plus {new_tokens} new ones ({longest}) is beyond the "
+                         f"model's {limit} positions")
+
+
+def _train_kwargs(model: nn.Module, kwargs: dict[str, Any], task: str) -> tuple[dict[str, Any], str]:
+    if "labels" not in inspect.signature(model.forward).parameters:
+        return kwargs, "stand-in: the mean square of the model's output (the model computes no loss)"
+    if task == "seq2seq":
+        return {**kwargs, "labels": kwargs["decoder_input_ids"]}, "the model's loss, labels = the decoder inputs"
+    labels = kwargs["input_ids"].masked_fill(kwargs["attention_mask"] == 0, -100)  # padding takes no loss
+    return {**kwargs, "labels": labels}, "the model's loss, labels = the inputs"
+
+
+def _generate_workload(model, ids_of, batch, seq, new_tokens, prompt_lens, cache, device) -> Workload:
+    lens = tuple(prompt_lens) if prompt_lens else prompt_lengths(seq, new_tokens)
+    if any(n < 1 for n in lens):
+        raise ValueError(f"prompt lengths must be positive, got {lens}")
+    _check_generation(model, lens, new_tokens, cache)
+    prompts = []
+    for n in lens:
+        ids = ids_of(n).to(device)
+        prompts.append({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    desc = (f"batch {batch}, prompts of {', '.join(map(str, lens))} tokens, {new_tokens} new tokens each, "
+            f"greedy, {cache} cache")
+    return Workload(model, prompts[0], "generate", desc, generation=Generation(lens, new_tokens, cache),
+                    prompts=tuple(prompts))
+
+
 def make_workload(model: nn.Module, *, batch: int = 1, seq: int = 128, padding: bool = False,
-                  mode: str = "prefill", seed: int = 0) -> Workload:
+                  mode: str = "prefill", seed: int = 0, new_tokens: int = 128,
+                  prompt_lens: tuple[int, ...] | None = None, cache: str = "dynamic") -> Workload:
     """Random token inputs for ``model``: ``padding`` left-pads a decoder's batch (right-pads an
-    encoder's); ``mode="decode"`` is one new token against a KV cache of ``seq`` tokens."""
+    encoder's); ``mode="decode"`` is one new token against a KV cache of ``seq`` tokens;
+    ``mode="generate"`` generates ``new_tokens`` tokens for prompts of ``prompt_lens`` tokens (default:
+    five lengths around ``seq``); ``mode="train"`` is forward and backward of the loss on ``seq`` tokens."""
     if batch < 1 or seq < 1:
         raise ValueError(f"batch and seq must be positive, got batch={batch}, seq={seq}")
     if mode not in MODES:
@@ -120,6 +267,9 @@ def make_workload(model: nn.Module, *, batch: int = 1, seq: int = 128, padding: 
     device = device_of(model)
     g = torch.Generator().manual_seed(seed)
     vocab = getattr(config, "vocab_size", 1000)
+    if mode == "generate":
+        return _generate_workload(model, lambda n: torch.randint(0, vocab, (batch, n), generator=g), batch, seq,
+                                  new_tokens, prompt_lens, cache, device)
     ids = torch.randint(0, vocab, (batch, seq), generator=g)
     mask = torch.ones(batch, seq, dtype=torch.long)
     if padding:
@@ -138,4 +288,7 @@ def make_workload(model: nn.Module, *, batch: int = 1, seq: int = 128, padding: 
                   "use_cache": True}
         return Workload(model, kwargs, "decode", desc, tokens=torch.ones(batch, 1, dtype=torch.bool, device=device))
     tokens = mask.bool() if task != "seq2seq" else torch.ones_like(mask, dtype=torch.bool)
+    if mode == "train":
+        kwargs, loss = _train_kwargs(model, kwargs, task)
+        return Workload(model, kwargs, "train", desc + f"; loss: {loss}", tokens=tokens, loss=loss)
     return Workload(model, kwargs, "prefill", desc, tokens=tokens)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .call import Call, recording_notes, validate
 from .naive import naive_attention
+from .policy import Policy, choose, parse_backends, resolve_selection
 from .registry import (
     BACKENDS,
     KERNEL_OPS,
@@ -15,7 +16,6 @@ from .registry import (
     get,
     kernel_family,
     names,
-    parse_backends,
     register_backend,
     resolve_name,
     unregister_backend,
@@ -25,7 +25,7 @@ from .sdpa import FORCED, GPU_ONLY, auto_choice, eligibility
 __all__ = ["BACKENDS", "KERNEL_OPS", "MODEL_LEVEL", "REFERENCE", "FORCED", "GPU_ONLY", "Backend", "Call",
            "auto_choice", "default_backends", "eligibility", "get", "kernel_family", "naive_attention", "names",
            "parse_backends", "recording_notes", "register_backend", "resolve_name", "run", "unregister_backend",
-           "validate"]
+           "validate", "Policy", "choose", "resolve_selection"]
 
 
 def run(name: str, call: Call):

@@ -20,7 +20,7 @@ from .naive import naive_attention
 from .sdpa import GPU_ONLY, forced, sdpa_auto
 
 __all__ = ["Backend", "BACKENDS", "REFERENCE", "MODEL_LEVEL", "get", "names", "resolve_name", "register_backend",
-           "unregister_backend", "default_backends", "parse_backends", "kernel_family", "KERNEL_OPS"]
+           "unregister_backend", "default_backends", "kernel_family", "KERNEL_OPS"]
 
 Runner = Callable[[Call], "tuple[torch.Tensor, torch.Tensor | None]"]
 
@@ -116,19 +116,6 @@ def default_backends(device) -> list[str]:
     """Every compared backend that can exist on the device (CUDA-only ones are left out on a CPU)."""
     dev = torch.device(device).type
     return [n for n, b in _REGISTRY.items() if b.compared and (b.devices is None or dev in b.devices)]
-
-
-def parse_backends(spec, device) -> list[str]:
-    """Canonical names, in order, without repeats, from ``spec``: None or ``"all"`` (every backend that
-    can exist on ``device``), a comma-separated string, or an iterable of names."""
-    if spec is None or spec == "all":
-        return default_backends(device)
-    if isinstance(spec, str):
-        spec = [b for b in spec.split(",") if b.strip()]
-    result = [resolve_name(b) for b in spec]
-    if not result:
-        raise ValueError("no backends given: name at least one, or 'all'")
-    return list(dict.fromkeys(result))
 
 
 #: ATen ops that name the attention kernel family, wherever they sit under an attention call

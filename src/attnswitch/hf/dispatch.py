@@ -159,7 +159,8 @@ def attention_forward(module, query, key, value, attention_mask, **kwargs):
     """Entry for ``ALL_ATTENTION_FUNCTIONS``: the selected backend, else what the registry held."""
     m = instrument.current()
     if m is not None:
-        return instrument.call(m, module_path(module), _dispatch, module, query, key, value, attention_mask, **kwargs)
+        return instrument.call(m, module_path(module), key.shape[2], _dispatch, module, query, key, value,
+                               attention_mask, **kwargs)
     return _dispatch(module, query, key, value, attention_mask, **kwargs)
 
 

@@ -19,55 +19,13 @@ from dataclasses import dataclass, field
 
 import torch.nn as nn
 
-from ..backends import resolve_name
+from ..backends.policy import Policy, Selection, choose, resolve_selection
 from ..sites import remember_paths
 from .interface import configs_of, require_interface
 from .leases import held
 
 __all__ = ["Policy", "Selection", "State", "STATE", "current", "ModelInfo", "register", "info_of", "selected",
            "selected_for_config", "resolve_selection", "choose", "PATCHED", "closed", "close"]
-
-
-@dataclass(frozen=True)
-class Policy:
-    """A backend per phase: calls with at most ``decode_max_query`` query tokens are decode steps (one
-    new token each, by default), the rest prefill."""
-
-    prefill: str
-    decode: str
-    decode_max_query: int = 1
-
-    def __str__(self) -> str:
-        return f"prefill={self.prefill}/decode={self.decode}"
-
-
-Selection = str | Policy
-_PHASE_KEYS = {"prefill", "decode", "decode_max_query"}
-
-
-def resolve_selection(x) -> Selection:
-    """A backend name (or alias), a ``Policy``, or a dict ``{"prefill": ..., "decode": ...}``, checked."""
-    if isinstance(x, Policy):
-        x = {"prefill": x.prefill, "decode": x.decode, "decode_max_query": x.decode_max_query}
-    if isinstance(x, Mapping):
-        unknown = set(x) - _PHASE_KEYS
-        if unknown:
-            raise ValueError(f"unknown phase key(s) {', '.join(map(repr, sorted(unknown)))}; a policy takes "
-                             "'prefill', 'decode' and optionally 'decode_max_query'")
-        if "prefill" not in x or "decode" not in x:
-            raise ValueError("a backend policy needs both 'prefill' and 'decode'")
-        limit = x.get("decode_max_query", 1)
-        if not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"decode_max_query must be a positive int, got {limit!r}")
-        return Policy(resolve_name(x["prefill"]), resolve_name(x["decode"]), limit)
-    return resolve_name(x)
-
-
-def choose(sel: Selection, q_len: int) -> str:
-    """The backend a selection runs for a call with ``q_len`` query tokens."""
-    if isinstance(sel, str):
-        return sel
-    return sel.decode if q_len <= sel.decode_max_query else sel.prefill
 
 
 @dataclass(frozen=True, eq=False)

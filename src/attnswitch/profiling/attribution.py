@@ -8,17 +8,16 @@ is dropped: the rows add up to the trace's own totals.
 
 from __future__ import annotations
 
-import re
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ..instrument import MODULE_PREFIX
+from ..instrument import ATTENTION_PREFIX, MODULE_PREFIX
 from .occupancy import DeviceLimits, occupancy
 from .trace import DEVICE_KINDS, Event, Trace, is_collective_op
 
 __all__ = ["OUTSIDE", "Row", "StepTotals", "DeviceTotals", "TransferRow", "attribute", "step_totals",
-           "device_totals", "transfers", "fold", "kernel_summaries"]
+           "device_totals", "transfers", "kernel_summaries"]
 
 OUTSIDE = "(outside modules)"
 ATTENTION_SUFFIX = " [attention]"
@@ -30,12 +29,13 @@ class Row:
 
     path: str
     kind: str  # "module", "attention" or "outside"
+    phase: str | None = None  # "prefill"/"decode" in a generate, "backward" for autograd's work; None: forward
     calls: int = 0  # ranges (module or attention calls)
     kernels: int = 0
     memcpys: int = 0
     memsets: int = 0
     gpu_us: float = 0.0  # device time of the events attributed here (self, not children)
-    host_us: float = 0.0  # CPU time inside its ranges (inclusive)
+    host_us: float = 0.0  # CPU time inside its ranges (inclusive); backward: its autograd functions
     ops: int = 0  # outermost CPU ops attributed here (self)
     op_names: Counter = field(default_factory=Counter)
     kernel_names: Counter = field(default_factory=Counter)
@@ -51,7 +51,7 @@ class Row:
     _COUNTERS = ("op_names", "kernel_names", "launch_apis", "devices")
 
     def scaled(self, factor: float) -> Row:
-        r = Row(self.path, self.kind, folded=self.folded)
+        r = Row(self.path, self.kind, self.phase, folded=self.folded)
         for k in self._SUMS:
             setattr(r, k, getattr(self, k) * factor)
         for k in self._COUNTERS:
@@ -65,22 +65,26 @@ class Row:
             getattr(self, k).update(getattr(other, k))
 
 
-def _row_key(e: Event) -> tuple[str, str]:
+Key = tuple[str, str, "str | None"]
+
+
+def _row_key(e: Event) -> Key:
     if e.attention is not None:
-        return e.attention, "attention"
+        return e.attention, "attention", e.phase
     if e.module is not None:
-        return e.module, "module"
-    return OUTSIDE, "outside"
+        return e.module, "module", e.phase
+    return OUTSIDE, "outside", e.phase
 
 
-def attribute(trace: Trace, steps: set[str] | None = None) -> dict[tuple[str, str], Row]:
-    """Rows keyed by ``(path, kind)``, summed over the given steps (all events when ``steps`` is None)."""
-    rows: dict[tuple[str, str], Row] = {}
+def attribute(trace: Trace, steps: set[str] | None = None) -> dict[Key, Row]:
+    """Rows keyed by ``(path, kind, phase)``, summed over the given steps (all events when ``steps`` is
+    None)."""
+    rows: dict[Key, Row] = {}
 
     def row(key):
         r = rows.get(key)
         if r is None:
-            r = rows[key] = Row(key[0], key[1])
+            r = rows[key] = Row(*key)
         return r
 
     def wanted(e: Event) -> bool:
@@ -110,12 +114,12 @@ def attribute(trace: Trace, steps: set[str] | None = None) -> dict[tuple[str, st
             if e.launch is not None:
                 r.launch_apis[e.launch.name] += 1
         elif e.cat == "user_annotation":
-            if e.name.startswith("attnswitch.module:"):
-                r = row((e.module, "module"))
+            if e.name.startswith(MODULE_PREFIX):
+                r = row((e.module, "module", e.phase))
                 r.calls += 1
                 r.host_us += e.dur
-            elif e.name.startswith("attnswitch.attention:"):
-                r = row((e.attention, "attention"))
+            elif e.name.startswith(ATTENTION_PREFIX):
+                r = row((e.attention, "attention", e.phase))
                 r.calls += 1
                 r.host_us += e.dur
         elif e.cat == "cpu_op":
@@ -123,6 +127,8 @@ def attribute(trace: Trace, steps: set[str] | None = None) -> dict[tuple[str, st
                 r = row(_row_key(e))
                 r.ops += 1
                 r.op_names[e.name] += 1
+                if e.phase == "backward":  # no ranges in the backward: its functions' own time
+                    r.host_us += e.dur
             if is_collective_op(e.name):  # at any depth (DTensor issues them inside its own ops)
                 row(_row_key(e)).comm_ops += 1
     return rows
@@ -238,23 +244,6 @@ def transfers(trace: Trace, steps: set[str] | None = None) -> list[TransferRow]:
         r.bytes += int(e.args.get("bytes", 0))
         r.gpu_us += e.dur
     return list(rows.values())
-
-
-_INDEX = re.compile(r"\.(\d+)(?=\.|$)")
-
-
-def fold(rows: list[Row]) -> list[Row]:
-    """Fold repeated layers: ``model.layers.3.self_attn`` -> ``model.layers.*.self_attn`` (×n)."""
-    folded: dict[tuple, Row] = {}
-    for r in rows:
-        # layers on different GPUs stay apart (a device_map splits ``layers.*`` between devices)
-        key = (_INDEX.sub(".*", r.path), r.kind, tuple(sorted(r.devices)))
-        f = folded.get(key)
-        if f is None:
-            f = folded[key] = Row(key[0], r.kind, folded=0)
-        f.add(r)
-        f.folded += 1
-    return list(folded.values())
 
 
 @dataclass(frozen=True)

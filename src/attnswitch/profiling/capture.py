@@ -13,10 +13,11 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
+import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +34,11 @@ from ..stats import median
 from ..switch import backend as use_backend
 from ..workload import Workload
 from .attribution import attribute
+from .clock import ForwardClock, annotate_phases
 from .occupancy import device_limits
 from .summarize import backend_fields
 from .trace import Trace
+from .workloads import mode_fields
 
 __all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "Target", "Profiled"]
 
@@ -78,11 +81,12 @@ def annotate_modules(model: nn.Module) -> Iterator[None]:
 
 
 class Target:
-    """What is run: a model with prepared argument sets (``Workload``) or a plain callable."""
+    """What is run, one step at a time: a ``Workload`` (a forward, a generate workload or a training
+    step, with prepared argument sets) or a plain callable (under no_grad)."""
 
     def __init__(self, fn: Callable[..., Any], calls: Callable[[int], Iterator], model: nn.Module | None,
-                 device: torch.device):
-        self.fn, self.calls, self.model, self.device = fn, calls, model, device
+                 device: torch.device, workload: Workload | None = None):
+        self.fn, self.calls, self.model, self.device, self.workload = fn, calls, model, device, workload
         # every GPU the model's weights are on (several under accelerate's device_map); the inputs go to
         # ``device``, the first one
         self.devices = devices_of(model) if model is not None else [device]
@@ -95,7 +99,7 @@ class Target:
     @classmethod
     def of(cls, target, batch=None, device=None) -> Target:
         if isinstance(target, Workload):
-            return cls(lambda kw: target.model(**kw), target.calls, target.model, device_of(target.model))
+            return cls(target.step, target.calls, target.model, device_of(target.model), target)
         if isinstance(target, nn.Module):
             if batch is None:
                 raise ValueError("profiling a model needs its inputs: profile(model, batch) with batch a dict "
@@ -104,18 +108,37 @@ class Target:
                 return cls.of(batch)
             if not isinstance(batch, dict):
                 raise TypeError(f"batch must be a dict of forward arguments, not {type(batch).__name__}")
-            return cls(lambda kw: target(**kw), lambda n: itertools.repeat(batch, n), target, device_of(target))
+            return cls.of(Workload.of(target, batch))
         if callable(target):
             dev = torch.device(device) if device is not None else default_device()
-            return cls(lambda kw: target(), lambda n: itertools.repeat(None, n), None, dev)
+
+            def fn(_):
+                with torch.no_grad():
+                    return target()
+            return cls(fn, lambda n: itertools.repeat(None, n), None, dev)
         raise TypeError(f"cannot profile a {type(target).__name__}: pass a model with a batch, or a callable")
+
+    @property
+    def mode(self) -> str:
+        return self.workload.mode if self.workload is not None else "callable"
 
     def switched(self, name: str):
         # a model is switched alone; a plain callable runs under a global backend
         return use_backend(name, model=self.model)
 
+    def context(self):
+        """What many steps run inside: training mode for a training workload."""
+        return self.workload.context() if self.workload is not None else contextlib.nullcontext()
+
     def annotated(self):
         return annotate_modules(self.model) if self.model is not None else contextlib.nullcontext()
+
+    def profiled_steps(self, n: int) -> tuple[Callable, list]:
+        """The step function and arguments of the profiled pass (a generate workload cut short)."""
+        if self.mode == "generate":
+            short = self.workload.short()
+            return short.step, [None] * max(1, min(n, 2))
+        return self.fn, list(self.calls(n))
 
 
 @dataclass(frozen=True)
@@ -135,53 +158,78 @@ def _release(dev: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _cold(target: Target, c) -> tuple[float, float | None]:
-    """Host seconds of the first forward at this shape, and of its first attention call (µs)."""
-    attn: list = []
+@dataclass
+class Run:
+    """One measured step: host time, its attention calls ``(where, seconds, key length)``, its forwards
+    (a model's), and CUDA events around it."""
+
+    host_s: float
+    attn: list
+    forwards: list = field(default_factory=list)
+    start: Any = None
+    end: Any = None
+
+    def gpu_ms(self) -> float | None:
+        return self.start.elapsed_time(self.end) if self.start is not None else None
+
+
+def _event(cuda: bool):
+    if not cuda:
+        return None
+    e = torch.cuda.Event(enable_timing=True)
+    e.record()
+    return e
+
+
+def _run(target: Target, c, attn: list | None = None) -> Run:
+    """One step, the device idle before it; host time until it returns, its forwards and its calls."""
+    cuda = target.device.type == "cuda"
+    attn = [] if attn is None else attn
     target.sync()
-    with instrument.measuring(host_times=attn):
+    clock = ForwardClock(target.model, cuda, attn) if target.model is not None else contextlib.nullcontext()
+    with instrument.measuring(host_times=attn), clock:
+        start = _event(cuda)
         t0 = time.perf_counter()
         target.fn(c)
         host = time.perf_counter() - t0
+        end = _event(cuda)
     target.sync()
-    return host, (attn[0][1] * 1e6 if attn else None)
+    return Run(host, attn, getattr(clock, "forwards", []), start, end)
 
 
-def _steady_host(target: Target, calls, iters: int) -> tuple[list[float], list]:
-    """Host seconds per forward (each started with the device idle) and per attention call."""
-    attn: list = []
-    host = []
-    with instrument.measuring(host_times=attn):
-        for _ in range(iters):
-            c = next(calls)
-            target.sync()
-            t0 = time.perf_counter()
-            target.fn(c)
-            host.append(time.perf_counter() - t0)
-    target.sync()
-    return host, attn
+def _rss_mb() -> float | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, profile_trace: bool) -> dict:
     cuda = target.device.type == "cuda"
-    calls = target.calls(1 + warmup + iters + (iters if profile_trace else 0))
-    with recording_notes() as notes, torch.no_grad(), target.switched(name):
-        cold_host, cold_attn_us = _cold(target, next(calls))
+    calls = target.calls(1 + warmup + iters)
+    with recording_notes() as notes, target.context(), target.switched(name):
+        rss = _rss_mb()
+        cold = _run(target, next(calls))
+        rss_grown = (_rss_mb() - rss) if rss is not None else None
         for _ in range(warmup):
             target.fn(next(calls))
         target.sync()
         if cuda:
             for d in target.devices:
                 torch.cuda.reset_peak_memory_stats(d)
-        host, attn = _steady_host(target, calls, iters)
+        steady = [_run(target, next(calls)) for _ in range(iters)]
         peaks = {d.index: torch.cuda.max_memory_allocated(d) / 2**20 for d in target.devices} if cuda else {}
-        prof = _profiled(target, name, [next(calls) for _ in range(iters)], trace_dir) if profile_trace else None
+        prof = _profiled(target, name, iters, trace_dir) if profile_trace else None
+    attn = [a for r in steady for a in r.attn]
     result = dict(
         backend=name, status="ok", notes=tuple(dict.fromkeys(n[2] for n in notes)),
-        timer="cuda-events" if cuda else "wall-clock", host_ms=median(h * 1e3 for h in host),
-        cold_host_ms=cold_host * 1e3, attn_calls=len(attn) / max(1, iters),
-        attn_host_us=median(t * 1e6 for _, t in attn), attn_cold_host_us=cold_attn_us,  # the first call at this shape
+        timer="cuda-events" if cuda else "wall-clock", host_ms=median(r.host_s * 1e3 for r in steady),
+        cold_host_ms=cold.host_s * 1e3, attn_calls=len(attn) / max(1, iters),
+        attn_host_us=median(a[1] * 1e6 for a in attn),
+        attn_cold_host_us=cold.attn[0][1] * 1e6 if cold.attn else None,  # the first call at this shape
         peak_mem_mb=max(peaks.values()) if peaks else None,  # the fullest GPU
+        **mode_fields(target.workload, cold, steady, rss_grown),
     )
     if prof is not None:
         limits = device_limits(target.device) if cuda else None
@@ -197,7 +245,7 @@ def prepare_backend(target: Target, name: str, *, warmup: int = 3, iters: int = 
     forward and per attention call (the device idle before each call, so no wait for earlier work is
     counted), peak memory, and one profiled pass of ``iters`` forwards. A backend that cannot run
     gives status ``unavailable`` (PyTorch's reasons) or ``failed`` (out of memory, ...); never raises."""
-    name = resolve_name(name)
+    name = name if "=" in name else resolve_name(name)
     try:
         return BackendResult(**_measure(target, name, warmup, iters, trace_dir, profile_trace))
     except BackendUnavailable as e:
@@ -220,7 +268,7 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
     rounds = max(1, min(rounds, iters))
     per_round = [iters // rounds + (1 if r < iters % rounds else 0) for r in range(rounds)]
     samples: dict[str, list[float]] = {n: [] for n in names}
-    with torch.no_grad():
+    with target.context():
         for n_calls in per_round:
             for name in names:
                 calls = target.calls(n_calls + 1)
@@ -255,16 +303,19 @@ def _timed_on_gpus(target: Target, c) -> float:
     return max(a.elapsed_time(b) for a, b in zip(starts, ends))
 
 
-def _profiled(target: Target, name: str, calls: list, trace_dir) -> Profiled:
+def _profiled(target: Target, name: str, n: int, trace_dir) -> Profiled:
     acts = [torch.profiler.ProfilerActivity.CPU]
     if target.device.type == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
+    fn, calls = target.profiled_steps(n)
+    phases = annotate_phases(target.model) if target.mode == "generate" else contextlib.nullcontext()
     t_run = time.perf_counter()
     kw = {"acc_events": True} if "acc_events" in inspect.signature(torch.profiler.profile).parameters else {}
-    with target.annotated(), instrument.measuring(annotate=True), torch.profiler.profile(activities=acts, **kw) as prof:
+    with target.annotated(), phases, instrument.measuring(annotate=True), \
+            torch.profiler.profile(activities=acts, **kw) as prof:
         for i, c in enumerate(calls):
             with record_function(f"{instrument.STEP_PREFIX}{i}"):
-                target.fn(c)
+                fn(c)
         target.sync()
     run_seconds = time.perf_counter() - t_run
     rank = dist.rank()
@@ -272,9 +323,13 @@ def _profiled(target: Target, name: str, calls: list, trace_dir) -> Profiled:
     mine = trace_dir is not None and not rank
     out_dir = Path(trace_dir) if mine else Path(tempfile.mkdtemp(prefix="attnswitch-"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / (f"trace_{name}.json" if rank is None else f"trace_{name}_rank{rank}.json")
+    path = out_dir / (f"trace_{_file_name(name)}.json" if rank is None else f"trace_{_file_name(name)}_rank{rank}.json")
     prof.export_chrome_trace(str(path))
     t0 = time.perf_counter()
     trace = Trace.load(path)
     rows = attribute(trace, steps={s.step for s in trace.steps()})
     return Profiled(path, trace, rows, time.perf_counter() - t0, run_seconds)
+
+
+def _file_name(name: str) -> str:
+    return name.replace("/", "+").replace("=", "-")  # a policy's name in a file name

@@ -7,9 +7,10 @@ import dataclasses
 import re
 
 from ..backends import KERNEL_OPS
+from ..instrument import PHASE_PREFIX
 from ..results import BackendResult, DeviceStats, LayerStats, TransferStats
 from ..stats import median, noise_pct
-from .attribution import Row, device_totals, kernel_summaries, step_totals, transfers
+from .attribution import device_totals, kernel_summaries, step_totals, transfers
 from .occupancy import DeviceLimits
 from .trace import Trace
 
@@ -26,23 +27,39 @@ def _counted(c) -> tuple[tuple[str, float], ...]:
     return tuple(sorted(((k, float(v)) for k, v in c.items()), key=lambda kv: -kv[1]))
 
 
+_PHASES = {None: 0, "prefill": 0, "decode": 1, "backward": 2}
+
+
 def _path_order(layer: LayerStats):
     parts = tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"\.", layer.path))
-    return (layer.path == "(outside modules)", parts, layer.kind != "module")
+    return (_PHASES.get(layer.phase, 3), layer.path == "(outside modules)", parts, layer.kind != "module")
 
 
-def layer_stats(rows: dict[tuple[str, str], Row], n: int, rank: int | None) -> tuple[LayerStats, ...]:
-    """Rows summed over ``n`` forwards as per-forward layer stats, in model order. Names (ops, kernels,
-    launch APIs) are kept for the attention rows; module rows keep their counts."""
+def layer_stats(rows: dict, n: int | dict, rank: int | None) -> tuple[LayerStats, ...]:
+    """Rows summed over the profiled steps as per-step layer stats, in model order: ``n`` steps, or per
+    phase the number of forwards of that phase (a generate's prefill rows per prefill, its decode rows per
+    decode step). Names (ops, kernels, launch APIs) are kept for the attention rows."""
     out = []
     for r in rows.values():
+        k = (n.get(r.phase) or n.get(None, 1)) if isinstance(n, dict) else n
         names = dict(op_names=_counted(r.op_names), kernel_names=_counted(r.kernel_names),
                      launch_apis=_counted(r.launch_apis)) if r.kind == "attention" else {}
-        out.append(LayerStats(r.path, r.kind, r.calls / n, r.kernels / n, r.memcpys / n, r.memsets / n, r.gpu_us / n,
-                              r.host_us / n, r.ops / n, **names, comm_kernels=r.comm_kernels / n,
-                              comm_us=r.comm_us / n, comm_ops=r.comm_ops / n, devices=tuple(sorted(r.devices)),
-                              rank=rank))
+        out.append(LayerStats(r.path, r.kind, r.calls / k, r.kernels / k, r.memcpys / k, r.memsets / k, r.gpu_us / k,
+                              r.host_us / k, r.ops / k, **names, comm_kernels=r.comm_kernels / k,
+                              comm_us=r.comm_us / k, comm_ops=r.comm_ops / k, devices=tuple(sorted(r.devices)),
+                              rank=rank, phase=r.phase))
     return tuple(sorted(out, key=_path_order))
+
+
+def _per_phase(trace: Trace, n: int) -> dict:
+    """How many forwards of each phase the profiled steps ran (None and backward: one per step)."""
+    counts: dict = {None: n, "backward": n}
+    steps = {s.step for s in trace.steps()}
+    for r in trace.ranges(PHASE_PREFIX):
+        if r.step in steps:
+            phase = r.name[len(PHASE_PREFIX):]
+            counts[phase] = counts.get(phase, 0) + 1
+    return counts
 
 
 def _device_stats(trace: Trace, n: int, rank: int | None, peaks: dict) -> tuple[DeviceStats, ...]:
@@ -57,10 +74,11 @@ def _device_stats(trace: Trace, n: int, rank: int | None, peaks: dict) -> tuple[
 
 
 def _attention_fields(trace: Trace, rows: dict, cuda: bool, limits: DeviceLimits | None) -> dict:
-    attn = [r for r in rows.values() if r.kind == "attention"]
+    # the attention call itself: forward rows (its backward has rows of its own)
+    attn = [r for r in rows.values() if r.kind == "attention" and r.phase != "backward"]
     calls = sum(r.calls for r in attn)
     per_call = (lambda f: sum(getattr(r, f) for r in attn) / calls) if calls and cuda else (lambda f: None)
-    events = [e for e in trace.device_events if e.attention is not None]
+    events = [e for e in trace.device_events if e.attention is not None and e.phase != "backward"]
     op_names: dict[str, None] = {}
     for r in attn:
         op_names.update(dict.fromkeys(r.op_names))
@@ -89,5 +107,6 @@ def backend_fields(trace: Trace, rows: dict, *, cuda: bool, limits: DeviceLimits
         profiled_gpu_span_ms=median(t.gpu_span_us for t in totals) / 1e3 if cuda and totals else None,
         kernels=per_fwd("kernels"), memcpys=per_fwd("memcpys"), memsets=per_fwd("memsets"),
         ops=sum(t.ops for t in totals) / n, **_attention_fields(trace, rows, cuda, limits),
-        layers=layer_stats(rows, n, rank), devices=_device_stats(trace, n, rank, peaks or {}), transfers=moved,
+        layers=layer_stats(rows, _per_phase(trace, n), rank), devices=_device_stats(trace, n, rank, peaks or {}),
+        transfers=moved,
     )

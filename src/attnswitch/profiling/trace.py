@@ -1,9 +1,14 @@
 """Parsing a PyTorch profiler (Kineto) chrome trace: the one place that reads trace JSON.
 
 ``Trace.load`` turns the event list into ``Event`` objects and resolves, for every event, what
-encloses it on its CPU thread (module range, attention range, step range), and for every device
-event (kernel, memcpy, memset) the runtime or driver call that launched it, by correlation id.
-Analyses are functions over a ``Trace`` (see ``attribution``).
+encloses it on its CPU thread (module range, attention range, step range, phase range), and for every
+device event (kernel, memcpy, memset) the runtime or driver call that launched it, by correlation id.
+Backward work belongs where its forward op ran: each autograd function the engine evaluates
+(``autograd::engine::evaluate_function: XBackward0``) carries the sequence number of the forward op
+that recorded it, and takes that op's module, attention call and step, with phase ``backward``;
+gradient accumulation (no sequence number) belongs with the backward function evaluated just before it
+on its thread (the engine runs it as soon as that function made the gradient). Analyses are functions
+over a ``Trace`` (see ``attribution``).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..instrument import ATTENTION_PREFIX, MODULE_PREFIX, STEP_PREFIX
+from ..instrument import ATTENTION_PREFIX, MODULE_PREFIX, PHASE_PREFIX, STEP_PREFIX
 
 __all__ = ["Event", "Trace", "DEVICE_KINDS", "is_collective_kernel", "is_collective_op"]
 
@@ -23,7 +28,9 @@ __all__ = ["Event", "Trace", "DEVICE_KINDS", "is_collective_kernel", "is_collect
 DEVICE_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 _LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 _RANGE_CATS = ("user_annotation", "cpu_op", "python_function")
-_OWN = (ATTENTION_PREFIX, MODULE_PREFIX, STEP_PREFIX)
+_OWN = (ATTENTION_PREFIX, MODULE_PREFIX, STEP_PREFIX, PHASE_PREFIX)
+_BACKWARD = "autograd::engine::evaluate_function:"
+_SEQ = "Sequence number"
 _CPU_CATS = ("cpu_op", "user_annotation")  # not "gpu_user_annotation": the same range's GPU-side copy
 _NO_ARGS: dict = {}
 _EPS = 0.002  # µs: kineto writes timestamps rounded to ns; children may overhang their parent by that
@@ -48,7 +55,7 @@ class Event:
     """One complete ('X') trace event, with what encloses it resolved by ``Trace``."""
 
     __slots__ = ("name", "cat", "pid", "tid", "ts", "dur", "end", "args", "module", "attention", "step", "op",
-                 "parent_is_op", "launch", "device")
+                 "parent_is_op", "launch", "device", "phase")
 
     def __init__(self, name: str, cat: str, pid: Any, tid: Any, ts: float, dur: float, args: dict):
         self.name, self.cat, self.pid, self.tid, self.ts, self.dur, self.args = name, cat, pid, tid, ts, dur, args
@@ -57,6 +64,7 @@ class Event:
         self.module: str | None = None
         self.attention: str | None = None
         self.step: str | None = None
+        self.phase: str | None = None  # "prefill" / "decode" (generate), "backward"; None: a forward
         self.op: str | None = None  # the outermost cpu op around it (its own name for an outermost op)
         self.parent_is_op = False
         self.launch: Event | None = None  # device events: the runtime/driver call with the same correlation
@@ -158,32 +166,21 @@ class Trace:
 
     # ----------------------------------------------------------------------------------------
     def _resolve(self) -> None:
-        # 1. CPU side: a sweep per thread over events sorted by start (longest first on ties)
-        #    keeps the stack of enclosing events; each event inherits its innermost ranges.
+        # 1. CPU side: a sweep per thread over events sorted by start (longest first on ties) keeps the
+        #    stack of enclosing events; each event inherits its innermost ranges. Threads that ran
+        #    backward functions are swept again once every forward op's place is known.
         by_thread: dict[tuple, list[Event]] = {}
         for e in self.events:
             if e.cat in _RANGE_CATS or e.cat in _LAUNCH_CATS:
                 by_thread.setdefault((e.pid, e.tid), []).append(e)
         for evs in by_thread.values():
             evs.sort(key=lambda e: (e.ts, -e.dur))
-            stack: list[Event] = []
-            for e in evs:
-                while stack and stack[-1].end + _EPS < e.end:
-                    stack.pop()
-                parent = stack[-1] if stack else None
-                if parent is not None:
-                    e.module, e.attention, e.step, e.op = parent.module, parent.attention, parent.step, parent.op
-                    e.parent_is_op = parent.cat == "cpu_op" or parent.parent_is_op
-                if e.cat == "user_annotation":
-                    if e.name.startswith(MODULE_PREFIX):
-                        e.module, e.attention = e.name[len(MODULE_PREFIX):], None
-                    elif e.name.startswith(ATTENTION_PREFIX):
-                        e.attention = e.name[len(ATTENTION_PREFIX):]
-                    elif e.name.startswith(STEP_PREFIX):
-                        e.step = e.name[len(STEP_PREFIX):]
-                elif e.cat == "cpu_op" and e.op is None:
-                    e.op = e.name
-                stack.append(e)
+            _sweep(evs, None)
+        forward = _forward_places(self.events)
+        if forward:
+            for evs in by_thread.values():
+                if any(e.name.startswith(_BACKWARD) for e in evs):
+                    _sweep(evs, forward)
         # 2. device side: correlation id -> the launching call (runtime or driver API)
         launch_by_corr = {e.args.get("correlation"): e for e in self.events if e.cat in _LAUNCH_CATS}
         for e in self.events:
@@ -192,3 +189,52 @@ class Trace:
                 e.launch = launch
                 if launch is not None:
                     e.module, e.attention, e.step, e.op = launch.module, launch.attention, launch.step, launch.op
+                    e.phase = launch.phase
+
+
+def _forward_places(events: list[Event]) -> dict[tuple, tuple]:
+    """``(pid, sequence number)`` -> ``(module, attention, step, phase)`` of the forward op that recorded
+    that autograd node: the last op carrying the number (ops record the counter as they start; the one
+    that makes the node is the last before the counter moves)."""
+    places: dict[tuple, tuple] = {}
+    for e in sorted((e for e in events if e.cat == "cpu_op" and _SEQ in e.args and not e.name.startswith(_BACKWARD)
+                     and e.phase != "backward"), key=lambda e: e.ts):
+        places[(e.pid, e.args[_SEQ])] = (e.module, e.attention, e.step, e.phase)
+    return places
+
+
+def _enter(e: Event, parent: Event | None) -> None:
+    if parent is not None:
+        e.module, e.attention, e.step, e.op = parent.module, parent.attention, parent.step, parent.op
+        e.phase = parent.phase
+        e.parent_is_op = parent.cat == "cpu_op" or parent.parent_is_op
+    if e.cat == "user_annotation":
+        if e.name.startswith(MODULE_PREFIX):
+            e.module, e.attention = e.name[len(MODULE_PREFIX):], None
+        elif e.name.startswith(ATTENTION_PREFIX):
+            e.attention = e.name[len(ATTENTION_PREFIX):]
+        elif e.name.startswith(STEP_PREFIX):
+            e.step = e.name[len(STEP_PREFIX):]
+        elif e.name.startswith(PHASE_PREFIX):
+            e.phase = e.name[len(PHASE_PREFIX):]
+    elif e.cat == "cpu_op":
+        if e.op is None:
+            e.op = e.name
+        if e.name.startswith(_BACKWARD):
+            e.phase = "backward"  # its place is set once the forward ops' places are known
+
+
+def _sweep(evs: list[Event], forward: dict | None) -> None:
+    stack: list[Event] = []
+    last_backward: tuple | None = None
+    for e in evs:
+        while stack and stack[-1].end + _EPS < e.end:
+            stack.pop()
+        _enter(e, stack[-1] if stack else None)
+        if forward is not None and e.name.startswith(_BACKWARD) and not e.parent_is_op:
+            place = forward.get((e.pid, e.args.get(_SEQ))) if _SEQ in e.args else last_backward
+            if place is not None:
+                e.module, e.attention, e.step = place[0], place[1], place[2]
+                e.phase = "backward"
+                last_backward = place
+        stack.append(e)

@@ -39,10 +39,10 @@ def fold(layers) -> list:
     (×n), per rank; layers on different GPUs stay apart (a device_map splits ``layers.*`` between them)."""
     out: dict[tuple, list] = {}
     for layer in layers:
-        key = (layer.rank, _INDEX.sub(".*", layer.path), layer.kind, tuple(layer.devices))
+        key = (layer.rank, layer.phase, _INDEX.sub(".*", layer.path), layer.kind, tuple(layer.devices))
         out.setdefault(key, []).append(layer)
     folded = []
-    for (_, path, _, _), group in out.items():
+    for (_, _, path, _, _), group in out.items():
         sums = {k: sum(getattr(x, k) for x in group) for k in _SUMS}
         folded.append(dataclasses.replace(group[0], path=path, folded=sum(x.folded for x in group), **sums))
     return folded
@@ -93,6 +93,8 @@ def summary_table(report) -> Table:
 
 def _layer_columns(b) -> list[str]:
     cols = []
+    if any(x.phase is not None for x in b.layers):
+        cols.append("phase")
     if any(x.rank is not None for x in b.layers):
         cols.append("rank")
     if len({d for x in b.layers for d in x.devices}) > 1:
@@ -114,7 +116,8 @@ def layer_table(report, backend, fold_layers: bool = True) -> Table:
     rows = []
     for x in (fold(b.layers) if fold_layers else b.layers):
         name = x.path + (" [attention]" if x.kind == "attention" else "") + (f" ×{x.folded}" if x.folded > 1 else "")
-        cell = {"rank": str(x.rank) if x.rank is not None else "-", "GPU": ",".join(map(str, x.devices)) or "-",
+        cell = {"phase": x.phase or "forward", "rank": str(x.rank) if x.rank is not None else "-",
+                "GPU": ",".join(map(str, x.devices)) or "-",
                 "calls": _n(x.calls), "kernels": dev(x.kernels), "memcpy": dev(x.memcpys), "memset": dev(x.memsets),
                 "cpu ops": _n(x.ops), "GPU µs": dev(x.gpu_us - x.comm_us, 1),  # compute: collectives apart
                 "comm kernels": dev(x.comm_kernels), "comm µs": dev(x.comm_us, 1), "comm ops": _n(x.comm_ops),

@@ -1,0 +1,83 @@
+"""A backend per phase: one backend for prefill calls, another for decode steps (serving engines do this;
+transformers does not). Written ``{"prefill": "cudnn", "decode": "flash"}`` or ``prefill=cudnn/decode=flash``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .registry import default_backends, resolve_name
+
+__all__ = ["Policy", "Selection", "resolve_selection", "choose", "parse_backends"]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A backend per phase: calls with at most ``decode_max_query`` query tokens are decode steps (one
+    new token each, by default), the rest prefill."""
+
+    prefill: str
+    decode: str
+    decode_max_query: int = 1
+
+    def __str__(self) -> str:
+        limit = f"/decode_max_query={self.decode_max_query}" if self.decode_max_query != 1 else ""
+        return f"prefill={self.prefill}/decode={self.decode}{limit}"
+
+
+Selection = str | Policy
+_PHASE_KEYS = {"prefill", "decode", "decode_max_query"}
+
+
+def _parse_policy(text: str) -> dict:
+    out = {}
+    for part in text.split("/"):
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise ValueError(f"a backend policy is written phase=backend/phase=backend "
+                             f"(e.g. prefill=cudnn/decode=flash), not {text!r}")
+        out[key.strip()] = int(value) if key.strip() == "decode_max_query" and value.strip().isdigit() \
+            else value.strip()
+    return out
+
+
+def resolve_selection(x) -> Selection:
+    """A backend name (or alias), a ``Policy``, a dict ``{"prefill": ..., "decode": ...}`` or its text
+    ``"prefill=cudnn/decode=flash"``, checked."""
+    if isinstance(x, str) and "=" in x:
+        x = _parse_policy(x)
+    if isinstance(x, Policy):
+        x = {"prefill": x.prefill, "decode": x.decode, "decode_max_query": x.decode_max_query}
+    if isinstance(x, Mapping):
+        unknown = set(x) - _PHASE_KEYS
+        if unknown:
+            raise ValueError(f"unknown phase key(s) {', '.join(map(repr, sorted(unknown)))}; a policy takes "
+                             "'prefill', 'decode' and optionally 'decode_max_query'")
+        if "prefill" not in x or "decode" not in x:
+            raise ValueError("a backend policy needs both 'prefill' and 'decode'")
+        limit = x.get("decode_max_query", 1)
+        if not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"decode_max_query must be a positive int, got {limit!r}")
+        return Policy(resolve_name(x["prefill"]), resolve_name(x["decode"]), limit)
+    return resolve_name(x)
+
+
+def choose(sel: Selection, q_len: int) -> str:
+    """The backend a selection runs for a call with ``q_len`` query tokens."""
+    if isinstance(sel, str):
+        return sel
+    return sel.decode if q_len <= sel.decode_max_query else sel.prefill
+
+
+def parse_backends(spec, device) -> list[str]:
+    """Canonical names, in order, without repeats, from ``spec``: None or ``"all"`` (every backend that
+    can exist on ``device``), a comma-separated string, or an iterable of names; a policy per phase
+    (``prefill=cudnn/decode=flash``) is a candidate of its own."""
+    if spec is None or spec == "all":
+        return default_backends(device)
+    if isinstance(spec, str):
+        spec = [b for b in spec.split(",") if b.strip()]
+    result = [str(resolve_selection(b)) if not isinstance(b, str) or "=" in b else resolve_name(b) for b in spec]
+    if not result:
+        raise ValueError("no backends given: name at least one, or 'all'")
+    return list(dict.fromkeys(result))

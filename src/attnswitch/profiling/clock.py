@@ -1,0 +1,113 @@
+"""A clock on a model's forwards: when each forward of a step started and ended, on the host and (CUDA
+events) on the GPU, its query length, and which attention calls it made. A generate workload is many
+forwards per step (a prefill, then one per new token); a training step is one forward, then the backward.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from .. import instrument
+
+__all__ = ["Forward", "ForwardClock", "annotate_phases", "query_length"]
+
+try:  # a C++ range, as for the module ranges
+    from torch._C._profiler import _RecordFunctionFast as _Range
+except ImportError:  # pragma: no cover - older torch
+    from torch.autograd.profiler import record_function as _Range
+
+
+def query_length(args, kwargs) -> int:
+    """The query length of a forward from its arguments (the decoder's for an encoder-decoder)."""
+    for key in ("decoder_input_ids", "input_ids", "decoder_inputs_embeds", "inputs_embeds"):
+        t = kwargs.get(key)
+        if isinstance(t, torch.Tensor) and t.dim() >= 2:
+            return t.shape[1]
+    t = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    return t.shape[1] if t is not None and t.dim() >= 2 else 1
+
+
+@dataclass
+class Forward:
+    q_len: int
+    host_start: float  # perf_counter seconds
+    host_end: float = 0.0
+    calls_before: int = 0  # attention calls recorded before it began, and when it ended
+    calls_after: int = 0
+    start: object = None  # CUDA events
+    end: object = None
+
+    def gpu_ms(self) -> float | None:
+        return self.start.elapsed_time(self.end) if self.start is not None else None
+
+
+class ForwardClock:
+    """Record every forward of ``model`` inside the block (its hooks are removed on exit). ``calls``:
+    the list a measurement appends attention calls to, so that each forward knows its calls."""
+
+    def __init__(self, model: nn.Module, cuda: bool, calls: list | None = None):
+        self.model, self.cuda, self.calls = model, cuda, calls
+        self.forwards: list[Forward] = []
+        self._handles: list = []
+
+    def _event(self):
+        if not self.cuda:
+            return None
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def _pre(self, module, args, kwargs):
+        n = len(self.calls) if self.calls is not None else 0
+        self.forwards.append(Forward(query_length(args, kwargs), time.perf_counter(), calls_before=n,
+                                     start=self._event()))
+
+    def _post(self, module, args, kwargs, output):
+        f = self.forwards[-1]
+        f.end = self._event()
+        f.host_end = time.perf_counter()
+        f.calls_after = len(self.calls) if self.calls is not None else 0
+
+    def __enter__(self) -> ForwardClock:
+        self._handles = [self.model.register_forward_pre_hook(self._pre, with_kwargs=True, prepend=True),
+                         self.model.register_forward_hook(self._post, with_kwargs=True, always_call=True)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+class annotate_phases:
+    """A profiler range ``attnswitch.phase:prefill`` or ``...:decode`` around each forward of ``model``
+    (decode: one query token). Enter it after the module ranges, so that it encloses them."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self._open: list = []
+        self._handles: list = []
+
+    def _pre(self, module, args, kwargs):
+        phase = "decode" if query_length(args, kwargs) == 1 else "prefill"
+        rf = _Range(instrument.PHASE_PREFIX + phase)
+        rf.__enter__()
+        self._open.append(rf)
+
+    def _post(self, module, args, kwargs, output):
+        if self._open:
+            self._open.pop().__exit__(None, None, None)
+
+    def __enter__(self) -> annotate_phases:
+        self._handles = [self.model.register_forward_pre_hook(self._pre, with_kwargs=True, prepend=True),
+                         self.model.register_forward_hook(self._post, with_kwargs=True, always_call=True)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []

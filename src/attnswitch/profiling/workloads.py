@@ -1,0 +1,114 @@
+"""What a generate workload and a training step add to a backend's result, from the measured runs.
+
+Pure functions over ``capture.Run`` records (host times, forwards from the ``ForwardClock``, attention
+calls with their key lengths); nothing here runs a model.
+"""
+
+from __future__ import annotations
+
+from ..results import GenerateStats, SlowCall, TrainStats
+from ..stats import median, percentile
+
+__all__ = ["mode_fields", "generate_stats", "train_stats", "split_generates", "SLOW_FACTOR", "SLOW_MIN_US"]
+
+#: an attention call is slow when its host time is this many times the steady call's, and this much more
+SLOW_FACTOR = 4.0
+SLOW_MIN_US = 50.0
+_SLOW_KEPT = 20
+
+
+def mode_fields(workload, cold, steady: list, rss_grown_mb: float | None) -> dict:
+    """``{"generate": GenerateStats}`` or ``{"train": TrainStats}`` for those workloads, else nothing."""
+    if workload is None or not steady:
+        return {}
+    if workload.mode == "generate":
+        return {"generate": generate_stats(workload, cold, steady, rss_grown_mb)}
+    if workload.mode == "train":
+        return {"train": train_stats(workload, steady)}
+    return {}
+
+
+def split_generates(forwards: list) -> list[list]:
+    """The forwards of one run, one list per generate: each starts with its prefill (more than one
+    query token), then one decode forward per new token."""
+    out: list[list] = []
+    for f in forwards:
+        if f.q_len > 1 or not out:
+            out.append([])
+        out[-1].append(f)
+    return out
+
+
+def _intervals_ms(gen: list) -> list[float]:
+    # wall time between decode steps: generate waits for each token before the next forward starts
+    return [(b.host_start - a.host_start) * 1e3 for a, b in zip(gen[1:], gen[2:])]
+
+
+def _new_shape_steps(cold) -> tuple[list[float], list[float]]:
+    """First-workload decode intervals whose forward met a key length for the first time, and the rest."""
+    seen: set[int] = set()
+    new, old = [], []
+    for gen in split_generates(cold.forwards):
+        for i, f in enumerate(gen):
+            lens = {a[2] for a in cold.attn[f.calls_before:f.calls_after]}
+            fresh = bool(lens - seen)
+            seen |= lens
+            if 1 <= i < len(gen) - 1:
+                (new if fresh else old).append((gen[i + 1].host_start - f.host_start) * 1e3)
+    return new, old
+
+
+def _slow_calls(cold, steady_us: float | None) -> tuple[list[SlowCall], float | None]:
+    if not steady_us:
+        return [], None
+    threshold = max(SLOW_FACTOR * steady_us, steady_us + SLOW_MIN_US)
+    slow = []
+    for p, gen in enumerate(split_generates(cold.forwards)):
+        for step, f in enumerate(gen):
+            for where, dt, kv in cold.attn[f.calls_before:f.calls_after]:
+                if dt * 1e6 > threshold:
+                    slow.append(SlowCall(p, step, where, dt * 1e6, kv))
+    return slow, threshold
+
+
+def generate_stats(workload, cold, steady: list, rss_grown_mb: float | None) -> GenerateStats:
+    """Per-step latencies, time to first token, and what new key lengths cost, from measured generates."""
+    gens = [g for r in steady for g in split_generates(r.forwards)]
+    decode = [f for g in gens for f in g[1:]]
+    intervals = [x for g in gens for x in _intervals_ms(g)]
+    ttft = [(g[1].host_start - g[0].host_start) * 1e3 for g in gens if len(g) > 1]
+    new, old = _new_shape_steps(cold)
+    steady_calls = [a[1] * 1e6 for r in steady for a in r.attn]
+    slow, threshold = _slow_calls(cold, median(steady_calls))
+    gpu = [f.gpu_ms() for f in decode if f.start is not None]
+    g = workload.generation
+    tokens = g.new_tokens * len(g.prompt_lens) * workload.prompts[0]["input_ids"].shape[0]
+    e2e = median(r.gpu_ms() if r.start is not None else r.host_s * 1e3 for r in steady)
+    first_steady = split_generates(steady[0].forwards)[0] if steady[0].forwards else []
+    first_cold = split_generates(cold.forwards)[0] if cold.forwards else []
+    return GenerateStats(
+        ttft_ms=median(ttft), step_ms_p50=percentile(intervals, 50), step_ms_p90=percentile(intervals, 90),
+        step_ms_p99=percentile(intervals, 99), step_host_ms=median((f.host_end - f.host_start) * 1e3 for f in decode),
+        step_gpu_ms=median(gpu), tokens_per_s=tokens / (e2e / 1e3) if e2e else None, cold_e2e_ms=cold.host_s * 1e3,
+        new_shape_step_ms=median(new), seen_shape_step_ms=median(old), new_shape_steps=len(new),
+        seen_shape_steps=len(old), slow_attn_calls=len(slow), slow_calls=tuple(slow[:_SLOW_KEPT]),
+        slow_threshold_us=threshold, plan_cache_host_mb=rss_grown_mb,
+        step_times_ms=tuple(_intervals_ms(first_steady)), cold_step_times_ms=tuple(_intervals_ms(first_cold)))
+
+
+def train_stats(workload, steady: list) -> TrainStats:
+    """Forward and backward time of a training step: the step's start to the forward's end (the loss
+    computed), then to the step's end; CUDA events on a GPU, the host clock on a CPU (the device is idle
+    at each step's start and the backward returns when its work is done)."""
+    fwd, bwd = [], []
+    for r in steady:
+        if not r.forwards:
+            continue
+        f = r.forwards[0]
+        if r.start is not None and f.end is not None:
+            fwd.append(r.start.elapsed_time(f.end))
+            bwd.append(f.end.elapsed_time(r.end))
+        else:
+            fwd.append((f.host_end - f.host_start) * 1e3)
+            bwd.append((r.host_s - (f.host_end - f.host_start)) * 1e3)
+    return TrainStats(loss=workload.loss, forward_ms=median(fwd), backward_ms=median(bwd))
