@@ -134,7 +134,7 @@ def test_load_model_bad_input(tmp_path):
 
 def test_cli_compare_writes_every_output(tmp_path, capsys):
     out = tmp_path / "rep"
-    rc = main(["compare", "tiny-llama", "--device", "cpu", "--layers", "2", "--seq", "32", "--iters", "2",
+    rc = main(["compare", "tiny-llama", "--device", "cpu", "--num-layers", "2", "--seq", "32", "--iters", "2",
                "--warmup", "1", "--backends", "naive,flash,cudnn", "--out", str(out)])
     assert rc == 0
     for f in ("report.json", "report.csv", "report.md", "report.html", "command.txt"):
@@ -149,14 +149,14 @@ def test_cli_compare_writes_every_output(tmp_path, capsys):
 def test_cli_exit_codes(tmp_path, capsys):
     assert main(["compare", "no-such-model"]) == 2
     assert "not a preset" in capsys.readouterr().err
-    assert main(["profile", "tiny-llama", "--device", "cpu", "--layers", "1", "--seq", "16", "--iters", "1",
+    assert main(["profile", "tiny-llama", "--device", "cpu", "--num-layers", "1", "--seq", "16", "--iters", "1",
                  "--warmup", "0", "--backends", "cudnn,efficient"]) == 1  # nothing could run here
-    assert main(["check", "tiny-llama", "--layers", "1", "--seq", "16", "--backends", "fastest"]) == 2
+    assert main(["check", "tiny-llama", "--num-layers", "1", "--seq", "16", "--backends", "fastest"]) == 2
     assert main(["compare", "tiny-llama", "--device", "cuda:0"]) == (0 if torch.cuda.is_available() else 2)
 
 
 def test_cli_check_and_env(capsys):
-    assert main(["check", "tiny-llama", "--device", "cpu", "--layers", "1", "--seq", "16", "--padding"]) == 0
+    assert main(["check", "tiny-llama", "--device", "cpu", "--num-layers", "1", "--seq", "16", "--padding"]) == 0
     out = capsys.readouterr().out
     assert "naive          ok" in out and "flash          ok" in out
     assert main(["env"]) == 0

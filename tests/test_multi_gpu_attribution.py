@@ -223,7 +223,7 @@ def test_schema_1_reports_still_load(tmp_path):
 def gloo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp") / "out"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "attnswitch", "compare",
-           "tiny-llama", "--tp", "--layers", "2", "--batch", "1", "--seq", "32", "--backends", "naive,flash,eager",
+           "tiny-llama", "--tp", "--num-layers", "2", "--batch", "1", "--seq", "32", "--backends", "naive,flash,eager",
            "--iters", "2", "--warmup", "1", "--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}  # gloo on CPUs, also on a GPU host
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
@@ -286,8 +286,8 @@ def test_cli_rejects_bad_distribution_options(argv, message, capsys, monkeypatch
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU host device_map spreads it (tests/gpu)")
 def test_cli_device_map_auto_on_a_cpu_loads_through_from_pretrained(tmp_path, capsys):
-    assert main(["profile", "tiny-llama", "--layers", "1", "--device-map", "auto", "--backends", "naive",
-                 "--iters", "1", "--warmup", "0", "--seq", "16", "--batch", "1", "--no-layers",
+    assert main(["profile", "tiny-llama", "--num-layers", "1", "--device-map", "auto", "--backends", "naive",
+                 "--iters", "1", "--warmup", "0", "--seq", "16", "--batch", "1",
                  "--out", str(tmp_path)]) == 0
     rep = Report.from_json(tmp_path / "report.json")
     assert rep.distribution is None  # everything fit on the one device there is

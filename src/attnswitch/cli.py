@@ -8,6 +8,7 @@ Heavy libraries (torch, transformers) are imported by the subcommands that need 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import sys
 from collections.abc import Callable
@@ -32,34 +33,58 @@ class Session:
 
 # -- options --------------------------------------------------------------------------------------
 
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or a comma-separated list of integers, not {text!r}") \
+            from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, not {text!r}")
+    return values
+
+
 def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="a preset, a local folder, a config.json or a hub id (default: a preset sized for the device)")
-    p.add_argument("--batch", type=int, default=None, help="batch size (default: 4 on a GPU, 2 on a CPU)")
-    p.add_argument("--seq", type=int, default=None, help="sequence length (default: 2048 on a GPU, 128 on a CPU)")
+    p.add_argument("--batch", type=_ints, default=None,
+                   help="batch size, or a list for a sweep (default: 4 on a GPU, 2 on a CPU)")
+    p.add_argument("--seq", type=_ints, default=None,
+                   help="sequence length, or a list (512,2048,8192) for a sweep (default: 2048 on a GPU, 128 on a CPU)")
     p.add_argument("--dtype", default=None, help="fp32, fp16 or bf16 (default: bf16 on a GPU, fp32 on a CPU)")
     p.add_argument("--padding", action="store_true", help="a padded batch (left padding for decoders)")
-    p.add_argument("--mode", choices=["prefill", "decode"], default="prefill",
-                   help="prefill: the whole sequence; decode: one new token against a KV cache of --seq")
+    p.add_argument("--mode", choices=["prefill", "decode", "generate", "train"], default="prefill",
+                   help="prefill: the whole sequence; decode: one new token against a KV cache of --seq; generate: "
+                        "greedy generation end to end; train: forward + backward of the loss")
+    p.add_argument("--prompt-len", type=int, default=None,
+                   help="generate: prompts spread around this length (default: 512 on a GPU, 32 on a CPU)")
+    p.add_argument("--prompt-lens", type=_ints, default=None, help="generate: these prompt lengths instead")
+    p.add_argument("--new-tokens", type=int, default=None,
+                   help="generate: exactly this many new tokens per prompt (default: 128 on a GPU, 8 on a CPU)")
+    p.add_argument("--cache", choices=["dynamic", "static"], default="dynamic",
+                   help="generate: the model's default KV cache, or transformers' static cache")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
-    p.add_argument("--layers", type=int, default=None, help="truncate the model to this many layers")
+    p.add_argument("--num-layers", type=int, default=None, help="truncate the model to this many layers")
     p.add_argument("--trust-remote-code", action="store_true", help="allow a local model's own code to run")
     p.add_argument("--device-map", default=None, metavar="MAP",
                    help="spread the model over the GPUs with accelerate: auto, balanced, balanced_low_0 or sequential")
     p.add_argument("--tp", action="store_true",
                    help="tensor parallelism over the ranks of torchrun (tp_plan='auto'): "
                         "torchrun --nproc-per-node N -m attnswitch compare MODEL --tp")
-    p.add_argument("--backends", default="all", help="comma-separated backends, or 'all'")
+    p.add_argument("--backends", default="all",
+                   help="comma-separated backends or policies per phase (prefill=cudnn/decode=flash), or 'all'")
 
 
 def _profile_options(iters: int) -> Callable[[argparse.ArgumentParser], None]:
     def add(p: argparse.ArgumentParser) -> None:
         _model_options(p)
-        p.add_argument("--warmup", type=int, default=3)
-        p.add_argument("--iters", type=int, default=iters)
+        p.add_argument("--warmup", type=int, default=None, help="steps before timing (default: 3; 1 for generate)")
+        p.add_argument("--iters", type=int, default=None,
+                       help=f"timed steps per backend (default: {iters}; 3 for generate)")
         p.add_argument("--out", default=None, help="write report.json/.csv/.md/.html and traces here")
         p.add_argument("--unfold", action="store_true", help="one row per layer instead of folding repeated layers")
-        p.add_argument("--no-layers", action="store_true", help="print only the per-backend table")
+        p.add_argument("--layers", action="store_true", help="print the per-layer tables too")
+        p.set_defaults(default_iters=iters)
     return add
 
 
@@ -70,17 +95,46 @@ def _compare_options(p: argparse.ArgumentParser) -> None:
 
 # -- shared steps ---------------------------------------------------------------------------------
 
-def _check_placement(args) -> None:
+def _check_options(args) -> None:
+    """Bad input found in the options alone: one line, before any work."""
     if args.device_map is not None and args.device_map not in _DEVICE_MAPS:
         raise ValueError(f"--device-map {args.device_map}: use one of {', '.join(_DEVICE_MAPS)}")
     if (args.device_map or args.tp) and args.device is not None:
         raise ValueError("--device picks one device; --device-map and --tp place the model themselves")
     if args.device_map and args.tp:
         raise ValueError("--device-map and --tp exclude each other; choose one")
+    if args.new_tokens is not None and args.new_tokens < 1:
+        raise ValueError(f"--new-tokens must be at least 1, got {args.new_tokens}")
+    if args.prompt_len is not None and args.prompt_len < 1:
+        raise ValueError(f"--prompt-len must be positive, got {args.prompt_len}")
+    sweep = len(args.seq or [1]) > 1 or len(args.batch or [1]) > 1
+    if sweep and (args.mode not in ("prefill", "train") or getattr(args, "command", "") != "compare"):
+        raise ValueError("a sweep (--seq or --batch lists) is a `compare` of prefill or train steps")
+    if getattr(args, "iters", None) is not None and args.iters < 1:
+        raise ValueError(f"--iters must be at least 1, got {args.iters}")
+    if getattr(args, "warmup", None) is not None and args.warmup < 0:
+        raise ValueError(f"--warmup must be 0 or more, got {args.warmup}")
+    _check_out(getattr(args, "out", None))
+
+
+def _check_out(out: str | None) -> None:
+    """``--out`` must be a folder this process can write (made if missing)."""
+    if not out:
+        return
+    d = Path(out)
+    if d.exists() and not d.is_dir():
+        raise ValueError(f"--out {out}: exists and is not a folder")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        probe = d / ".attnswitch-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot write there ({e.strerror or e})") from None
 
 
 def _setup(args):
-    """The model and its workload, from the command line."""
+    """The model and its workload(s), from the command line: one workload, or a sweep's shapes."""
     import torch
 
     from .backends import parse_backends
@@ -88,7 +142,7 @@ def _setup(args):
     from .models import default_preset, load_model, parse_dtype
     from .workload import make_workload
 
-    _check_placement(args)
+    _check_options(args)
     dev = parse_device(args.device)
     parse_backends(args.backends, dev)  # bad names are bad input, before the model is loaded
     gpu = dev.type == "cuda"
@@ -97,10 +151,17 @@ def _setup(args):
         raise ValueError(f"--dtype bf16: {torch.cuda.get_device_name(dev)} cannot run bfloat16")
     spec = args.model or default_preset(dev)
     model, desc = load_model(spec, dtype=dtype, device=dev, trust_remote_code=args.trust_remote_code,
-                             layers=args.layers, device_map=args.device_map, tp=args.tp)
-    batch = args.batch if args.batch is not None else (4 if gpu else 2)
-    seq = args.seq if args.seq is not None else (2048 if gpu else 128)
-    work = make_workload(model, batch=batch, seq=seq, padding=args.padding, mode=args.mode)
+                             layers=args.num_layers, device_map=args.device_map, tp=args.tp)
+    batches = args.batch or [4 if gpu else 2]
+    seqs = args.seq or [2048 if gpu else 128]
+    if len(batches) > 1 or len(seqs) > 1:
+        return model, [(b, s) for b in batches for s in seqs], spec, desc
+    if args.mode == "generate":
+        work = make_workload(model, batch=batches[0], seq=args.prompt_len or (512 if gpu else 32), mode="generate",
+                             new_tokens=args.new_tokens or (128 if gpu else 8), prompt_lens=args.prompt_lens,
+                             cache=args.cache)
+    else:
+        work = make_workload(model, batch=batches[0], seq=seqs[0], padding=args.padding, mode=args.mode)
     return model, work, spec, desc
 
 
@@ -157,8 +218,19 @@ def _presets(s: Session) -> int:
 def _loaded(s: Session):
     with s.err.status("loading model"):
         model, work, spec, desc = _setup(s.args)
-    s.err.print(f"{desc}; {work.description}", highlight=False)
+    about = work.description if not isinstance(work, list) else f"a sweep of {len(work)} shapes"
+    s.err.print(f"{desc}; {about}", highlight=False)
     return model, work, spec
+
+
+@contextlib.contextmanager
+def _progress(console):
+    """A callback for each step of a measurement: a spinner on a terminal, else one line per step."""
+    if console.is_terminal:
+        with console.status("") as status:
+            yield lambda step: status.update(f"running {step}")
+    else:
+        yield lambda step: console.print(f"attnswitch: {step}", highlight=False, markup=False)
 
 
 def _check(s: Session) -> int:
@@ -170,19 +242,25 @@ def _check(s: Session) -> int:
     return EXIT_OK if res.eligible else EXIT_NOTHING_RAN
 
 
-def _measured(s: Session, run: Callable) -> int:
+def _steps(args, work) -> dict:
+    generate = not isinstance(work, list) and work.mode == "generate"
+    return {"warmup": args.warmup if args.warmup is not None else (1 if generate else 3),
+            "iters": args.iters if args.iters is not None else (3 if generate else args.default_iters)}
+
+
+def _measured(s: Session, run: Callable, sweep: Callable | None = None) -> int:
+    import dataclasses
+
+    from . import dist
+
     model, work, spec = _loaded(s)
     trace_dir = Path(s.args.out) / "traces" if s.args.out else None
     backends = None if s.args.backends == "all" else s.args.backends
-    with s.err.status("") as status:
-        report = run(model, work, backends=backends, warmup=s.args.warmup, iters=s.args.iters, trace_dir=trace_dir,
-                     progress=lambda name: status.update(f"running {name}"), model_name=spec)
-    import dataclasses
-
+    with _progress(s.err) as progress:
+        kw = dict(backends=backends, trace_dir=trace_dir, progress=progress, model_name=spec, **_steps(s.args, work))
+        report = sweep(model, work, mode=s.args.mode, **kw) if isinstance(work, list) else run(model, work, **kw)
     report = dataclasses.replace(report, command=_command_line(s))
-    report.render(s.out, layers=not s.args.no_layers, fold=not s.args.unfold)
-    from . import dist
-
+    report.render(s.out, layers=s.args.layers, fold=not s.args.unfold)
     if dist.is_main():
         _write_outputs(report, s.args.out, s.err)
     return EXIT_OK if report.ok else EXIT_NOTHING_RAN
@@ -195,12 +273,15 @@ def _profile(s: Session) -> int:
 
 
 def _compare(s: Session) -> int:
-    from .compare import compare
+    from .compare import compare, compare_sweep
 
     def run(model, work, **kw):
         return compare(model, work, check_numerics=not s.args.no_numerics, **kw)
 
-    return _measured(s, run)
+    def sweep(model, shapes, **kw):
+        return compare_sweep(model, shapes, check_numerics=not s.args.no_numerics, **kw)
+
+    return _measured(s, run, sweep)
 
 
 @dataclass(frozen=True)

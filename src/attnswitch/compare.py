@@ -1,4 +1,9 @@
-"""``compare``: every backend profiled on the same inputs, numerics checked, ranked, one recommended."""
+"""``compare``: every backend on the same workload, numerics checked, ranked, one recommended.
+
+The ranking is by the steady time of one step of the workload that is deployed: a forward (prefill or
+decode), a whole generate workload (several prompt lengths, every new token), or a training step. A
+sweep compares at several shapes and recommends per range of lengths.
+"""
 
 from __future__ import annotations
 
@@ -8,60 +13,61 @@ from typing import Any
 
 import torch.nn as nn
 
-from .backends import kernel_family
-from .numerics import REFERENCES, numerics
+from .numerics import REFERENCES, grad_numerics, numerics, token_agreement
 from .profiling import profile
-from .results import BackendResult, Numerics, Report
-from .workload import Workload
+from .recommend import recommend, recommend_sweep
+from .results import BackendResult, Numerics, Report, SweepPoint
+from .workload import Workload, make_workload
 
-__all__ = ["compare", "rank", "recommend"]
+__all__ = ["compare", "compare_sweep", "rank", "recommend"]
 
 
 def rank(results: Iterable[BackendResult]) -> list[str]:
-    """Backends that ran with acceptable numerics, fastest first by steady time per forward."""
-    good = [b for b in results if b.ok and b.time_ms is not None and (b.numerics is None or b.numerics.ok)]
-    return [b.backend for b in sorted(good, key=lambda b: b.time_ms)]
+    """Backends that ran with acceptable numerics (outputs, and gradients in a training step), fastest
+    first by steady time per step."""
+    def good(b):
+        return (b.ok and b.time_ms is not None and (b.numerics is None or b.numerics.ok)
+                and (b.train is None or b.train.grad_ok is not False))
+    return [b.backend for b in sorted(filter(good, results), key=lambda b: b.time_ms)]
 
 
-def _pick_text(best: BackendResult) -> str:
-    if best.backend != "auto":
-        return f"`{best.backend}`"
-    fam = kernel_family(best.attn_ops)
-    return f"`auto` (SDPA's own choice, which ran {fam} here)" if fam else "`auto` (SDPA's own choice)"
+def _with_numerics(results: list[BackendResult], workload: Workload, reference: str) -> list[BackendResult]:
+    ok = [b.backend for b in results if b.ok]
+    nums = numerics(workload.model, workload, ok, reference)
+    results = [dataclasses.replace(b, numerics=nums[b.backend]) if isinstance(nums.get(b.backend), Numerics)
+               else b for b in results]
+    if workload.mode == "generate":
+        agree = token_agreement(workload, ok, reference)
+        results = [dataclasses.replace(b, generate=dataclasses.replace(
+            b.generate, token_agreement=agree[b.backend][0], first_diff_step=agree[b.backend][1]))
+            if b.generate is not None and isinstance(agree.get(b.backend), tuple) else b for b in results]
+    if workload.mode == "train":
+        results = [_with_grads(b, g) for b, g in zip(results, _grad_checks(results, workload, reference))]
+    return results
 
 
-def recommend(results: list[BackendResult], ranking: list[str]) -> str:
-    """One or two sentences: the choice, by how much it wins, near-ties within measured noise."""
-    by = {b.backend: b for b in results}
-    if not ranking:
-        return "No backend ran these inputs with acceptable numerics; see the reasons in the report."
-    best = by[ranking[0]]
-    text = f"Use {_pick_text(best)}: {best.time_ms:.3f} ms per forward"
-    others = [by[n] for n in ranking[1:] if n != "eager"]
-    ties = [o for o in others if (o.time_ms - best.time_ms) / best.time_ms * 100
-            <= max(best.noise_pct or 0.0, o.noise_pct or 0.0, 1.0)]
-    beaten = [o for o in others if o not in ties]
-    if beaten:
-        nxt = beaten[0]
-        text += (f", {nxt.time_ms / best.time_ms:.2f}x faster than the next" + (" beyond the noise" if ties else "")
-                 + f", `{nxt.backend}` ({nxt.time_ms:.3f} ms)")
-    text += "."
-    if ties:
-        text += " Within measured noise of it: " + ", ".join(
-            f"`{o.backend}` ({o.time_ms:.3f} ms)" for o in ties) + "; any of these is as good here."
-    flagged = [b.backend for b in results if b.ok and b.numerics is not None and not b.numerics.ok]
-    if flagged:
-        text += f" Not considered, numerics beyond tolerance: {', '.join(flagged)}."
-    return text
+def _grad_checks(results, workload, reference):
+    grads = grad_numerics(workload, [b.backend for b in results if b.ok], reference)
+    return [grads.get(b.backend) for b in results]
+
+
+def _with_grads(b: BackendResult, g) -> BackendResult:
+    if g is None or b.train is None:
+        return b
+    if isinstance(g, str):  # the backward could not run: PyTorch's reason
+        return dataclasses.replace(b, status="failed", reasons=(f"backward: {g}",))
+    b = dataclasses.replace(b, train=dataclasses.replace(b.train, grad_max_rel_err=g.max_rel_err,
+                                                         grad_tolerance=g.tolerance, grad_ok=g.ok, worst_grad=g.worst))
+    return dataclasses.replace(b, status="failed", reasons=(g.reason,)) if g.reason else b
 
 
 def compare(model: nn.Module, batch: Workload | dict[str, Any], *, backends: Iterable[str] | str | None = None,
             warmup: int = 3, iters: int = 10, trace_dir=None, progress: Callable[[str], None] | None = None,
             model_name: str = "", check_numerics: bool = True, command: str | None = None,
             rounds: int = 5) -> Report:
-    """Profile every backend on the same inputs, check numerics, rank by steady time per forward,
-    and recommend one. ``batch`` is a ``Workload`` (see ``workload.make_workload``) or a dict of
-    forward arguments."""
+    """Profile every backend on the same workload, check numerics, rank by steady time per step, and
+    recommend one. ``batch`` is a ``Workload`` (see ``workload.make_workload``: prefill, decode,
+    generate or train) or a dict of forward arguments."""
     if isinstance(batch, dict):
         batch = Workload.of(model, batch)
     report = profile(model, batch, backends=backends, warmup=warmup, iters=iters, trace_dir=trace_dir,
@@ -72,11 +78,36 @@ def compare(model: nn.Module, batch: Workload | dict[str, Any], *, backends: Ite
         reference = "fp32-attention" if report.distribution else "fp32-copy"
         if progress:
             progress("numerics")
-        nums = numerics(model, batch, [b.backend for b in results if b.ok], reference)
-        results = [dataclasses.replace(b, numerics=nums[b.backend]) if isinstance(nums.get(b.backend), Numerics)
-                   else b for b in results]
+        results = _with_numerics(results, batch, reference)
         settings["numerics_reference"] = REFERENCES[reference]
     ranking = rank(results)
     return dataclasses.replace(report, backends=tuple(results), ranking=tuple(ranking),
-                               recommendation=recommend(results, ranking), command=command,
-                               workload={**report.workload, "mode": batch.mode}, settings=settings)
+                               recommendation=recommend(results, ranking, report.workload), command=command,
+                               settings=settings)
+
+
+def _compact(b: BackendResult) -> BackendResult:
+    return dataclasses.replace(b, layers=(), devices=(), transfers=(), attn_kernel_details=())
+
+
+def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: str = "prefill",
+                  progress: Callable[[str], None] | None = None, **kw) -> Report:
+    """``compare`` at every ``(batch, seq)`` shape of ``mode`` (prefill or train): one report whose
+    ``sweep`` holds each shape's results, whose backends are the last shape's, and whose recommendation
+    names the best backend per range of lengths and where they cross over."""
+    if mode not in ("prefill", "train"):
+        raise ValueError(f"a sweep runs prefill or train steps, not {mode!r}")
+    shapes = list(shapes)
+    if not shapes:
+        raise ValueError("a sweep needs at least one shape")
+    points, last = [], None
+    for batch, seq in shapes:
+        if progress:
+            progress(f"batch {batch}, seq {seq}")
+        work = make_workload(model, batch=batch, seq=seq, mode=mode)
+        last = compare(model, work, progress=progress, **kw)
+        points.append(SweepPoint(batch, seq, tuple(_compact(b) for b in last.backends), last.ranking))
+    workload = {**last.workload, "description": f"sweep of {len(points)} shapes, {mode}",
+                "shapes": [[b, s] for b, s in shapes]}
+    return dataclasses.replace(last, sweep=tuple(points), workload=workload,
+                               recommendation=recommend_sweep(points))

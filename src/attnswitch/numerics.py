@@ -9,8 +9,10 @@ the dtype itself costs.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -19,9 +21,10 @@ from .backends import REFERENCE
 from .errors import BackendUnavailable
 from .results import Numerics
 from .switch import backend as use_backend
-from .workload import Workload
+from .workload import Workload, loss_of
 
-__all__ = ["DTYPE_TOLERANCE", "REFERENCES", "numerics", "output_tensor", "errors"]
+__all__ = ["DTYPE_TOLERANCE", "REFERENCES", "numerics", "output_tensor", "errors", "reference_output",
+           "token_agreement", "grad_numerics", "GradCheck"]
 
 #: relative error of model outputs (max |out - ref| / max |ref|) accepted per dtype
 DTYPE_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
@@ -68,16 +71,8 @@ def errors(out: torch.Tensor, ref: torch.Tensor, where: torch.Tensor | None) -> 
 
 def reference_output(workload: Workload, reference: str = "fp32-copy") -> torch.Tensor:
     """The reference output for ``workload`` (a key of ``REFERENCES``), in float32."""
-    if reference not in REFERENCES:
-        raise ValueError(f"unknown numerics reference {reference!r}; use one of {', '.join(REFERENCES)}")
-    model: nn.Module = workload.model
-    if reference == "fp32-attention" or next(model.parameters()).dtype == torch.float32:
-        return _forward(workload, REFERENCE)  # a float32 model is its own float32 copy
-    ref_model = copy.deepcopy(model).float()
-    try:
-        return _forward(workload.for_model(ref_model), "eager")
-    finally:
-        del ref_model
+    ref_work, ref_name = _reference(workload, reference)
+    return _forward(ref_work, ref_name)
 
 
 def numerics(model: nn.Module, workload: Workload, names: Iterable[str],
@@ -101,4 +96,103 @@ def numerics(model: nn.Module, workload: Workload, names: Iterable[str],
             out[name] = f"{type(e).__name__}: {e}"
             continue
         out[name] = Numerics(mx, mean, top1, tol, mx <= tol)
+    return out
+
+
+def _reference(workload: Workload, reference: str) -> tuple[Workload, str]:
+    """The workload on the reference model, and the backend that model runs: a float32 copy with eager
+    attention, or the model itself with eager attention computed in float32."""
+    if reference not in REFERENCES:
+        raise ValueError(f"unknown numerics reference {reference!r}; use one of {', '.join(REFERENCES)}")
+    model = workload.model
+    if reference == "fp32-attention" or next(model.parameters()).dtype == torch.float32:
+        return workload, REFERENCE
+    return workload.for_model(copy.deepcopy(model).float()), "eager"
+
+
+def _generated(workload: Workload, name: str) -> torch.Tensor:
+    prompt = workload.prompts[0]
+    with torch.no_grad(), use_backend(name, model=workload.model):
+        out = workload.model.generate(**prompt, **workload.generate_kwargs())
+    return out[:, prompt["input_ids"].shape[1]:]
+
+
+def token_agreement(workload: Workload, names: Iterable[str], reference: str = "fp32-copy") -> dict:
+    """Per backend: ``(fraction of generated tokens equal to the reference's, first step where any
+    sequence differs or None)`` for the first prompt of a generate workload; a string where it could not
+    run."""
+    ref_work, ref_name = _reference(workload, reference)
+    ref = _generated(ref_work, ref_name).to(next(workload.model.parameters()).device)
+    out: dict = {}
+    for name in names:
+        try:
+            got = _generated(workload, name)
+        except (BackendUnavailable, RuntimeError, ValueError) as e:
+            out[name] = f"{type(e).__name__}: {e}"
+            continue
+        same = got == ref
+        differ = (~same).any(0).nonzero()
+        out[name] = (same.float().mean().item(), int(differ[0]) if len(differ) else None)
+    return out
+
+
+@dataclass(frozen=True)
+class GradCheck:
+    max_rel_err: float
+    tolerance: float
+    ok: bool
+    worst: str | None
+    reason: str | None = None  # why the backend fails: a NaN or Inf gradient
+
+
+def _grads(workload: Workload, name: str | None) -> dict[str, torch.Tensor]:
+    """Gradients of the workload's loss (dropout off: the model in eval mode, as it was found after)."""
+    model = workload.model
+    was = [(m, m.training) for m in model.modules()]
+    model.eval()
+    model.zero_grad(set_to_none=True)
+    try:
+        with torch.enable_grad(), (use_backend(name, model=model) if name else contextlib.nullcontext()):
+            loss_of(model(**workload.kwargs)).backward()
+        return {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
+    finally:
+        model.zero_grad(set_to_none=True)
+        for m, t in was:
+            m.training = t
+
+
+def _grad_error(got: dict, ref: dict) -> tuple[float, str | None, str | None]:
+    worst, err = None, 0.0
+    for n, r in ref.items():
+        g = got.get(n)
+        if g is None:
+            continue
+        g = g.to(r.device)
+        if not torch.isfinite(g).all():
+            return float("inf"), n, f"NaN or Inf gradient in {n}"
+        norm = r.norm()
+        if norm > 0:
+            e = ((g - r).norm() / norm).item()
+            if e > err:
+                worst, err = n, e
+    return err, worst, None
+
+
+def grad_numerics(workload: Workload, names: Iterable[str], reference: str = "fp32-copy") -> dict:
+    """Per backend: its gradients (parameters, input embeddings among them) against the reference's,
+    as the largest relative error ``|g - g_ref| / |g_ref|`` (norms per parameter) over the parameters;
+    the tolerance is the dtype's or twice eager attention's own error in the model's dtype. A string where
+    the backend could not run the backward."""
+    ref_work, ref_name = _reference(workload, reference)
+    ref = _grads(ref_work, ref_name)
+    base, _, _ = _grad_error(_grads(workload, "eager"), ref)
+    tol = max(DTYPE_TOLERANCE.get(next(workload.model.parameters()).dtype, 1e-2), 2 * base)
+    out: dict = {}
+    for name in names:
+        try:
+            err, worst, reason = _grad_error(_grads(workload, name), ref)
+        except (BackendUnavailable, RuntimeError, ValueError) as e:
+            out[name] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+            continue
+        out[name] = GradCheck(err, tol, reason is None and err <= tol, worst, reason)
     return out

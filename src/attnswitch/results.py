@@ -117,7 +117,8 @@ class GenerateStats:
     step_ms_p99: float | None = None
     step_host_ms: float | None = None  # host time of a decode forward (until it returns), median
     step_gpu_ms: float | None = None  # GPU time of a decode forward (CUDA events), median
-    tokens_per_s: float | None = None  # every prompt's new tokens over the workload's steady time
+    tokens: int = 0  # new tokens the workload generates (every prompt, every sequence of the batch)
+    tokens_per_s: float | None = None  # ``tokens`` over the workload's steady time (``time_ms``)
     cold_e2e_ms: float | None = None  # the first workload at these shapes (plans, compiles)
     new_shape_step_ms: float | None = None  # first workload: steps that met a key length for the first time
     seen_shape_step_ms: float | None = None  # first workload: steps whose key lengths were met before

@@ -230,8 +230,12 @@ def _train_kwargs(model: nn.Module, kwargs: dict[str, Any], task: str) -> tuple[
         return kwargs, "stand-in: the mean square of the model's output (the model computes no loss)"
     if task == "seq2seq":
         return {**kwargs, "labels": kwargs["decoder_input_ids"]}, "the model's loss, labels = the decoder inputs"
-    labels = kwargs["input_ids"].masked_fill(kwargs["attention_mask"] == 0, -100)  # padding takes no loss
-    return {**kwargs, "labels": labels}, "the model's loss, labels = the inputs"
+    # no loss on padding, nor on a token predicted from a padding position (the first after left padding:
+    # what a fully masked query row computes is each implementation's own convention)
+    mask = kwargs["attention_mask"]
+    prev = torch.cat([torch.ones_like(mask[:, :1]), mask[:, :-1]], dim=1)
+    labels = kwargs["input_ids"].masked_fill((mask == 0) | (prev == 0), -100)
+    return {**kwargs, "labels": labels}, "the model's loss, labels = the inputs (none on padding)"
 
 
 def _generate_workload(model, ids_of, batch, seq, new_tokens, prompt_lens, cache, device) -> Workload:

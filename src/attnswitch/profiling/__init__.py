@@ -23,16 +23,15 @@ from .capture import Target, prepare_backend, timed_rounds
 from .distributed import agree_ok, distribution_of, merged_report_backends
 from .summarize import with_timing
 from .trace import Trace
+from .workloads import policy_candidate
 
 __all__ = ["profile", "Trace"]
 
 
-def _workload_info(target, batch, t: Target) -> dict:
-    workload = {"description": getattr(batch, "description", "") if batch is not None else "callable"}
-    if t.model is not None:
-        workload["dtype"] = str(next(t.model.parameters()).dtype).replace("torch.", "")
-        workload["mode"] = getattr(batch, "mode", "prefill")
-    return workload
+def _workload_info(t: Target) -> dict:
+    if t.workload is None:
+        return {"description": "callable", "mode": "callable"}
+    return {**t.workload.describe(), "dtype": str(next(t.model.parameters()).dtype).replace("torch.", "")}
 
 
 def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
@@ -68,6 +67,11 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
         if progress:
             progress(name)
         results.append(prepare_backend(t, name, warmup=warmup, iters=iters, trace_dir=trace_dir))
+    pair = policy_candidate(results) if t.mode == "generate" else None
+    if pair is not None and pair not in names:  # the best prefill and the best decode backend, together
+        if progress:
+            progress(pair)
+        results.append(prepare_backend(t, pair, warmup=warmup, iters=iters, trace_dir=trace_dir))
     ok = agree_ok([r.backend for r in results if r.ok])
     if ok:
         if progress:
@@ -77,6 +81,6 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     if world() is not None:  # tensor parallelism: every rank's results, merged, on every rank
         results = merged_report_backends(results, trace_dir)
     model = model_name or (type(t.model).__name__ if t.model is not None else getattr(target, "__name__", "callable"))
-    return Report(tuple(results), environment(t.device), _workload_info(target, batch, t),
+    return Report(tuple(results), environment(t.device), _workload_info(t),
                   {"warmup": warmup, "iters": iters, "rounds": rounds}, model=model,
                   distribution=distribution_of(t.model))

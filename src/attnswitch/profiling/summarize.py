@@ -18,9 +18,14 @@ __all__ = ["backend_fields", "layer_stats", "with_timing"]
 
 
 def with_timing(result: BackendResult, samples: list[float]) -> BackendResult:
-    """``result`` with its steady time per forward: the median of ``samples`` (ms) and their noise."""
-    return dataclasses.replace(result, time_ms=median(samples), time_samples_ms=tuple(samples),
-                               noise_pct=noise_pct(samples))
+    """``result`` with its steady time per step: the median of ``samples`` (ms) and their noise; a
+    generate workload's tokens per second from it."""
+    t = median(samples)
+    g = result.generate
+    if g is not None and t:
+        g = dataclasses.replace(g, tokens_per_s=g.tokens / (t / 1e3))
+    return dataclasses.replace(result, time_ms=t, time_samples_ms=tuple(samples), noise_pct=noise_pct(samples),
+                               generate=g)
 
 
 def _counted(c) -> tuple[tuple[str, float], ...]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from ..results import GenerateStats, SlowCall, TrainStats
 from ..stats import median, percentile
 
-__all__ = ["mode_fields", "generate_stats", "train_stats", "split_generates", "SLOW_FACTOR", "SLOW_MIN_US"]
+__all__ = ["mode_fields", "generate_stats", "train_stats", "split_generates", "policy_candidate", "SLOW_FACTOR",
+           "SLOW_MIN_US"]
 
 #: an attention call is slow when its host time is this many times the steady call's, and this much more
 SLOW_FACTOR = 4.0
@@ -83,13 +84,12 @@ def generate_stats(workload, cold, steady: list, rss_grown_mb: float | None) -> 
     gpu = [f.gpu_ms() for f in decode if f.start is not None]
     g = workload.generation
     tokens = g.new_tokens * len(g.prompt_lens) * workload.prompts[0]["input_ids"].shape[0]
-    e2e = median(r.gpu_ms() if r.start is not None else r.host_s * 1e3 for r in steady)
     first_steady = split_generates(steady[0].forwards)[0] if steady[0].forwards else []
     first_cold = split_generates(cold.forwards)[0] if cold.forwards else []
     return GenerateStats(
         ttft_ms=median(ttft), step_ms_p50=percentile(intervals, 50), step_ms_p90=percentile(intervals, 90),
         step_ms_p99=percentile(intervals, 99), step_host_ms=median((f.host_end - f.host_start) * 1e3 for f in decode),
-        step_gpu_ms=median(gpu), tokens_per_s=tokens / (e2e / 1e3) if e2e else None, cold_e2e_ms=cold.host_s * 1e3,
+        step_gpu_ms=median(gpu), tokens=tokens, cold_e2e_ms=cold.host_s * 1e3,
         new_shape_step_ms=median(new), seen_shape_step_ms=median(old), new_shape_steps=len(new),
         seen_shape_steps=len(old), slow_attn_calls=len(slow), slow_calls=tuple(slow[:_SLOW_KEPT]),
         slow_threshold_us=threshold, plan_cache_host_mb=rss_grown_mb,
@@ -112,3 +112,15 @@ def train_stats(workload, steady: list) -> TrainStats:
             fwd.append((f.host_end - f.host_start) * 1e3)
             bwd.append((r.host_s - (f.host_end - f.host_start)) * 1e3)
     return TrainStats(loss=workload.loss, forward_ms=median(fwd), backward_ms=median(bwd))
+
+
+def policy_candidate(results: list) -> str | None:
+    """When the backend fastest to the first token and the one with the fastest decode steps differ, the
+    policy that runs each in its phase (``prefill=A/decode=B``), as a candidate of its own."""
+    ran = [b for b in results if b.ok and b.generate is not None and "=" not in b.backend]
+    timed = [b for b in ran if b.generate.ttft_ms is not None and b.generate.step_ms_p50 is not None]
+    if len(timed) < 2:
+        return None
+    prefill = min(timed, key=lambda b: b.generate.ttft_ms).backend
+    decode = min(timed, key=lambda b: b.generate.step_ms_p50).backend
+    return None if prefill == decode else f"prefill={prefill}/decode={decode}"

@@ -1,0 +1,106 @@
+"""The recommendation: one or two sentences that name the choice, by how much it wins, what it assumes
+and when it flips. Pure functions over results."""
+
+from __future__ import annotations
+
+from .backends import kernel_family
+from .results import BackendResult
+
+__all__ = ["recommend", "recommend_sweep", "EAGER_NOTE"]
+
+#: why eager is ranked but never recommended
+EAGER_NOTE = ("`eager` (the model's own transformers attention) is ranked as the reference the others are "
+              "checked against, never recommended: it is the unfused baseline a backend replaces.")
+
+
+def _pick_text(best: BackendResult) -> str:
+    if best.backend != "auto":
+        return f"`{best.backend}`"
+    fam = kernel_family(best.attn_ops)
+    return f"`auto` (SDPA's own choice, which ran {fam} here)" if fam else "`auto` (SDPA's own choice)"
+
+
+def _unit(workload: dict | None) -> str:
+    mode = (workload or {}).get("mode")
+    return {"generate": "for the whole generate workload", "train": "per training step"}.get(mode, "per forward")
+
+
+def _ties(best: BackendResult, others: list[BackendResult]) -> tuple[list, list]:
+    ties = [o for o in others if (o.time_ms - best.time_ms) / best.time_ms * 100
+            <= max(best.noise_pct or 0.0, o.noise_pct or 0.0, 1.0)]
+    return ties, [o for o in others if o not in ties]
+
+
+def recommend(results: list[BackendResult], ranking: list[str], workload: dict | None = None) -> str:
+    """The choice for this workload, by how much it wins, near-ties within measured noise; for a
+    generate workload also when the choice flips and which phase decided it."""
+    by = {b.backend: b for b in results}
+    candidates = [n for n in ranking if n != "eager"]
+    if not candidates:
+        return "No backend ran these inputs with acceptable numerics; see the reasons in the report."
+    best = by[candidates[0]]
+    text = f"Use {_pick_text(best)}: {best.time_ms:.3f} ms {_unit(workload)}"
+    ties, beaten = _ties(best, [by[n] for n in candidates[1:]])
+    if beaten:
+        nxt = beaten[0]
+        text += (f", {nxt.time_ms / best.time_ms:.2f}x faster than the next" + (" beyond the noise" if ties else "")
+                 + f", `{nxt.backend}` ({nxt.time_ms:.3f} ms)")
+    text += "."
+    if ties:
+        text += " Within measured noise of it: " + ", ".join(
+            f"`{o.backend}` ({o.time_ms:.3f} ms)" for o in ties) + "; any of these is as good here."
+    if best.generate is not None:
+        text += _generate_text(best, [by[n] for n in candidates[1:]], workload or {})
+    if best.train is not None and best.train.forward_ms is not None:
+        text += f" Forward {best.train.forward_ms:.3f} ms, backward {best.train.backward_ms:.3f} ms."
+    flagged = [b.backend for b in results if b.ok and ((b.numerics is not None and not b.numerics.ok)
+                                                       or (b.train is not None and b.train.grad_ok is False))]
+    if flagged:
+        text += f" Not considered, numerics beyond tolerance: {', '.join(flagged)}."
+    if "eager" in by and by["eager"].ok:
+        text += " " + EAGER_NOTE
+    return text
+
+
+def _generate_text(best: BackendResult, others: list[BackendResult], workload: dict) -> str:
+    g = best.generate
+    text = (" Assumes the deployed lengths are those measured (prompts of "
+            f"{', '.join(map(str, workload.get('prompt_lens', [])))} tokens, {workload.get('new_tokens')} new each)")
+    if others:
+        o = others[0]
+        n_gen = len(workload.get("prompt_lens", [])) or 1
+        steps = n_gen * max(0, (workload.get("new_tokens") or 1) - 1)
+        d_prefill = ((o.generate.ttft_ms or 0) - (g.ttft_ms or 0)) * n_gen
+        d_decode = ((o.generate.step_ms_p50 or 0) - (g.step_ms_p50 or 0)) * steps
+        phase = "decode" if abs(d_decode) >= abs(d_prefill) else "prefill"
+        text += (f"; {phase} decided it against `{o.backend}` (prefill {d_prefill:+.1f} ms, decode "
+                 f"{d_decode:+.1f} ms over the workload)")
+    text += "."
+    penalty = (g.new_shape_step_ms or 0) - (g.seen_shape_step_ms or 0)
+    if g.new_shape_step_ms is not None and g.seen_shape_step_ms is not None and penalty > 0:
+        cheaper = [o for o in others if o.generate and o.generate.new_shape_step_ms is not None
+                   and o.generate.new_shape_step_ms < g.new_shape_step_ms]
+        text += (f" `{best.backend}` is fastest once every length has been seen; until then each new key length costs "
+                 f"{penalty:.3f} ms more per step")
+        text += (f", so `{cheaper[0].backend}` ({cheaper[0].generate.new_shape_step_ms:.3f} ms per new-length step) "
+                 "wins for workloads with many new lengths." if cheaper else ".")
+    return text
+
+
+def recommend_sweep(points) -> str:
+    """The best backend per range of lengths, and where the ranking crosses over."""
+    winners = [(p, next((n for n in p.ranking if n != "eager"), None)) for p in points]
+    ranges: list[list] = []
+    for p, w in winners:
+        if ranges and ranges[-1][2] == w:
+            ranges[-1][1] = p
+        else:
+            ranges.append([p, p, w])
+    parts = []
+    for first, last, w in ranges:
+        span = f"seq {first.seq}" if first is last else f"seq {first.seq}–{last.seq}"
+        parts.append(f"{span}: " + (f"`{w}`" if w else "no backend with acceptable numerics"))
+    text = "Best per length (batch " + ", ".join(sorted({str(p.batch) for p in points})) + "): " + "; ".join(parts)
+    crossings = [f"between seq {a[1].seq} and {b[0].seq}, `{b[2]}` overtakes `{a[2]}`"
+                 for a, b in zip(ranges, ranges[1:]) if a[2] and b[2]]
+    return text + ("." if not crossings else ". Crossover " + "; ".join(crossings) + ".")

@@ -1,0 +1,271 @@
+"""Workloads as deployed: generation end to end, a training step, a sweep of lengths, a backend per phase."""
+
+import time
+
+import pytest
+import torch
+from conftest import batch_for, tiny, world
+
+import attnswitch
+from attnswitch import cli
+from attnswitch.backends import naive_attention
+from attnswitch.compare import compare, compare_sweep
+from attnswitch.profiling.trace import Trace
+from attnswitch.workload import make_workload
+
+NEW = 5  # new tokens per prompt: small, every step still a real decode step
+
+
+def _naive(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    from attnswitch.backends import Call
+    return naive_attention(Call(q, k, v, attn_mask, dropout_p, is_causal, scale))[0]
+
+
+@pytest.fixture
+def registered():
+    """User backends registered for one test, unregistered after."""
+    names = []
+
+    def add(name, fn):
+        names.append(attnswitch.register_backend(name, fn))
+        return name
+    yield add
+    for n in names:
+        attnswitch.unregister_backend(n)
+
+
+def planned(sleep_s):
+    """A kernel that builds a 'plan' per key length the first time it sees it (as cuDNN does)."""
+    seen = set()
+
+    def fn(q, k, v, **kw):
+        if k.shape[2] not in seen:
+            seen.add(k.shape[2])
+            time.sleep(sleep_s)
+        return _naive(q, k, v, **kw)
+    return fn
+
+
+def slow(sleep_s, when=lambda q: True):
+    def fn(q, k, v, **kw):
+        if when(q):
+            time.sleep(sleep_s)
+        return _naive(q, k, v, **kw)
+    return fn
+
+
+# -- generation end to end ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gen_report():
+    m = tiny("llama")
+    w = make_workload(m, batch=2, seq=12, mode="generate", new_tokens=NEW)
+    return w, compare(m, w, backends=["naive", "flash", "math"], warmup=1, iters=2, rounds=1)
+
+
+def test_generate_reports_every_step_of_every_prompt(gen_report):
+    w, r = gen_report
+    assert r.workload["mode"] == "generate" and r.workload["prompt_lens"] == list(w.generation.prompt_lens)
+    n_prompts = len(w.generation.prompt_lens)
+    for b in r.ok:
+        g = b.generate
+        assert g.ttft_ms > 0 and 0 < g.step_ms_p50 <= g.step_ms_p90 <= g.step_ms_p99
+        # every decode step of the first workload is either new or seen: NEW - 2 intervals per generate
+        assert g.new_shape_steps + g.seen_shape_steps == n_prompts * (NEW - 2)
+        assert g.new_shape_steps >= NEW - 2  # the first generate meets only new key lengths
+        assert g.seen_shape_steps > 0  # later prompts meet lengths the earlier ones saw
+        assert len(g.step_times_ms) == NEW - 2 and len(g.cold_step_times_ms) == NEW - 2
+        tokens = 2 * NEW * n_prompts
+        assert g.tokens_per_s == pytest.approx(tokens / (b.time_ms / 1e3))
+        # float32 backends generate exactly what float32 eager generates
+        assert g.token_agreement == 1.0 and g.first_diff_step is None
+    times = [r[n].time_ms for n in r.ranking]
+    assert times == sorted(times)
+
+
+def test_generate_time_per_workload_against_an_independent_clock(gen_report):
+    w, r = gen_report
+    b = r["naive"]
+    with attnswitch.backend("naive", model=w.model):
+        w.step()  # warm
+        t0 = time.perf_counter()
+        w.step()
+        wall_ms = (time.perf_counter() - t0) * 1e3
+    assert 0.5 * wall_ms < b.time_ms < 2.0 * wall_ms  # the same workload, timed outside attnswitch
+
+
+def test_the_profiled_generate_has_a_phase_on_every_layer_row(gen_report):
+    _, r = gen_report
+    b = r["naive"]
+    layer_rows = [x for x in b.layers if x.kind != "outside"]
+    assert {x.phase for x in layer_rows} == {"prefill", "decode"}
+    attn = {(x.path, x.phase): x for x in b.layers if x.kind == "attention"}
+    for layer in ("model.layers.0.self_attn", "model.layers.1.self_attn"):
+        assert attn[(layer, "prefill")].calls == 1 and attn[(layer, "decode")].calls == 1  # per forward
+    t = Trace.load(b.trace_path)
+    phases = [e for e in t.ranges("attnswitch.phase:")]
+    assert sum(e.name.endswith(":prefill") for e in phases) == 1 * len(t.steps())
+
+
+def test_new_key_lengths_costs_are_seen_and_the_recommendation_says_when_it_flips(registered):
+    m = tiny("llama")
+    registered("planned", planned(0.02))
+    registered("steady", slow(0.004))
+    w = make_workload(m, batch=1, seq=10, mode="generate", new_tokens=NEW)
+    r = compare(m, w, backends=["planned", "steady"], warmup=1, iters=2, rounds=1)
+    g = r["planned"].generate
+    assert g.new_shape_step_ms > g.seen_shape_step_ms + 20  # two layers, 20 ms per new length each
+    assert g.slow_attn_calls >= NEW - 2 and all(c.kv_len for c in g.slow_calls)
+    assert {c.layer for c in g.slow_calls} <= {"model.layers.0.self_attn", "model.layers.1.self_attn"}
+    assert r.ranking[0] == "planned"  # once every length has been seen it runs without a plan cost
+    text = r.recommendation
+    assert "fastest once every length has been seen" in text and "`steady`" in text and "many new lengths" in text
+    assert "decided it" in text
+
+
+def test_a_policy_per_phase_is_measured_when_prefill_and_decode_winners_differ(registered, spy):
+    m = tiny("llama")
+    registered("fastprefill", slow(0.01, when=lambda q: q.shape[2] == 1))  # slow decode steps
+    registered("fastdecode", slow(0.01, when=lambda q: q.shape[2] > 1))  # slow prefill
+    w = make_workload(m, batch=1, seq=10, mode="generate", new_tokens=NEW, prompt_lens=(8, 10))
+    r = compare(m, w, backends=["fastprefill", "fastdecode"], warmup=0, iters=1, rounds=1)
+    pair = "prefill=fastprefill/decode=fastdecode"
+    assert pair in [b.backend for b in r.backends] and r[pair].ok
+    assert r.ranking[0] == pair
+    calls = {(name, w_) for _, name, w_ in spy.calls}
+    assert ("fastprefill", "model.layers.0.self_attn") in calls and ("fastdecode", "model.layers.0.self_attn") in calls
+
+
+# -- a backend per phase in the switch --------------------------------------------------------------
+
+def test_policy_runs_prefill_and_decode_with_their_backends_and_restores(spy):
+    m = tiny("llama")
+    b = batch_for(m, batch=1, pad=False, seq=6)
+    before = world(m)
+    with attnswitch.backend({"prefill": "math", "decode": "naive"}, model=m) as sel:
+        assert str(sel) == "prefill=math/decode=naive"
+        m.generate(**b, max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert world(m) == before
+    assert spy.names == ["math"] * 2 + ["naive"] * 4  # two layers: one prefill, two decode steps
+    spy.calls.clear()
+    with attnswitch.backend({"prefill": "math", "decode": "naive", "decode_max_query": 6}, model=m):
+        m(**b)  # six query tokens: a decode step under this threshold
+    assert spy.names == ["naive"] * 2
+    attnswitch.patch(m, "prefill=flash/decode=naive")
+    assert str(attnswitch.is_patched(m)) == "prefill=flash/decode=naive"
+    attnswitch.unpatch(m)
+    with pytest.raises(ValueError, match="unknown phase key"):
+        attnswitch.backend({"prefil": "math", "decode": "naive"})
+    with pytest.raises(ValueError, match="needs both"):
+        attnswitch.backend({"prefill": "math"})
+
+
+# -- a training step --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def train_report():
+    m = tiny("llama")
+    w = make_workload(m, batch=2, seq=12, mode="train", padding=True)
+    return m, compare(m, w, backends=["naive", "math", "flash"], warmup=1, iters=2, rounds=1)
+
+
+def test_train_step_times_forward_and_backward_and_checks_gradients(train_report):
+    m, r = train_report
+    assert not m.training  # the model's mode as found
+    assert "labels = the inputs" in r.workload["loss"]
+    for b in r.ok:
+        t = b.train
+        assert t.forward_ms > 0 and t.backward_ms > 0
+        assert t.grad_ok and t.grad_max_rel_err < 1e-4 and (t.worst_grad or t.grad_max_rel_err == 0)
+    assert set(r.ranking) == {"naive", "math", "flash"}
+
+
+def test_the_backward_is_attributed_to_the_layers_whose_forward_made_it(train_report):
+    _, r = train_report
+    b = r["naive"]
+    t = Trace.load(b.trace_path)
+    steps = {s.step for s in t.steps()}
+    backward = [e for e in t.events if e.cat == "cpu_op" and e.name.startswith("autograd::engine::evaluate_function")
+                and not e.parent_is_op and e.step in steps]
+    assert backward and all(e.phase == "backward" and e.module is not None for e in backward)
+    rows = {(x.path, x.kind, x.phase): x for x in b.layers}
+    for i in (0, 1):
+        assert rows[(f"model.layers.{i}.self_attn", "attention", "backward")].ops > 0  # attention's own backward
+        assert rows[(f"model.layers.{i}.mlp.down_proj", "module", "backward")].ops > 0
+    assert not any(x.kind == "outside" and x.phase == "backward" for x in b.layers)
+    outermost = [e for e in t.events if e.cat == "cpu_op" and not e.parent_is_op and e.step in steps]
+    assert sum(x.ops for x in b.layers) * len(steps) == pytest.approx(len(outermost))
+
+
+def test_a_backend_with_wrong_or_nan_gradients_is_flagged_loudly(registered):
+    m = tiny("llama")
+
+    class WrongGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 3.0
+
+    class NanGrad(WrongGrad):
+        @staticmethod
+        def backward(ctx, g):
+            return g * float("nan")
+
+    registered("wronggrad", lambda q, k, v, **kw: WrongGrad.apply(_naive(q, k, v, **kw)))
+    registered("nangrad", lambda q, k, v, **kw: NanGrad.apply(_naive(q, k, v, **kw)))
+    w = make_workload(m, batch=1, seq=8, mode="train")
+    r = compare(m, w, backends=["naive", "wronggrad", "nangrad"], warmup=0, iters=1, rounds=1)
+    assert r["naive"].train.grad_ok
+    assert r["wronggrad"].ok and r["wronggrad"].train.grad_ok is False and "wronggrad" not in r.ranking
+    assert r["nangrad"].status == "failed" and "NaN" in r["nangrad"].reasons[0]
+    assert "numerics beyond tolerance: wronggrad" in r.recommendation
+
+
+# -- a sweep of lengths -----------------------------------------------------------------------------
+
+def test_a_sweep_reports_each_shape_and_recommends_per_length_range():
+    m = tiny("llama")
+    r = compare_sweep(m, [(1, 8), (1, 16), (1, 32)], backends=["naive", "flash"], warmup=0, iters=2, rounds=1)
+    assert [p.seq for p in r.sweep] == [8, 16, 32]
+    for p in r.sweep:
+        assert {b.backend for b in p.backends} == {"naive", "flash"} and all(b.time_ms for b in p.backends)
+        assert p.ranking and all(not b.layers for b in p.backends)
+    assert r["naive"].layers  # the last shape's full results
+    assert r.recommendation.startswith("Best per length (batch 1): seq 8")
+    back = attnswitch.Report.from_json(r.to_json())
+    assert back.sweep == r.sweep
+
+
+# -- the command line -------------------------------------------------------------------------------
+
+def test_cli_generate_train_and_sweep(tmp_path, capsys):
+    base = ["tiny-llama", "--device", "cpu", "--num-layers", "1", "--iters", "1", "--warmup", "0"]
+    assert cli.main(["compare", *base, "--mode", "generate", "--prompt-len", "8", "--new-tokens", "3",
+                     "--backends", "naive,flash,prefill=flash/decode=naive", "--out", str(tmp_path / "g")]) == 0
+    rep = attnswitch.Report.from_json(tmp_path / "g" / "report.json")
+    assert rep["prefill=flash/decode=naive"].generate.ttft_ms > 0 and rep.workload["new_tokens"] == 3
+    assert cli.main(["compare", *base, "--mode", "train", "--seq", "8", "--backends", "naive,math"]) == 0
+    assert cli.main(["compare", *base, "--seq", "8,16", "--backends", "naive,flash"]) == 0
+    out = capsys.readouterr()
+    assert "Best per length" in out.out
+    assert "attnswitch: naive" in out.err  # one progress line per step where stderr is not a terminal
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--mode", "generate", "--new-tokens", "0"], "at least 1"),
+    (["--mode", "generate", "--prompt-len", "4000", "--new-tokens", "200"], "beyond the model's"),
+    (["bert-base", "--mode", "generate"], "cannot generate"),
+    (["--backends", "prefil=math/decode=naive"], "unknown phase key"),
+    (["--mode", "decode", "--seq", "8,16"], "a sweep"),
+])
+def test_cli_bad_workload_input_is_one_line_and_exit_2(argv, message, capsys, monkeypatch):
+    import attnswitch.profiling as profiling
+    monkeypatch.setattr(profiling, "profile", lambda *a, **k: pytest.fail("no work before the input is checked"))
+    if argv[0] != "bert-base":
+        argv = ["tiny-llama", *argv]
+    assert cli.main(["compare", *argv, "--device", "cpu", "--num-layers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert message in " ".join(err.split()) and err.count("\n") <= 3
