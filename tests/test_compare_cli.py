@@ -1,5 +1,6 @@
 """compare, reports, models and the command line, on CPU."""
 
+import gzip
 import json
 
 import pytest
@@ -139,7 +140,12 @@ def test_cli_compare_writes_every_output(tmp_path, capsys):
     assert rc == 0
     for f in ("report.json", "report.csv", "report.md", "report.html", "command.txt"):
         assert (out / f).stat().st_size > 0
-    assert len(list((out / "traces").glob("trace_*.json"))) == 2
+    traces = sorted((out / "traces").glob("trace_*.json.gz"))
+    assert [t.name for t in traces] == ["trace_flash.json.gz", "trace_naive.json.gz"]
+    for t in traces:  # one ProfilerStep per profiled forward, and the rank, as HolisticTraceAnalysis reads them
+        data = json.loads(gzip.decompress(t.read_bytes()))
+        assert data["distributedInfo"]["rank"] == 0
+        assert sum(e.get("name", "").startswith("ProfilerStep#") for e in data["traceEvents"]) == 2
     assert "Recommendation" in capsys.readouterr().out
     assert (out / "command.txt").read_text().startswith("attnswitch compare tiny-llama")
     html = (out / "report.html").read_text()

@@ -236,7 +236,7 @@ def test_gloo_tensor_parallel_compare_writes_once_from_rank_0(gloo_run):
     assert sorted(x.name for x in out.iterdir()) == ["command.txt", "report.csv", "report.html", "report.json",
                                                       "report.md", "traces"]
     assert sorted(x.name for x in (out / "traces").iterdir()) == sorted(
-        [f"trace_{b}_rank0.json" for b in ("naive", "flash", "eager")]
+        [f"trace_{b}_rank0.json.gz" for b in ("naive", "flash", "eager")]
         + [f"trace_{b}_rank1.json.gz" for b in ("naive", "flash", "eager")])
     assert p.stdout.count("Recommendation") == 1  # rank 1 printed nothing
     assert (out / "command.txt").read_text().startswith("torchrun --nproc-per-node 2 -m attnswitch compare")
@@ -259,7 +259,7 @@ def test_gloo_tensor_parallel_report_has_both_ranks_and_their_collectives(gloo_r
             assert mine[("model.layers.0.self_attn", "attention")].comm_ops == 0
             assert sum(l.calls for l in mine.values() if l.kind == "attention") == 2
             # this rank's rows add up to its own trace's outermost ops
-            t = Trace.load(out / "traces" / (f"trace_{name}_rank{rank}.json" + (".gz" if rank else "")))
+            t = Trace.load(out / "traces" / f"trace_{name}_rank{rank}.json.gz")
             assert t.rank == rank
             steps = {s.step for s in t.steps()}
             raw_ops = sum(1 for e in t.events if e.cat == "cpu_op" and not e.parent_is_op and e.step in steps)

@@ -8,6 +8,7 @@ sweep compares at several shapes and recommends per range of lengths.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -64,22 +65,26 @@ def _with_grads(b: BackendResult, g) -> BackendResult:
 def compare(model: nn.Module, batch: Workload | dict[str, Any], *, backends: Iterable[str] | str | None = None,
             warmup: int = 3, iters: int = 10, trace_dir=None, progress: Callable[[str], None] | None = None,
             model_name: str = "", check_numerics: bool = True, command: str | None = None,
-            rounds: int = 5) -> Report:
+            rounds: int = 5, profile_steps: int = 2) -> Report:
     """Profile every backend on the same workload, check numerics, rank by steady time per step, and
     recommend one. ``batch`` is a ``Workload`` (see ``workload.make_workload``: prefill, decode,
     generate or train) or a dict of forward arguments."""
     if isinstance(batch, dict):
         batch = Workload.of(model, batch)
     report = profile(model, batch, backends=backends, warmup=warmup, iters=iters, trace_dir=trace_dir,
-                     progress=progress, model_name=model_name, rounds=rounds)
+                     progress=progress, model_name=model_name, rounds=rounds, profile_steps=profile_steps)
     results = list(report.backends)
     settings = dict(report.settings)
     if check_numerics:
         reference = "fp32-attention" if report.distribution else "fp32-copy"
         if progress:
             progress("numerics")
+        t0 = time.perf_counter()
         results = _with_numerics(results, batch, reference)
-        settings["numerics_reference"] = REFERENCES[reference]
+        spent = dict(settings.get("time_s", {}))
+        spent["numerics"] = round(time.perf_counter() - t0, 3)
+        spent["total"] = round(spent.get("total", 0) + spent["numerics"], 3)
+        settings.update(numerics_reference=REFERENCES[reference], time_s=spent)
     ranking = rank(results)
     return dataclasses.replace(report, backends=tuple(results), ranking=tuple(ranking),
                                recommendation=recommend(results, ranking, report.workload), command=command,

@@ -14,12 +14,13 @@ from contextvars import ContextVar
 
 from torch.autograd.profiler import record_function
 
-__all__ = ["ATTENTION_PREFIX", "MODULE_PREFIX", "STEP_PREFIX", "PHASE_PREFIX", "BARE_CALL", "Measure", "current",
-           "call", "measuring"]
+__all__ = ["ATTENTION_PREFIX", "MODULE_PREFIX", "STEP_PREFIX", "OLD_STEP_PREFIX", "PHASE_PREFIX", "BARE_CALL",
+           "Measure", "current", "call", "measuring"]
 
 ATTENTION_PREFIX = "attnswitch.attention:"
 MODULE_PREFIX = "attnswitch.module:"
-STEP_PREFIX = "attnswitch.step:"
+STEP_PREFIX = "ProfilerStep#"  # one per profiled step, named as HolisticTraceAnalysis and Perfetto expect
+OLD_STEP_PREFIX = "attnswitch.step:"  # the same, in traces recorded before
 PHASE_PREFIX = "attnswitch.phase:"  # around each forward of a generate: prefill or decode
 BARE_CALL = "(bare call)"
 

@@ -13,15 +13,13 @@ or an ``sdpa_kernel`` context open in any thread); the forced backend is then re
 
 from __future__ import annotations
 
-import os
 import re
-import sys
-import tempfile
 import warnings
 
 import torch
 import torch.nn.functional as F
 
+from .. import stderr
 from .call import Call, note, repeat_kv, unavailable, validate
 
 __all__ = ["forced", "sdpa_auto", "auto_choice", "eligibility", "GPU_ONLY", "FORCED"]
@@ -60,26 +58,12 @@ def _params(call: Call, gqa: bool, **change):
 def _printed_reasons(name: str, call: Call, gqa: bool) -> list[str]:
     """PyTorch's own reasons: ``can_use_*(params, debug=True)`` warns them through c10, which prints them
     on the process's stderr (not as Python warnings); read from there, anything else written back."""
-    sys.stderr.flush()
-    with tempfile.TemporaryFile() as tmp:
-        saved = os.dup(2)
-        try:
-            os.dup2(tmp.fileno(), 2)
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                _CAN_USE[name](_params(call, gqa), True)
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        tmp.seek(0)
-        printed = tmp.read().decode(errors="replace").splitlines()
+    with stderr.filtered(lambda line: _C10_WARNING.search(line) is not None) as printed, \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _CAN_USE[name](_params(call, gqa), True)
     reasons = [_TRIGGERED.sub("", str(w.message)).strip() for w in caught]
-    for line in printed:
-        m = _C10_WARNING.search(line)
-        if m:
-            reasons.append(m.group(1).strip())
-        elif line.strip():
-            sys.stderr.write(line + "\n")
+    reasons += [m.group(1).strip() for line in printed if (m := _C10_WARNING.search(line))]
     return list(dict.fromkeys(reasons))
 
 

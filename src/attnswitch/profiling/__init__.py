@@ -7,6 +7,7 @@ tensor-parallel job.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -34,53 +35,71 @@ def _workload_info(t: Target) -> dict:
     return {**t.workload.describe(), "dtype": str(next(t.model.parameters()).dtype).replace("torch.", "")}
 
 
+def _timed(t: Target, results: list, iters: int, rounds: int, progress, spent: dict) -> list:
+    """Every backend that ran, timed in interleaved rounds (on every rank alike)."""
+    ok = agree_ok([r.backend for r in results if r.ok])
+    if not ok:
+        return results
+    progress("timing (interleaved rounds)")
+    t0 = time.perf_counter()
+    samples = timed_rounds(t, ok, iters=iters, rounds=rounds)
+    spent["timing rounds"] = time.perf_counter() - t0
+    return [with_timing(r, samples[r.backend]) if r.backend in samples else r for r in results]
+
+
 def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
             backends: Iterable[str] | str | None = None, warmup: int = 3, iters: int = 5,
             trace_dir: str | Path | None = None, progress: Callable[[str], None] | None = None,
-            model_name: str = "", rounds: int = 5) -> Report:
+            model_name: str = "", rounds: int = 5, profile_steps: int = 2) -> Report:
     """Profile forwards of ``target`` under each backend; returns a ``Report``.
 
     ``target`` is a model (with ``batch``, a dict of forward arguments or a ``Workload``) or any
     callable (``profile(lambda: attnswitch.attention(q, k, v, is_causal=True))``), which runs under a
     global ``backend()``. Every backend sees the same inputs and the same warm-up; the steady time per
-    forward comes from ``iters`` unprofiled forwards per backend in ``rounds`` interleaved rounds.
-    Backends that cannot run are in the report with PyTorch's reasons.
+    forward comes from ``iters`` unprofiled forwards per backend in ``rounds`` interleaved rounds; the
+    per-layer counts from ``profile_steps`` profiled ones. Backends that cannot run are in the report with
+    PyTorch's reasons. The report's ``settings["time_s"]`` says where attnswitch's own time went.
 
     A model spread over GPUs by accelerate's ``device_map`` is profiled on all of them (per-GPU totals,
     copies between GPUs by layer boundary). Under ``torchrun`` with a tensor-parallel model, call it on
     every rank: each profiles its GPU and every rank gets the merged report (rank column, collectives
     per layer); with ``trace_dir`` only rank 0 writes, the other ranks' traces included.
     """
-    if warmup < 0 or iters < 1:
-        raise ValueError(f"need warmup >= 0 and iters >= 1, got warmup={warmup}, iters={iters}")
+    if warmup < 0 or iters < 1 or profile_steps < 0:
+        raise ValueError(f"need warmup >= 0, iters >= 1 and profile_steps >= 0, got warmup={warmup}, iters={iters}, "
+                         f"profile_steps={profile_steps}")
+    t_start = time.perf_counter()
+    spent: dict = {}
     t = Target.of(target, batch)
     if t.model is not None:
         require_interface(t.model)
     names = parse_backends(backends, t.device)
-    # one forward before any backend, so that the first backend is not charged for process-wide
-    # warm-up (CUDA context, cuBLAS handles, allocator growth). It runs the naive backend, which uses
-    # no SDPA kernel: each SDPA backend's own first call (cuDNN's plan building) stays cold.
+    # one step before any backend, so that the first backend is not charged for process-wide warm-up
+    # (CUDA context, cuBLAS handles, allocator growth). It runs the naive backend, which uses no SDPA
+    # kernel: each SDPA backend's own first call (cuDNN's plan building) stays cold.
     with torch.no_grad(), t.switched("naive"):
         t.fn(next(t.calls(1)))
+    progress = progress or (lambda step: None)
     results = []
+
+    def prepare(name):
+        progress(name)
+        t0 = time.perf_counter()
+        results.append(prepare_backend(t, name, warmup=warmup, iters=iters, trace_dir=trace_dir,
+                                       profile_steps=profile_steps))
+        spent[name] = time.perf_counter() - t0
+
     for name in names:
-        if progress:
-            progress(name)
-        results.append(prepare_backend(t, name, warmup=warmup, iters=iters, trace_dir=trace_dir))
+        prepare(name)
     pair = policy_candidate(results) if t.mode == "generate" else None
     if pair is not None and pair not in names:  # the best prefill and the best decode backend, together
-        if progress:
-            progress(pair)
-        results.append(prepare_backend(t, pair, warmup=warmup, iters=iters, trace_dir=trace_dir))
-    ok = agree_ok([r.backend for r in results if r.ok])
-    if ok:
-        if progress:
-            progress("timing (interleaved rounds)")
-        samples = timed_rounds(t, ok, iters=iters, rounds=rounds)
-        results = [with_timing(r, samples[r.backend]) if r.backend in samples else r for r in results]
+        prepare(pair)
+    results = _timed(t, results, iters, rounds, progress, spent)
     if world() is not None:  # tensor parallelism: every rank's results, merged, on every rank
         results = merged_report_backends(results, trace_dir)
     model = model_name or (type(t.model).__name__ if t.model is not None else getattr(target, "__name__", "callable"))
-    return Report(tuple(results), environment(t.device), _workload_info(t),
-                  {"warmup": warmup, "iters": iters, "rounds": rounds}, model=model,
+    spent["total"] = time.perf_counter() - t_start
+    settings = {"warmup": warmup, "iters": iters, "rounds": rounds, "profile_steps": profile_steps,
+                "time_s": {k: round(v, 3) for k, v in spent.items()}}
+    return Report(tuple(results), environment(t.device), _workload_info(t), settings, model=model,
                   distribution=distribution_of(t.model))

@@ -11,8 +11,10 @@ Per backend, on the same inputs and after the same warm-up:
 from __future__ import annotations
 
 import contextlib
+import gzip
 import inspect
 import itertools
+import json
 import os
 import tempfile
 import time
@@ -25,7 +27,7 @@ import torch
 import torch.nn as nn
 from torch.autograd.profiler import record_function
 
-from .. import dist, instrument
+from .. import dist, instrument, stderr
 from ..backends import recording_notes, resolve_name
 from ..device import default_device, device_of, devices_of, sync
 from ..errors import BackendUnavailable, UnsupportedModel
@@ -205,7 +207,7 @@ def _rss_mb() -> float | None:
         return None
 
 
-def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, profile_trace: bool) -> dict:
+def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, profile_steps: int) -> dict:
     cuda = target.device.type == "cuda"
     calls = target.calls(1 + warmup + iters)
     with recording_notes() as notes, target.context(), target.switched(name):
@@ -220,7 +222,7 @@ def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, prof
                 torch.cuda.reset_peak_memory_stats(d)
         steady = [_run(target, next(calls)) for _ in range(iters)]
         peaks = {d.index: torch.cuda.max_memory_allocated(d) / 2**20 for d in target.devices} if cuda else {}
-        prof = _profiled(target, name, iters, trace_dir) if profile_trace else None
+        prof = _profiled(target, name, profile_steps, trace_dir) if profile_steps else None
     attn = [a for r in steady for a in r.attn]
     result = dict(
         backend=name, status="ok", notes=tuple(dict.fromkeys(n[2] for n in notes)),
@@ -240,14 +242,15 @@ def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, prof
 
 
 def prepare_backend(target: Target, name: str, *, warmup: int = 3, iters: int = 5,
-                    trace_dir: str | Path | None = None, profile_trace: bool = True) -> BackendResult:
-    """Everything but the GPU timing of one backend: the cold forward, warm-up, host time per
-    forward and per attention call (the device idle before each call, so no wait for earlier work is
-    counted), peak memory, and one profiled pass of ``iters`` forwards. A backend that cannot run
-    gives status ``unavailable`` (PyTorch's reasons) or ``failed`` (out of memory, ...); never raises."""
+                    trace_dir: str | Path | None = None, profile_steps: int = 2) -> BackendResult:
+    """Everything but the GPU timing of one backend: the cold step, warm-up, host time per step and
+    per attention call (the device idle before each step, so no wait for earlier work is counted), peak
+    memory, and one profiled pass of ``profile_steps`` steps (0: none; the counts per step are the same
+    in every step, so a few suffice). A backend that cannot run gives status ``unavailable`` (PyTorch's
+    reasons) or ``failed`` (out of memory, ...); never raises."""
     name = name if "=" in name else resolve_name(name)
     try:
-        return BackendResult(**_measure(target, name, warmup, iters, trace_dir, profile_trace))
+        return BackendResult(**_measure(target, name, warmup, iters, trace_dir, profile_steps))
     except BackendUnavailable as e:
         return BackendResult(name, "unavailable", tuple(e.reasons), e.where)
     except UnsupportedModel:
@@ -311,24 +314,43 @@ def _profiled(target: Target, name: str, n: int, trace_dir) -> Profiled:
     phases = annotate_phases(target.model) if target.mode == "generate" else contextlib.nullcontext()
     t_run = time.perf_counter()
     kw = {"acc_events": True} if "acc_events" in inspect.signature(torch.profiler.profile).parameters else {}
-    with target.annotated(), phases, instrument.measuring(annotate=True), \
+    with target.annotated(), phases, instrument.measuring(annotate=True), stderr.filtered(_usdt), \
             torch.profiler.profile(activities=acts, **kw) as prof:
         for i, c in enumerate(calls):
             with record_function(f"{instrument.STEP_PREFIX}{i}"):
                 fn(c)
         target.sync()
     run_seconds = time.perf_counter() - t_run
-    rank = dist.rank()
-    # only rank 0 writes into trace_dir: the other ranks' traces reach it through the process group
-    mine = trace_dir is not None and not rank
-    out_dir = Path(trace_dir) if mine else Path(tempfile.mkdtemp(prefix="attnswitch-"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / (f"trace_{_file_name(name)}.json" if rank is None else f"trace_{_file_name(name)}_rank{rank}.json")
-    prof.export_chrome_trace(str(path))
     t0 = time.perf_counter()
-    trace = Trace.load(path)
+    path, data = _export(prof, name, trace_dir)
+    trace = Trace.from_json(data, source=str(path))
     rows = attribute(trace, steps={s.step for s in trace.steps()})
     return Profiled(path, trace, rows, time.perf_counter() - t0, run_seconds)
+
+
+def _usdt(line: str) -> bool:
+    return line.startswith("USDT") and "profiler_st" in line  # Kineto's start/stop lines, for every profile
+
+
+def _export(prof, name: str, trace_dir) -> tuple[Path, dict]:
+    """Write the trace as gzipped JSON (Perfetto and HolisticTraceAnalysis read it) with the process's rank
+    (``distributedInfo``, which Kineto writes only inside a process group); returns its path and data."""
+    rank = dist.rank()
+    # only rank 0 writes into trace_dir: the other ranks' traces reach it through the process group
+    out_dir = Path(trace_dir) if trace_dir is not None and not rank else Path(tempfile.mkdtemp(prefix="attnswitch-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / (f"trace_{_file_name(name)}" + ("" if rank is None else f"_rank{rank}") + ".json.gz")
+    raw_path = path.with_suffix("")
+    prof.export_chrome_trace(str(raw_path))
+    raw = raw_path.read_bytes()
+    raw_path.unlink()
+    data = json.loads(raw)
+    if "distributedInfo" not in data:
+        info = {"backend": "none", "rank": rank or 0, "world_size": 1}
+        data["distributedInfo"] = info
+        raw = b"{" + json.dumps({"distributedInfo": info}).encode()[1:-1] + b"," + raw.lstrip()[1:]
+    path.write_bytes(gzip.compress(raw, compresslevel=1))
+    return path, data
 
 
 def _file_name(name: str) -> str:

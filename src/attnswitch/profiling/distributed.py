@@ -120,7 +120,9 @@ def gather_traces(results: list[BackendResult], trace_dir: str | Path | None) ->
     if w[0] != 0:
         for r in results:
             if r.trace_path and Path(r.trace_path).exists():
-                mine[r.backend] = (Path(r.trace_path).name + ".gz", gzip.compress(Path(r.trace_path).read_bytes(), 1))
+                data = Path(r.trace_path).read_bytes()  # gzipped already, as capture writes traces
+                gz = data if r.trace_path.endswith(".gz") else gzip.compress(data, 1)
+                mine[r.backend] = (Path(r.trace_path).name + ("" if r.trace_path.endswith(".gz") else ".gz"), gz)
     every = gather(mine)  # all ranks take part; only rank 0 keeps anything
     if w[0] != 0:
         return {}

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..instrument import ATTENTION_PREFIX, MODULE_PREFIX, PHASE_PREFIX, STEP_PREFIX
+from ..instrument import ATTENTION_PREFIX, MODULE_PREFIX, OLD_STEP_PREFIX, PHASE_PREFIX, STEP_PREFIX
 
 __all__ = ["Event", "Trace", "DEVICE_KINDS", "is_collective_kernel", "is_collective_op"]
 
@@ -28,7 +28,8 @@ __all__ = ["Event", "Trace", "DEVICE_KINDS", "is_collective_kernel", "is_collect
 DEVICE_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 _LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 _RANGE_CATS = ("user_annotation", "cpu_op", "python_function")
-_OWN = (ATTENTION_PREFIX, MODULE_PREFIX, STEP_PREFIX, PHASE_PREFIX)
+_STEPS = (STEP_PREFIX, OLD_STEP_PREFIX)
+_OWN = (ATTENTION_PREFIX, MODULE_PREFIX, PHASE_PREFIX, *_STEPS)
 _BACKWARD = "autograd::engine::evaluate_function:"
 _SEQ = "Sequence number"
 _CPU_CATS = ("cpu_op", "user_annotation")  # not "gpu_user_annotation": the same range's GPU-side copy
@@ -162,7 +163,7 @@ class Trace:
         return [e for e in self.events if e.cat == "user_annotation" and e.name.startswith(prefix)]
 
     def steps(self) -> list[Event]:
-        return self.ranges(STEP_PREFIX)
+        return [e for e in self.events if e.cat == "user_annotation" and e.name.startswith(_STEPS)]
 
     # ----------------------------------------------------------------------------------------
     def _resolve(self) -> None:
@@ -213,8 +214,8 @@ def _enter(e: Event, parent: Event | None) -> None:
             e.module, e.attention = e.name[len(MODULE_PREFIX):], None
         elif e.name.startswith(ATTENTION_PREFIX):
             e.attention = e.name[len(ATTENTION_PREFIX):]
-        elif e.name.startswith(STEP_PREFIX):
-            e.step = e.name[len(STEP_PREFIX):]
+        elif e.name.startswith(_STEPS):
+            e.step = e.name.split(":", 1)[1] if e.name.startswith(OLD_STEP_PREFIX) else e.name[len(STEP_PREFIX):]
         elif e.name.startswith(PHASE_PREFIX):
             e.phase = e.name[len(PHASE_PREFIX):]
     elif e.cat == "cpu_op":

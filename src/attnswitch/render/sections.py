@@ -180,6 +180,10 @@ def sections(report, layers: bool = True, fold_layers: bool = True) -> list[Bloc
         for b in bad:
             out.append(Text(f"{b.backend} {b.status}" + (f" at {b.where}" if b.where else "") + ": "
                             + "; ".join(b.reasons), "error"))
+    spent = report.settings.get("time_s") or {}
+    if spent:
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in spent.items() if k != "total")
+        out.append(Text(f"attnswitch's own time: {spent.get('total', 0):.1f} s ({parts})", "note"))
     if report.command:
         out.append(Text(f"reproduce: {report.command}", "note"))
     return out
