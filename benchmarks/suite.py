@@ -237,8 +237,8 @@ def dispatch_overhead(device="cuda", n=400, rounds=5):
     from transformers import LlamaConfig, LlamaModel
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from attnswitch import hf
-    from attnswitch.backends import _ONLY, _sdpa_call, run_attention
+    from attnswitch import backends
+    from attnswitch.hf import dispatch
 
     cuda = device == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32  # cuDNN takes half precision only
@@ -254,13 +254,14 @@ def dispatch_overhead(device="cuda", n=400, rounds=5):
                                      lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True, scale=0.125)),
         "transformers sdpa under sdpa_kernel": (lambda: sdpa_kernel(sdp), lambda: sdpa_attention_forward(
             mod, q, q, q, None, dropout=0.0, scaling=0.125)),
-        "attnswitch flags+call": (none, lambda: _sdpa_call(_ONLY[name], q, q, q, None, 0.0, True, 0.125, False)),
-        "attnswitch run_attention": (none, lambda: run_attention(name, q, q, q, None, 0.0, True, 0.125)),
+        "attnswitch forced op (backends.run)": (none, lambda: backends.run(
+            name, backends.Call(q, q, q, None, 0.0, True, 0.125))),
         "attnswitch.attention (bare)": (none, lambda: attnswitch.attention(q, q, q, is_causal=True, scale=0.125,
                                                                           backend=name)),
-        "attnswitch entry, model-scoped": (lambda: attnswitch.backend(name, model=model), lambda: hf.attention_forward(
-            mod, q, q, q, None, dropout=0.0, scaling=0.125)),
-        "attnswitch entry, global": (lambda: attnswitch.backend(name), lambda: hf.attention_forward(
+        "attnswitch entry, model-scoped": (lambda: attnswitch.backend(name, model=model),
+                                           lambda: dispatch.attention_forward(mod, q, q, q, None, dropout=0.0,
+                                                                              scaling=0.125)),
+        "attnswitch entry, global": (lambda: attnswitch.backend(name), lambda: dispatch.attention_forward(
             mod, q, q, q, None, dropout=0.0, scaling=0.125)),
     }
     samples = {k: [] for k in variants}
@@ -272,7 +273,61 @@ def dispatch_overhead(device="cuda", n=400, rounds=5):
     base = res["transformers sdpa under sdpa_kernel"]
     return {"backend": name, "device": device, "calls_per_variant": n, "median_host_us": res,
             "added_us_model_scoped": res["attnswitch entry, model-scoped"] - base,
-            "added_us_global": res["attnswitch entry, global"] - base}
+            "added_us_global": res["attnswitch entry, global"] - base,
+            "target_added_us": 3.0}
+
+
+def switch_enter_exit(n=2000, rounds=5):
+    """Host µs to enter and leave ``attnswitch.backend(x, model=m)`` (and the global form) against
+    ``torch.nn.attention.sdpa_kernel``, side by side in rounds, for an 8- and a 32-layer model: the
+    switch's cost must not grow with the model once it has been used."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    models = {n_layers: LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                                                     num_hidden_layers=n_layers, num_attention_heads=4,
+                                                     num_key_value_heads=2)).eval() for n_layers in (8, 32)}
+
+    def cost(make):
+        def once():
+            with make():
+                pass
+        for _ in range(50):
+            once()
+        t0 = time.perf_counter()
+        for _ in range(n // rounds):
+            once()
+        return (time.perf_counter() - t0) / (n // rounds) * 1e6
+
+    variants = {"sdpa_kernel": lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION),
+                "attnswitch global": lambda: attnswitch.backend("flash")}
+    for n_layers, m in models.items():
+        variants[f"attnswitch model, {n_layers} layers"] = lambda m=m: attnswitch.backend("flash", model=m)
+    samples = {k: [] for k in variants}
+    for _ in range(rounds):
+        for k, make in variants.items():
+            samples[k].append(cost(make))
+    res = {k: _median(v) for k, v in samples.items()}
+    base = res["sdpa_kernel"]
+    return {"median_us": res, "ratio_vs_sdpa_kernel": {k: v / base for k, v in res.items()}, "target_ratio": 3.0,
+            "noise_pct": {k: _iqr_half_pct(v) for k, v in samples.items()}}
+
+
+def cli_help(n=3):
+    """Wall time of ``attnswitch --help`` against ``python -c "import torch"`` (each a fresh process)."""
+    import subprocess
+
+    def wall(cmd):
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            subprocess.run(cmd, check=True, capture_output=True)
+            times.append(time.perf_counter() - t0)
+        return _median(times)
+
+    help_s = wall([sys.executable, "-m", "attnswitch", "--help"])
+    torch_s = wall([sys.executable, "-c", "import torch"])
+    return {"help_s": help_s, "import_torch_s": torch_s, "ratio": help_s / torch_s, "target_ratio": 0.5}
 
 
 def profiler_fidelity(seq=2048, iters=10):
@@ -359,7 +414,9 @@ PARTS = {
     "profiler_fidelity": lambda quick=False: profiler_fidelity(),
     "posts_findings_per_layer": lambda quick=False: posts_findings_per_layer(),
 }
-CPU_PARTS = {"switch_overhead_cpu": lambda quick=False: switch_overhead(device="cpu")}
+CPU_PARTS = {"switch_overhead_cpu": lambda quick=False: switch_overhead(device="cpu"),
+             "switch_enter_exit": lambda quick=False: switch_enter_exit(),
+             "cli_help": lambda quick=False: cli_help()}
 
 
 def main(argv=None) -> int:

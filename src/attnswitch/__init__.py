@@ -3,44 +3,48 @@
 >>> import attnswitch
 >>> with attnswitch.backend("cudnn"):
 ...     model(input_ids)
+
+Names are imported on first use, so that ``import attnswitch`` (and the command line's ``--help``)
+stays cheap until torch and transformers are needed.
 """
 
 from __future__ import annotations
+
+import importlib
 
 from ._versions import require_supported_versions
 
 require_supported_versions()
 
-from .backends import BACKENDS, register_backend, resolve_name, unregister_backend  # noqa: E402
-from .check import CheckResult, Eligibility, check  # noqa: E402
-from .compare import compare  # noqa: E402
-from .errors import BackendUnavailable, UnsupportedModel  # noqa: E402
-from .hf import Policy  # noqa: E402
-from .profiling import profile  # noqa: E402
-from .results import BackendResult, Report  # noqa: E402
-from .switch import active_backend, attention, backend, is_patched, patch, unpatch  # noqa: E402
-
 __version__ = "0.1.0"
 
-__all__ = [
-    "BACKENDS",
-    "BackendResult",
-    "BackendUnavailable",
-    "CheckResult",
-    "Policy",
-    "Eligibility",
-    "Report",
-    "UnsupportedModel",
-    "active_backend",
-    "attention",
-    "backend",
-    "check",
-    "compare",
-    "is_patched",
-    "patch",
-    "profile",
-    "register_backend",
-    "resolve_name",
-    "unpatch",
-    "unregister_backend",
-]
+#: public name -> the module that defines it
+_EXPORTS = {
+    "BACKENDS": "backends", "register_backend": "backends", "unregister_backend": "backends",
+    "resolve_name": "backends", "Policy": "backends",
+    "CheckResult": "check", "Eligibility": "check", "check": "check",
+    "compare": "compare", "compare_sweep": "compare",
+    "BackendUnavailable": "errors", "UnsupportedModel": "errors",
+    "profile": "profiling",
+    "BackendResult": "results", "Report": "results",
+    "active_backend": "switch", "attention": "switch", "backend": "switch", "is_patched": "switch",
+    "patch": "switch", "unpatch": "switch",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        try:  # a submodule: attnswitch.workload, attnswitch.models, ...
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError:
+            raise AttributeError(f"module 'attnswitch' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
