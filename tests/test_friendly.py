@@ -1,0 +1,80 @@
+"""The tool's own manners: cheap to start, quiet, clear about bad input, traces other tools read."""
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import batch_for, tiny
+
+import attnswitch
+from attnswitch import cli
+
+
+def test_help_and_the_package_import_no_torch_until_needed():
+    code = ("import sys, attnswitch, attnswitch.cli\n"
+            "try:\n    attnswitch.cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules, 'transformers' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip().splitlines()[-1] == "False False", r.stderr[-2000:]
+    assert attnswitch.Report is attnswitch.results.Report  # names load on first use
+
+
+@pytest.mark.parametrize("make", ["file", "unwritable"])
+def test_out_that_cannot_be_written_is_one_line_and_exit_2_before_any_work(make, tmp_path, capsys, monkeypatch):
+    import attnswitch.models as models
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("no work before --out is checked"))
+    if make == "file":
+        out = tmp_path / "report"
+        out.write_text("not a folder")
+    else:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        out = ro / "report"
+        if shutil.os.access(ro, shutil.os.W_OK):  # root writes anywhere: a path under a file instead
+            f = tmp_path / "afile"
+            f.write_text("")
+            out = f / "report"
+    assert cli.main(["compare", "tiny-llama", "--device", "cpu", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and len(err.strip().splitlines()) == 1
+
+
+def test_profiling_prints_no_profiler_noise(capfd):
+    m = tiny("llama")
+    attnswitch.profile(m, batch_for(m), backends=["naive"], warmup=0, iters=1)
+    err = capfd.readouterr().err
+    assert "USDT" not in err and "profiler_start" not in err
+
+
+def test_check_lists_every_backend_with_the_reason_for_those_that_cannot_exist_here(capsys):
+    assert cli.main(["check", "tiny-llama", "--device", "cpu", "--num-layers", "1", "--seq", "16"]) == 0
+    out = capsys.readouterr().out
+    for name in ("efficient", "cudnn"):
+        line = next(x for x in out.splitlines() if x.startswith(name))
+        assert "UNAVAILABLE" in line
+    assert "runs only on CUDA tensors" in out
+
+
+def test_the_recommendation_says_why_eager_is_never_recommended():
+    m = tiny("llama")
+    r = attnswitch.compare(m, batch_for(m, pad=False), backends=["eager", "naive"], warmup=0, iters=2, rounds=1)
+    assert "eager" in r.ranking and not r.recommendation.startswith("Use `eager`")
+    assert "never recommended" in r.recommendation
+
+
+def test_traces_are_gzipped_with_steps_and_rank_that_holistic_trace_analysis_reads(tmp_path):
+    hta = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis is not installed")
+    m = tiny("llama")
+    r = attnswitch.profile(m, batch_for(m), backends=["flash"], warmup=0, iters=2, trace_dir=tmp_path / "t")
+    path = r["flash"].trace_path
+    assert path.endswith(".json.gz")
+    data = json.loads(gzip.open(path).read())
+    assert data["distributedInfo"]["rank"] == 0
+    assert sum(e.get("name", "").startswith("ProfilerStep#") for e in data["traceEvents"]) == 2
+    analysis = hta.TraceAnalysis(trace_dir=str(tmp_path / "t"))
+    assert analysis.t.get_ranks() == [0]
+    analysis.get_gpu_kernel_breakdown(visualize=False)  # runs (a CPU trace has no kernels to break down)
