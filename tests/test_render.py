@@ -75,6 +75,16 @@ def test_layers_are_behind_the_flag_and_str_keeps_them(cpu_report):
     assert not {"kernels", "memcpy", "memset", "GPU µs"} & set(layer_table.headers)
 
 
+def test_wide_layer_tables_wrap_names_and_never_cut_numbers():
+    rep = Report.from_json(RECORDED["h200x2 tensor parallel"])  # rank, GPU and collective columns
+    text = render.to_text(rep, width=120)
+    assert max(map(len, text.splitlines())) <= 120
+    words = set(text.split())
+    for t in (b for b in walk(sections(rep)) if isinstance(b, Table) and "per layer" in b.title):
+        for row in t.rows:
+            assert set(row[1:]) <= words, row
+
+
 def test_fit_header_wraps_at_spaces_or_before_a_slash():
     assert fit_header("time/fwd ms", 7) == ("time/fwd\nms", 8)
     assert fit_header("kernels/fwd", 4) == ("kernels\n/fwd", 7)

@@ -60,8 +60,9 @@ def _table(block: Table, styled: bool):
     for i, h in enumerate(block.headers):
         data = max((len(row[i]) for row in block.rows), default=0)
         text, width = fit_header(h, data)
-        t.add_column(RichText(text), justify="left" if h in block.left else "right", min_width=width,
-                     no_wrap=i > 0, overflow="fold")
+        # numbers are never cut; where the screen is too narrow, the names (first column) wrap instead
+        t.add_column(RichText(text), justify="left" if h in block.left else "right",
+                     min_width=width if i > 0 else None, no_wrap=i > 0, overflow="fold")
     for i, row in enumerate(block.rows):
         t.add_row(*map(RichText, row), style=_STYLE.get(block.kind(i), ""))
     return t
