@@ -72,11 +72,11 @@ def _section(s: Section, counter: list[int]) -> str:
     if any(isinstance(b, Figure) for b in s.blocks):
         inner = f'<div class="plots">{inner}</div>'
     if s.collapsible:
-        return (f'<details id="{s.key}"{" open" if s.open else ""}><summary>{html.escape(s.title)}</summary>'
-                f"{inner}</details>")
+        return (f'<details id="{html.escape(s.key)}"{" open" if s.open else ""}>'
+                f"<summary>{html.escape(s.title)}</summary>{inner}</details>")
     cls = ' class="answer"' if any(isinstance(b, Callout) for b in s.blocks) else ""
     heading = f"<h2>{html.escape(s.title)}</h2>" if s.title else ""
-    return f'<section id="{s.key}"{cls}>{heading}{inner}</section>'
+    return f'<section id="{html.escape(s.key)}"{cls}>{heading}{inner}</section>'
 
 
 def _blocks(blocks, counter: list[int]) -> str:
@@ -99,7 +99,7 @@ def _blocks(blocks, counter: list[int]) -> str:
 
 
 def _page(title: str, about: str, nav: list[tuple[str, str]], body: str) -> str:
-    links = "".join(f'<a href="#{k}">{html.escape(t)}</a>' for k, t in nav)
+    links = "".join(f'<a href="#{html.escape(k)}">{html.escape(t)}</a>' for k, t in nav)
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body><main>"
