@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 import attnswitch
-from attnswitch.compare import compare, compare_sweep
+from attnswitch.comparison import compare, compare_sweep
 from attnswitch.env import environment
 from attnswitch.models import load_model
 from attnswitch.stats import median, noise_pct

@@ -158,6 +158,18 @@ def spy(monkeypatch):
     return s
 
 
+@pytest.fixture(scope="session")
+def cpu_report():
+    """A compare report made here, on the CPU: three backends ran, cudnn refused (CUDA only)."""
+    import attnswitch
+    from attnswitch.models import load_model
+    from attnswitch.workload import make_workload
+
+    m, _ = load_model("tiny-llama", layers=2)
+    w = make_workload(m, batch=2, seq=32, padding=True)
+    return attnswitch.compare(m, w, backends=["naive", "math", "flash", "cudnn"], warmup=1, iters=3, rounds=1)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

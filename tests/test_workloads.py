@@ -9,7 +9,7 @@ from conftest import batch_for, tiny, world
 import attnswitch
 from attnswitch import cli
 from attnswitch.backends import naive_attention
-from attnswitch.compare import compare, compare_sweep
+from attnswitch.comparison import compare, compare_sweep
 from attnswitch.profiling.trace import Trace
 from attnswitch.workload import make_workload
 

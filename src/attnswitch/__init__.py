@@ -22,8 +22,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "BACKENDS": "backends", "register_backend": "backends", "unregister_backend": "backends",
     "resolve_name": "backends", "Policy": "backends",
-    "CheckResult": "check", "Eligibility": "check", "check": "check",
-    "compare": "compare", "compare_sweep": "compare",
+    "CheckResult": "eligibility", "Eligibility": "eligibility", "check": "eligibility",
+    "compare": "comparison", "compare_sweep": "comparison",
     "BackendUnavailable": "errors", "UnsupportedModel": "errors",
     "profile": "profiling",
     "BackendResult": "results", "Report": "results",

@@ -234,7 +234,7 @@ def _progress(console):
 
 
 def _check(s: Session) -> int:
-    from .check import check
+    from .eligibility import check
 
     model, work, _ = _loaded(s)
     res = check(model, backends=None if s.args.backends == "all" else s.args.backends, **work.first())
@@ -273,7 +273,7 @@ def _profile(s: Session) -> int:
 
 
 def _compare(s: Session) -> int:
-    from .compare import compare, compare_sweep
+    from .comparison import compare, compare_sweep
 
     def run(model, work, **kw):
         return compare(model, work, check_numerics=not s.args.no_numerics, **kw)
@@ -334,13 +334,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command].run(Session(args, argv, out, err))
     except (ValueError, FileNotFoundError, TypeError) as e:
-        err.print(f"[bold red]error:[/bold red] {e}", markup=True, highlight=False)
+        err.print(f"[bold red]error:[/bold red] {e}", markup=True, highlight=False, soft_wrap=True)
         return EXIT_BAD_INPUT
     except Exception as e:  # an UnsupportedModel is bad input; anything the model raised is not
         from .errors import UnsupportedModel
 
         if isinstance(e, UnsupportedModel):
-            err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+            err.print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
             return EXIT_BAD_INPUT
         raise
     finally:

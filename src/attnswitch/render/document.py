@@ -1,10 +1,20 @@
-"""The blocks a rendered report is made of; each writer (console, markdown, HTML) writes the same list."""
+"""The blocks a rendered report is made of; each writer (console, markdown, HTML) writes the same list.
+
+Blocks are plain data. A writer shows what its medium can: a ``Figure`` is drawn by the HTML writer
+and left out of text, a collapsible ``Section`` is a ``<details>`` in HTML and a plain group in text.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 
-__all__ = ["Heading", "Table", "Text", "Block"]
+__all__ = ["Heading", "Text", "Callout", "Table", "Bars", "Lines", "Figure", "Section", "Block", "Chart", "EMPTY",
+           "drop_empty_columns", "has_data", "walk"]
+
+#: what a cell holds when there is nothing to show; a column of only these is left out
+EMPTY = frozenset({"-", ""})
 
 
 @dataclass(frozen=True)
@@ -16,7 +26,16 @@ class Heading:
 @dataclass(frozen=True)
 class Text:
     text: str
-    kind: str = "plain"  # "plain", "note", "strong" (a recommendation), "error" (a backend that did not run)
+    kind: str = "plain"  # "plain", "note", "strong", "error" (a backend that did not run)
+
+
+@dataclass(frozen=True)
+class Callout:
+    """The answer a report gives (the recommendation): ``label: headline: detail``."""
+
+    label: str
+    headline: str
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -25,6 +44,92 @@ class Table:
     headers: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
     left: frozenset[str] = field(default_factory=frozenset)  # left-aligned columns; the rest are numbers
+    row_kinds: tuple[str, ...] = ()  # per row: "plain", "strong" (best, heaviest), "error", "note" (did not run)
+    caption: str = ""  # what the marked rows mean
+    sortable: bool = True  # HTML: sort by clicking a header
+    links: frozenset[str] = field(default_factory=frozenset)  # columns of relative paths, links in HTML
+
+    def kind(self, i: int) -> str:
+        return self.row_kinds[i] if i < len(self.row_kinds) else "plain"
 
 
-Block = Heading | Text | Table
+@dataclass(frozen=True)
+class Bars:
+    """Bars per category (a backend), one value per category in each series; ``None`` is no bar."""
+
+    title: str
+    categories: tuple[str, ...]
+    series: tuple[tuple[str, tuple[float | None, ...]], ...]
+    y_label: str
+    stacked: bool = False
+    log: bool = False
+    limit: tuple[float | None, ...] = ()  # a reference per category (a tolerance), drawn as a dashed line
+    limit_label: str = ""
+    annotate: bool = False  # write each value above its bar
+
+
+@dataclass(frozen=True)
+class Lines:
+    """One line per series through ``(x, y)`` points."""
+
+    title: str
+    x_label: str
+    y_label: str
+    series: tuple[tuple[str, tuple[tuple[float, float], ...]], ...]
+    log_x: bool = False
+    log_y: bool = False
+
+
+Chart = Bars | Lines
+
+
+@dataclass(frozen=True)
+class Figure:
+    chart: Chart
+    caption: str = ""
+
+
+@dataclass(frozen=True)
+class Section:
+    """A titled group of blocks. ``key`` names it for anchors and tests; a ``collapsible`` one is a
+    ``<details>`` in HTML (open when ``open``), titled by its own content in text writers."""
+
+    title: str
+    blocks: tuple[Block, ...]
+    key: str = ""
+    collapsible: bool = False
+    open: bool = False
+
+
+Block = Heading | Text | Callout | Table | Figure | Section
+
+
+def _finite(v) -> bool:
+    return v is not None and math.isfinite(v)
+
+
+def has_data(chart: Chart) -> bool:
+    """Whether a chart would draw anything: a non-zero bar, or a line with a point."""
+    if isinstance(chart, Bars):
+        return bool(chart.categories) and any(_finite(v) and v != 0 for _, vals in chart.series for v in vals)
+    return any(_finite(x) and _finite(y) for _, pts in chart.series for x, y in pts)
+
+
+def drop_empty_columns(table: Table, keep: int = 1) -> Table:
+    """The table without the columns in which every row is empty (``-``); the first ``keep`` stay."""
+    cols = [i for i in range(len(table.headers))
+            if i < keep or any(row[i] not in EMPTY for row in table.rows)]
+    if not table.rows or len(cols) == len(table.headers):
+        return table
+    headers = tuple(table.headers[i] for i in cols)
+    rows = tuple(tuple(row[i] for i in cols) for row in table.rows)
+    return dataclasses.replace(table, headers=headers, rows=rows, left=table.left & set(headers),
+                               links=table.links & set(headers))
+
+
+def walk(blocks):
+    """Every block, sections' contents included, in reading order."""
+    for b in blocks:
+        yield b
+        if isinstance(b, Section):
+            yield from walk(b.blocks)

@@ -1,13 +1,15 @@
-"""The report as markdown."""
+"""The report as markdown (everything but the plots, which are the HTML page's)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .document import Heading, Table, Text
+from .document import Block, Callout, Heading, Section, Table, Text
 from .sections import sections
 
 __all__ = ["to_markdown"]
+
+_SKIP = frozenset({"plots"})
 
 
 def _cell(s: str) -> str:
@@ -17,28 +19,43 @@ def _cell(s: str) -> str:
 def _table(block: Table) -> list[str]:
     lines = [f"### {block.title}", ""] if block.title else []
     lines += ["| " + " | ".join(map(_cell, block.headers)) + " |", "|" + "---|" * len(block.headers)]
-    lines += ["| " + " | ".join(map(_cell, row)) + " |" for row in block.rows]
+    for i, row in enumerate(block.rows):
+        cells = [f"[{_cell(v)}]({v})" if h in block.links and v not in ("", "-") else _cell(v)
+                 for h, v in zip(block.headers, row)]
+        if block.kind(i) == "strong":
+            cells[0] = f"**{cells[0]}**"
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + (["", block.caption] if block.caption else [])
+
+
+def _lines(blocks, level: int) -> list[str]:
+    lines: list[str] = []
+    for block in blocks:
+        if isinstance(block, Section):
+            if block.key in _SKIP:
+                continue
+            if block.title and not block.collapsible:  # a collapsible group's tables carry its name
+                lines += ["#" * level + " " + block.title, ""]
+            lines += _lines(block.blocks, level + 1)
+            continue
+        if isinstance(block, Heading):
+            lines.append("#" * block.level + " " + block.text)
+        elif isinstance(block, Table):
+            lines += _table(block)
+        elif isinstance(block, Callout):
+            lines.append(f"**{block.label}: {block.headline}" + (f":** {block.detail}" if block.detail else "**"))
+        elif isinstance(block, Text):
+            lines.append(f"- {block.text}" if block.kind == "error" else block.text)
+        else:  # a figure: drawn in the HTML page only
+            continue
+        lines.append("")
     return lines
 
 
 def to_markdown(report, path: str | Path | None = None) -> str:
     """The report as markdown text; written to ``path`` too when given."""
-    lines: list[str] = []
-    for block in sections(report):
-        if isinstance(block, Heading):
-            lines += ["#" * block.level + " " + block.text]
-        elif isinstance(block, Table):
-            lines += _table(block)
-        elif isinstance(block, Text):
-            text = block.text
-            if block.kind == "strong" and ":" in text:
-                head, _, rest = text.partition(":")
-                text = f"**{head}:**{rest}"
-            elif block.kind == "error":
-                text = f"- {text}"
-            lines.append(text)
-        lines.append("")
-    text = "\n".join(lines)
+    blocks: list[Block] = sections(report)
+    text = "\n".join(_lines(blocks, 2))
     if path is not None:
         Path(path).write_text(text)
     return text

@@ -1,91 +1,145 @@
-"""Plots of a report (matplotlib's object API: the caller's pyplot state and backend are untouched)."""
+"""Drawing charts with matplotlib's object API: the caller's pyplot state and backend are untouched.
+
+``bar_plot`` and ``line_plot`` take plain sequences; ``draw`` draws a chart block (``document.Bars`` or
+``Lines``); ``svg`` and ``png_base64`` serialise a figure for a self-contained page.
+"""
 
 from __future__ import annotations
 
 import base64
 import io
+import math
+import re
+from collections.abc import Mapping, Sequence
 
-__all__ = ["figures", "layer_kind"]
+from .document import Bars, Chart, Lines
 
-_KINDS = ("attention call", "attention module (rest)", "mlp", "other", "outside modules", "collectives (incl. waiting)")
+__all__ = ["bar_plot", "line_plot", "draw", "svg", "png_base64"]
 
-
-def layer_kind(path: str, kind: str) -> str:
-    """Which part of a forward a layer row is: the attention call, the rest of its module, mlp, ..."""
-    if kind == "attention":
-        return "attention call"
-    if kind == "outside":
-        return "outside modules"
-    leaf = path.rsplit(".", 1)[-1]
-    if "attn" in leaf or "attention" in leaf:
-        return "attention module (rest)"
-    if "mlp" in path or "ffn" in path or "feed_forward" in path:
-        return "mlp"
-    return "other"
+_HEIGHT = 3.4  # inches; the width follows the number of bars
 
 
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-def _figure(width=7.0, height=3.2):
+def _figure(width: float, height: float = _HEIGHT):
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height))
+    fig = Figure(figsize=(width, height), layout="constrained")
     return fig, fig.add_subplot()
 
 
-def _time_by_kind(ok) -> str:
-    gpu = any(b.profiled_gpu_busy_ms for b in ok)
-    fig, ax = _figure()
-    names = [b.backend for b in ok]
-    bottom = [0.0] * len(ok)
-    for k in _KINDS:
-        if gpu and k.startswith("collectives"):  # NCCL kernels, wherever issued (tensor parallelism)
-            vals = [sum(x.comm_us for x in b.layers) / 1e3 for b in ok]
-        elif gpu:
-            vals = [sum(x.gpu_us - x.comm_us for x in b.layers if layer_kind(x.path, x.kind) == k) / 1e3 for b in ok]
-        elif k == "attention call":
-            vals = [(b.attn_host_us or 0) * (b.attn_calls or 0) / 1e3 for b in ok]
-        else:
-            vals = [0.0] * len(ok)
-        if any(vals):
-            ax.bar(names, vals, bottom=bottom, label=k)
-            bottom = [a + v for a, v in zip(bottom, vals)]
-    n_gpus = len({(d.rank, d.device) for b in ok for d in b.devices})
-    ax.set_ylabel(("GPU ms / forward" + (f", summed over {n_gpus} GPUs" if n_gpus > 1 else "")) if gpu
-                  else "host ms / forward (attention calls)")
-    ax.set_title("Time per forward by layer kind" + ("" if gpu else " (CPU run: attention host time only)"))
-    ax.legend(fontsize=7)
-    ax.tick_params(axis="x", labelrotation=30)
-    return _png(fig)
+def _num(v) -> float:
+    return float("nan") if v is None or not math.isfinite(v) else float(v)
 
 
-def _pairs(ok, first, second, labels, ylabel, title, log=False) -> str:
-    fig, ax = _figure(7, 3)
-    x = range(len(ok))
-    ax.bar([i - 0.2 for i in x], [first(b) or 0 for b in ok], width=0.4, label=labels[0])
-    ax.bar([i + 0.2 for i in x], [second(b) or 0 for b in ok], width=0.4, label=labels[1])
-    ax.set_xticks(list(x), [b.backend for b in ok], rotation=30)
-    ax.set_ylabel(ylabel)
+def _legend(ax, n: int) -> None:
+    if n > 1:  # outside, on the right, so that it never hides a bar or a line
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+
+
+def _value(v: float) -> str:
+    """A bar's value, short: 4630, 94.3, 0.029, 6e-07."""
+    if v == 0:
+        return "0"
+    if abs(v) >= 100:
+        return f"{v:.0f}"
+    return f"{v:.3g}" if abs(v) >= 1 else f"{v:.2g}"
+
+
+def _labels(ax, categories: Sequence[str]) -> None:
+    crowded = len(categories) > 4 or max((len(c) for c in categories), default=0) > 8
+    ax.set_xticks(range(len(categories)), list(categories), rotation=30 if crowded else 0,
+                  ha="right" if crowded else "center", rotation_mode="anchor", fontsize=9)
+
+
+def _limit(ax, limit: Sequence[float | None], label: str) -> None:
+    vals = [_num(v) for v in limit]
+    known = [v for v in vals if not math.isnan(v)]
+    if not known:
+        return
+    if all(v == known[0] for v in known):
+        ax.axhline(known[0], color="0.3", linestyle="--", linewidth=1, label=label)
+        return
+    for i, v in enumerate(vals):
+        ax.hlines(v, i - 0.45, i + 0.45, color="0.3", linestyle="--", linewidth=1, label=label if i == 0 else None)
+
+
+def bar_plot(title: str, categories: Sequence[str], series: Mapping[str, Sequence[float | None]], y_label: str, *,
+             stacked: bool = False, log: bool = False, limit: Sequence[float | None] = (), limit_label: str = "",
+             annotate: bool = False):
+    """Bars per category, grouped side by side (or ``stacked``); ``None`` values draw no bar."""
+    n, k = len(categories), max(len(series), 1)
+    legend = 2.2 if k + (1 if limit else 0) > 1 else 0.0  # inches for a legend on the right
+    fig, ax = _figure(min(12.0, max(5.5, 1.5 + legend + n * (0.55 if stacked else 0.3 + 0.25 * k))))
     if log:
         ax.set_yscale("log")
-    ax.set_title(title)
-    ax.legend(fontsize=7)
-    return _png(fig)
+    width = 0.7 if stacked else 0.8 / k
+    bottom = [0.0] * n
+    for j, (label, values) in enumerate(series.items()):
+        vals = [_num(v) for v in values]
+        xs = [i if stacked else i - 0.4 + width * (j + 0.5) for i in range(n)]
+        drawn = [v if not log or v > 0 else float("nan") for v in vals]  # a log axis has no zero
+        bars = ax.bar(xs, drawn, width=width, bottom=bottom if stacked else None, label=label)
+        if stacked:
+            bottom = [b + (0.0 if math.isnan(v) else v) for b, v in zip(bottom, vals)]
+        if annotate:
+            ax.bar_label(bars, labels=["" if math.isnan(v) else _value(v) for v in drawn], fontsize=7, padding=2)
+            for x, v, d in zip(xs, vals, drawn):
+                if math.isnan(d) and not math.isnan(v):  # an exact zero on a log axis: said at the bottom
+                    ax.annotate(_value(v), (x, 0), xycoords=("data", "axes fraction"), ha="center",
+                                va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
+    if limit:
+        _limit(ax, limit, limit_label)
+    _labels(ax, categories)
+    ax.set_ylabel(y_label)
+    ax.set_title(title, fontsize=11)
+    ax.margins(y=0.12)
+    _legend(ax, len(series) + (1 if limit else 0))
+    return fig
 
 
-def figures(report) -> list[tuple[str, str]]:
-    """``(title, base64 PNG)`` per plot."""
-    ok = [b for b in report.backends if b.ok]
-    return [
-        ("time by layer kind", _time_by_kind(ok)),
-        ("kernels per attention call", _pairs(ok, lambda b: b.attn_kernels_per_call, lambda b: b.attn_memcpys_per_call,
-                                              ("kernels", "memcpys"), "per attention call",
-                                              "Device work per attention call")),
-        ("host time cold vs steady", _pairs(ok, lambda b: b.attn_cold_host_us, lambda b: b.attn_host_us,
-                                            ("cold (first forward)", "steady (median)"), "host µs per attention call",
-                                            "Host time per attention call", log=True)),
-    ]
+def line_plot(title: str, x_label: str, y_label: str, series: Mapping[str, Sequence[tuple[float, float]]], *,
+              log_x: bool = False, log_y: bool = False):
+    """One line with markers per series through its ``(x, y)`` points."""
+    fig, ax = _figure(7.5 + (2.2 if len(series) > 1 else 0.0))
+    for label, points in series.items():
+        pts = sorted((x, y) for x, y in points if x is not None and y is not None)
+        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", markersize=3, linewidth=1.5, label=label)
+    if log_x:
+        ax.set_xscale("log", base=2)
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(y_label)
+    ax.set_title(title, fontsize=11)
+    ax.grid(alpha=0.3)
+    _legend(ax, len(series))
+    return fig
+
+
+def draw(chart: Chart):
+    """The matplotlib figure of a chart block."""
+    if isinstance(chart, Bars):
+        return bar_plot(chart.title, chart.categories, dict(chart.series), chart.y_label, stacked=chart.stacked,
+                        log=chart.log, limit=chart.limit, limit_label=chart.limit_label, annotate=chart.annotate)
+    if isinstance(chart, Lines):
+        return line_plot(chart.title, chart.x_label, chart.y_label, dict(chart.series), log_x=chart.log_x,
+                         log_y=chart.log_y)
+    raise TypeError(f"not a chart: {type(chart).__name__}")
+
+
+def svg(fig, salt: str = "attnswitch") -> str:
+    """The figure as an ``<svg>`` element to inline in HTML: text stays text, and ``salt`` (one per
+    figure on a page) keeps its clip-path ids apart from the other figures'."""
+    import matplotlib
+
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt}):
+        fig.savefig(buf, format="svg")
+    text = buf.getvalue()
+    text = re.sub(r"<metadata>.*?</metadata>", "", text[text.index("<svg"):], flags=re.S)
+    return text
+
+
+def png_base64(fig, dpi: int = 110) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return base64.b64encode(buf.getvalue()).decode()

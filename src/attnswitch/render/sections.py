@@ -1,29 +1,43 @@
 """What a report says, as a list of blocks, built once for every writer.
 
-Works on any report-shaped object (``results.Report``); it reads fields and never measures.
+Works on any report-shaped object (``results.Report``); it reads fields and never measures. The page is
+the title, then one ``Section`` per builder in ``BUILDERS``; a builder returns ``None`` when the report
+has nothing for it. A section for another workload (generation steps, training, a sweep) is one more
+builder reading its fields, with its figures from ``charts``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
-from .document import Block, Heading, Table, Text
+from . import charts
+from .document import Block, Callout, Figure, Heading, Section, Table, Text, drop_empty_columns
 
-__all__ = ["sections", "title", "summary_table", "layer_table", "device_table", "transfer_table", "fold",
-           "distribution_text", "ordered", "COMM_NOTE"]
+__all__ = ["sections", "Options", "BUILDERS", "title", "about", "summary_table", "layer_table", "device_table",
+           "transfer_table", "environment_table", "fold", "distribution_text", "ordered", "COMM_NOTE", "PERFETTO"]
 
 COMM_NOTE = ("comm µs: the NCCL kernels' device time, which includes waiting for the other ranks to reach the "
              "collective; GPU µs is the rest.")
+PERFETTO = "https://ui.perfetto.dev"
 
 _SUMMARY = ("backend", "time/fwd ms", "noise %", "host/fwd ms", "cold host ms", "host/attn µs", "kernels/fwd",
-            "memcpy/fwd", "attn kernels/call", "attn memcpy/call", "peak MB", "max rel err / why not")
+            "memcpy/fwd", "kernels/attn", "memcpy/attn", "peak MB", "max rel err")
 _DEVICE = ("rank", "GPU", "kernels/fwd", "memcpy/fwd", "memset/fwd", "comm kernels/fwd", "GPU busy ms", "comm ms",
            "GPU span ms", "peak MB", "time/fwd ms")
 _TRANSFER = ("boundary", "from → to", "copies/fwd", "MB/fwd", "GPU µs/fwd")
 _INDEX = re.compile(r"\.(\d+)(?=\.|$)")
 _SUMS = ("calls", "kernels", "memcpys", "memsets", "gpu_us", "host_us", "ops", "comm_kernels", "comm_us", "comm_ops")
+_HEAVY = 3  # layers marked as the heaviest in each per-layer table
+
+
+@dataclass(frozen=True)
+class Options:
+    layers: bool = True  # the per-layer tables
+    fold_layers: bool = True  # repeated layers folded into one row
 
 
 def _n(x, digits=1) -> str:
@@ -56,12 +70,19 @@ def ordered(report) -> list:
     return sorted(report.backends, key=lambda b: order.get(b.backend, len(order)))
 
 
-def title(report) -> str:
+def about(report) -> str:
+    """The workload and the machine, on one line."""
     e = report.environment
     dev = e.get("gpu") or f"CPU ({e.get('cpu')})"
-    return (f"{report.model} · {report.workload.get('description', '')} · {report.workload.get('dtype', '')} · {dev} · "
-            f"torch {e.get('torch')} · transformers {e.get('transformers')}"
-            + (f" · cuDNN {e.get('cudnn')}" if e.get("cudnn") else ""))
+    parts = [report.workload.get("description", ""), report.workload.get("dtype", ""), dev,
+             f"torch {e.get('torch')}", f"transformers {e.get('transformers')}"]
+    if e.get("cudnn"):
+        parts.append(f"cuDNN {e.get('cudnn')}")
+    return " · ".join(p for p in parts if p)
+
+
+def title(report) -> str:
+    return f"{report.model} · {about(report)}" if report.model else about(report)
 
 
 def distribution_text(report) -> str | None:
@@ -76,19 +97,32 @@ def distribution_text(report) -> str | None:
     return str(d)
 
 
+# -- tables -----------------------------------------------------------------------------------------
+
 def _summary_row(b) -> tuple[str, ...]:
     if not b.ok:
-        return (b.backend, b.status.upper()) + ("-",) * 9 + ((b.reasons[0] if b.reasons else "")[:70],)
+        return (b.backend, b.status) + ("-",) * (len(_SUMMARY) - 2)
     num = b.numerics
     return (b.backend, _n(b.time_ms, 3), _n(b.noise_pct, 1), _n(b.host_ms, 2), _n(b.cold_host_ms, 1),
             _n(b.attn_host_us, 1), _n(b.kernels), _n(b.memcpys), _n(b.attn_kernels_per_call),
             _n(b.attn_memcpys_per_call), _n(b.peak_mem_mb, 0),
-            "" if num is None else (f"{num.max_rel_err:.1e}" + ("" if num.ok else " FLAGGED")))
+            "-" if num is None else (f"{num.max_rel_err:.1e}" + ("" if num.ok else " over")))
+
+
+def _summary_kind(report, b) -> str:
+    if not b.ok:
+        return "note"
+    if b.numerics is not None and not b.numerics.ok:
+        return "error"
+    return "strong" if report.ranking and b.backend == report.ranking[0] else "plain"
 
 
 def summary_table(report) -> Table:
-    return Table(title(report), _SUMMARY, tuple(_summary_row(b) for b in ordered(report)),
-                 frozenset({"backend", "max rel err / why not"}))
+    """One row per backend, fastest first; columns with no data on this device are left out."""
+    backends = ordered(report)
+    kinds = tuple(_summary_kind(report, b) for b in backends)
+    table = Table("", _SUMMARY, tuple(_summary_row(b) for b in backends), frozenset({"backend"}), kinds)
+    return drop_empty_columns(table)
 
 
 def _layer_columns(b) -> list[str]:
@@ -107,14 +141,41 @@ def _layer_columns(b) -> list[str]:
     return cols + ["host µs"]
 
 
+def _leaves(rows) -> list[int]:
+    """The rows that hold no other row's time: attention calls, and modules without children. The model's
+    own row is named by its class, not by a prefix of its children's paths: it holds the top-level rows' time."""
+    paths = [x.path for x in rows if x.kind == "module"]
+    top = [x for x in rows if x.kind == "module" and "." not in x.path]
+
+    def holds_others(x) -> bool:
+        if any(p.startswith(x.path + ".") for p in paths):
+            return True
+        others = [y.host_us for y in top if y is not x]
+        return "." not in x.path and bool(others) and x.host_us >= sum(others)
+
+    return [i for i, x in enumerate(rows) if x.kind == "attention" or (x.kind == "module" and not holds_others(x))]
+
+
+def _heaviest(rows, gpu: bool) -> set[int]:
+    """The rows that cost most: device time (each row's own) on a GPU; on a CPU host time, which includes
+    the children's, so among the leaves only."""
+    if gpu:
+        weight = {i: x.gpu_us for i, x in enumerate(rows)}
+    else:
+        weight = {i: rows[i].host_us for i in _leaves(rows)}
+    top = sorted((i for i, w in weight.items() if w > 0), key=lambda i: -weight[i])
+    return set(top[:_HEAVY])
+
+
 def layer_table(report, backend, fold_layers: bool = True) -> Table:
     """Per layer (and per attention call site) of one backend, per forward."""
     b = report[backend] if isinstance(backend, str) else backend
     cols = _layer_columns(b)
     gpu = report.environment.get("device") == "cuda"  # a CPU run has no device events to count
     dev = (lambda x, d=0: _n(x, d)) if gpu else (lambda x, d=0: "-")
+    layers = fold(b.layers) if fold_layers else list(b.layers)
     rows = []
-    for x in (fold(b.layers) if fold_layers else b.layers):
+    for x in layers:
         name = x.path + (" [attention]" if x.kind == "attention" else "") + (f" ×{x.folded}" if x.folded > 1 else "")
         cell = {"phase": x.phase or "forward", "rank": str(x.rank) if x.rank is not None else "-",
                 "GPU": ",".join(map(str, x.devices)) or "-",
@@ -123,7 +184,13 @@ def layer_table(report, backend, fold_layers: bool = True) -> Table:
                 "comm kernels": dev(x.comm_kernels), "comm µs": dev(x.comm_us, 1), "comm ops": _n(x.comm_ops),
                 "host µs": _n(x.host_us, 1)}
         rows.append(tuple([name] + [cell[c] for c in cols]))
-    return Table(f"{b.backend}: per layer (per forward)", tuple(["layer"] + cols), tuple(rows), frozenset({"layer"}))
+    heavy = _heaviest(layers, gpu)
+    kinds = tuple("strong" if i in heavy else "plain" for i in range(len(rows)))
+    caption = (f"bold: the {len(heavy)} layers with the most " + ("GPU time" if gpu else "host time (leaf modules)")
+               if heavy else "")
+    table = Table(f"{b.backend}: per layer (per forward)", tuple(["layer"] + cols), tuple(rows), frozenset({"layer"}),
+                  kinds, caption)
+    return drop_empty_columns(table)
 
 
 def device_table(report, backend) -> Table:
@@ -143,6 +210,60 @@ def transfer_table(report, backend) -> Table:
                  frozenset({"boundary", "from → to"}))
 
 
+def environment_table(report) -> Table:
+    """The machine, the libraries, the workload and the measurement settings."""
+    rows = [(k, str(v)) for k, v in report.environment.items() if v not in (None, "")]
+    rows += [(f"workload {k}", str(v)) for k, v in report.workload.items() if v not in (None, "")]
+    rows += [(k.replace("_", " "), str(v)) for k, v in report.settings.items() if v not in (None, "")]
+    if distribution_text(report):
+        rows.append(("distribution", distribution_text(report)))
+    return Table("", ("item", "value"), tuple(rows), frozenset({"item", "value"}), sortable=False)
+
+
+# -- sections ---------------------------------------------------------------------------------------
+
+def _recommendation(report, opts: Options) -> Section | None:
+    if not report.recommendation:
+        return None
+    head, sep, detail = report.recommendation.partition(": ")
+    callout = Callout("Recommendation", head, detail) if sep else Callout("Recommendation", report.recommendation)
+    return Section("", (callout,), key="recommendation")
+
+
+def _summary(report, opts: Options) -> Section:
+    timer = next((b.timer for b in report.backends if b.timer), "")
+    blocks: list[Block] = [summary_table(report),
+                           Text(f"time/fwd: median of {report.settings.get('iters')} unprofiled forwards ({timer}); "
+                                "noise: half the interquartile range over the median; counts from the profiler, "
+                                "per forward; /attn: per attention call.", "note")]
+    if distribution_text(report):
+        blocks.append(Text(f"distribution: {distribution_text(report)}"))
+    return Section("Summary", tuple(blocks), key="summary")
+
+
+def _plots(report, opts: Options) -> Section | None:
+    if not any(b.ok for b in report.backends):
+        return None
+    cpu = report.environment.get("device") != "cuda"
+    ref = report.settings.get("numerics_reference")
+    backends = ordered(report)
+    plots = [
+        (charts.time_by_kind_chart(backends),
+         "A CPU run has no device time: the attention calls' host time (median per call × calls) against the "
+         "rest of the median forward." if cpu else "Device time per forward, from the profiled pass.", None),
+        (charts.attention_time_chart(backends), "The attention call's own kernels, from the profiled pass.",
+         "No device time on this run (CPU): the host time per call below is the attention's time."),
+        (charts.host_cost_chart(backends), "Host time until each attention call returns: the first call at this "
+         "shape (plans, compiles) and the steady median; log scale.", None),
+        (charts.numerics_chart(backends), f"Each backend's output against the reference ({ref or 'eager attention'})"
+         "; a backend over the dashed tolerance is never recommended.",
+         "No numerics in this report: `profile` does not check them, `compare` does."),
+    ]
+    blocks = [Figure(chart, caption) if chart is not None else Text(missing, "note")
+              for chart, caption, missing in plots if chart is not None or missing]
+    return Section("Plots", tuple(blocks), key="plots")
+
+
 def _backend_blocks(report, b, fold_layers: bool) -> Iterator[Block]:
     table = layer_table(report, b, fold_layers)
     yield table
@@ -156,34 +277,69 @@ def _backend_blocks(report, b, fold_layers: bool) -> Iterator[Block]:
         yield Text(f"attention ran: ops {', '.join(b.attn_ops) or '-'}; kernels "
                    f"{', '.join(k[:60] for k in b.attn_kernel_names) or '-'}"
                    + (f"; launched by {', '.join(b.attn_launch_apis)}" if b.attn_launch_apis else ""), "note")
-    for n in b.notes:
-        yield Text(f"note: {n}", "note")
+
+
+def _layers(report, opts: Options) -> Section | None:
+    shown = [b for b in ordered(report) if b.ok and b.layers] if opts.layers else []
+    if not shown:
+        return None
+    return Section("Per layer", tuple(
+        Section(b.backend, tuple(_backend_blocks(report, b, opts.fold_layers)), key=f"layers-{b.backend}",
+                collapsible=True, open=i == 0) for i, b in enumerate(shown)), key="layers")
+
+
+def _not_run(report, opts: Options) -> Section | None:
+    bad = [b for b in report.backends if not b.ok]
+    if not bad:
+        return None
+    return Section("Not run", tuple(Text(f"{b.backend} {b.status}" + (f" at {b.where}" if b.where else "") + ": "
+                                         + "; ".join(b.reasons), "error") for b in bad), key="not-run")
+
+
+def _notes(report, opts: Options) -> Section | None:
+    notes = tuple(Text(f"{b.backend}: {n}") for b in ordered(report) for n in b.notes)
+    return Section("Notes", notes, key="notes") if notes else None
+
+
+def _environment(report, opts: Options) -> Section:
+    return Section("Environment", (environment_table(report),), key="environment")
+
+
+def _traces(report, opts: Options) -> Section | None:
+    rows = tuple((b.backend, f"traces/{Path(p).name}") for b in ordered(report)
+                 for p in ([b.trace_path] if b.trace_path else []) + list(b.rank_trace_paths))
+    if not rows:
+        return None
+    return Section("Traces", (
+        Table("", ("backend", "trace"), rows, frozenset({"backend", "trace"}), sortable=False,
+              links=frozenset({"trace"})),
+        Text(f"Open one in Perfetto: {PERFETTO}, then \"Open trace file\" (.json and .json.gz load as they are). "
+             "The paths are relative to the report's folder, where `--out` (or `report.save_traces`) puts them.",
+             "note")), key="traces")
+
+
+def _reproduce(report, opts: Options) -> Section | None:
+    return Section("", (Text(f"reproduce: `{report.command}`", "note"),), key="reproduce") if report.command else None
+
+
+def _own_time(report, opts: Options) -> Section | None:
+    spent = report.settings.get("time_s") or {}
+    if not spent:
+        return None
+    parts = ", ".join(f"{k} {v:.1f} s" for k, v in spent.items() if k != "total")
+    return Section("", (Text(f"attnswitch's own time: {spent.get('total', 0):.1f} s ({parts})", "note"),),
+                   key="own-time")
+
+
+#: the sections of a report, in reading order
+BUILDERS: tuple[Callable[..., Section | None], ...] = (_recommendation, _summary, _plots, _layers, _not_run, _notes,
+                                                       _environment, _traces, _own_time, _reproduce)
 
 
 def sections(report, layers: bool = True, fold_layers: bool = True) -> list[Block]:
-    """Everything the report says, in reading order."""
-    out: list[Block] = [Heading("attnswitch report", 1), summary_table(report)]
-    timer = next((b.timer for b in report.backends if b.timer), "")
-    out.append(Text(f"time/fwd: median of {report.settings.get('iters')} unprofiled forwards ({timer}); counts "
-                    "from the profiler, per forward.", "note"))
-    if distribution_text(report):
-        out.append(Text(f"distribution: {distribution_text(report)}"))
-    if report.recommendation:
-        out.append(Text(f"Recommendation: {report.recommendation}", "strong"))
-    if layers:
-        for b in ordered(report):
-            if b.ok and b.layers:
-                out += list(_backend_blocks(report, b, fold_layers))
-    bad = [b for b in report.backends if not b.ok]
-    if bad:
-        out.append(Heading("Not run", 2))
-        for b in bad:
-            out.append(Text(f"{b.backend} {b.status}" + (f" at {b.where}" if b.where else "") + ": "
-                            + "; ".join(b.reasons), "error"))
-    spent = report.settings.get("time_s") or {}
-    if spent:
-        parts = ", ".join(f"{k} {v:.1f} s" for k, v in spent.items() if k != "total")
-        out.append(Text(f"attnswitch's own time: {spent.get('total', 0):.1f} s ({parts})", "note"))
-    if report.command:
-        out.append(Text(f"reproduce: {report.command}", "note"))
+    """Everything the report says, in reading order: the title, then its sections."""
+    opts = Options(layers, fold_layers)
+    out: list[Block] = [Heading(f"attnswitch report: {report.model}" if report.model else "attnswitch report", 1),
+                        Text(about(report), "note")]
+    out += [s for s in (build(report, opts) for build in BUILDERS) if s is not None]
     return out

@@ -1,0 +1,215 @@
+"""Rendering: the console fits 120 columns and shows only columns with data; the HTML page is one
+self-contained file whose every plot has data; the plot helpers for other workloads."""
+
+import re
+import sys
+from pathlib import Path
+
+import matplotlib
+import pytest
+
+from attnswitch import render
+from attnswitch.render import charts, plots
+from attnswitch.render.console import fit_header
+from attnswitch.render.document import EMPTY, Figure, Section, Table, drop_empty_columns, has_data, walk
+from attnswitch.render.html import page_html
+from attnswitch.render.sections import PERFETTO, sections, summary_table
+from attnswitch.results import Report
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDED = {
+    "h200 prefill": ROOT / "benchmarks/results/h200/compare_prefill.json",
+    "h200 decode": ROOT / "benchmarks/results/h200/compare_decode.json",
+    "h200x2 device_map": ROOT / "tests/data/dm_report.json",
+    "h200x2 tensor parallel": ROOT / "tests/data/tp_report.json",
+}
+DEVICE_COLUMNS = ("kernels/fwd", "memcpy/fwd", "kernels/attn", "memcpy/attn", "peak MB")
+
+
+@pytest.fixture(params=[*RECORDED, "cpu"])
+def report(request, cpu_report):
+    return cpu_report if request.param == "cpu" else Report.from_json(RECORDED[request.param])
+
+
+def _summary_lines(text: str) -> list[str]:
+    """The lines of the console output up to the end of the summary (the table and its notes)."""
+    lines = text.splitlines()
+    end = next((i for i, line in enumerate(lines) if line in ("Not run", "Notes", "Per layer")), len(lines))
+    return lines[:end]
+
+
+def test_console_summary_fits_120_columns_and_has_no_empty_column(report):
+    text = render.to_text(report, width=120, layers=False)
+    lines = _summary_lines(text)
+    assert lines and max(map(len, lines)) <= 120
+    table = summary_table(report)
+    for i, header in enumerate(table.headers):
+        assert any(row[i] not in EMPTY for row in table.rows), header
+    # no truncated cell: every value of the table is on the screen as it is
+    for row in table.rows:
+        line = next(line for line in lines if line.split()[:1] == [row[0]])
+        assert line.split() == [w for cell in row for w in cell.split()]
+    if report.recommendation:
+        assert sum("Recommendation: " in line for line in lines) == 1
+
+
+def test_cpu_summary_leaves_out_device_columns_and_a_gpu_summary_keeps_them(cpu_report):
+    cpu = summary_table(cpu_report)
+    gpu = summary_table(Report.from_json(RECORDED["h200 prefill"]))
+    assert not set(DEVICE_COLUMNS) & set(cpu.headers)
+    assert set(DEVICE_COLUMNS) <= set(gpu.headers)
+    assert {"time/fwd ms", "host/attn µs", "max rel err"} <= set(cpu.headers)
+    text = render.to_text(cpu_report, width=120, layers=False)
+    assert "unavailable" in text and "cudnn unavailable at model.layers.0.self_attn" in text
+
+
+def test_layers_are_behind_the_flag_and_str_keeps_them(cpu_report):
+    short = render.to_text(cpu_report, width=120, layers=False)
+    assert "per layer (per forward)" not in short
+    assert "flash: per layer (per forward)" in str(cpu_report)
+    assert "model.layers.*.self_attn [attention] ×2" in str(cpu_report)
+    unfolded = render.to_text(cpu_report, width=120, layers=True, fold=False)
+    assert "model.layers.1.self_attn [attention]" in unfolded
+    # a CPU run counts no device events: those columns are left out of the layer tables too
+    layer_table = next(b for b in walk(sections(cpu_report)) if isinstance(b, Table) and "per layer" in b.title)
+    assert not {"kernels", "memcpy", "memset", "GPU µs"} & set(layer_table.headers)
+
+
+def test_wide_layer_tables_wrap_names_and_never_cut_numbers():
+    rep = Report.from_json(RECORDED["h200x2 tensor parallel"])  # rank, GPU and collective columns
+    text = render.to_text(rep, width=120)
+    assert max(map(len, text.splitlines())) <= 120
+    words = set(text.split())
+    for t in (b for b in walk(sections(rep)) if isinstance(b, Table) and "per layer" in b.title):
+        for row in t.rows:
+            assert set(row[1:]) <= words, row
+
+
+def test_fit_header_wraps_at_spaces_or_before_a_slash():
+    assert fit_header("time/fwd ms", 7) == ("time/fwd\nms", 8)
+    assert fit_header("kernels/fwd", 4) == ("kernels\n/fwd", 7)
+    assert fit_header("backend", 13) == ("backend", 13)
+    assert fit_header("peak MB", 4) == ("peak\nMB", 4)
+
+
+def test_drop_empty_columns_keeps_the_first_and_every_column_with_data():
+    t = Table("t", ("name", "a", "b", "c"), (("x", "-", "1", ""), ("y", "-", "-", "")), frozenset({"name", "c"}))
+    d = drop_empty_columns(t)
+    assert d.headers == ("name", "b") and d.rows == (("x", "1"), ("y", "-")) and d.left == frozenset({"name"})
+    assert drop_empty_columns(Table("e", ("name", "a"), ())).headers == ("name", "a")
+
+
+def test_heaviest_layers_are_marked():
+    rep = Report.from_json(RECORDED["h200 prefill"])
+    t = next(b for b in walk(sections(rep)) if isinstance(b, Table) and b.title == "cudnn: per layer (per forward)")
+    gpu = t.headers.index("GPU µs")
+    marked = sorted((float(r[gpu]) for r, k in zip(t.rows, t.row_kinds) if k == "strong"), reverse=True)
+    assert len(marked) == 3 and marked == sorted((float(r[gpu]) for r in t.rows), reverse=True)[:3]
+    assert "the 3 layers with the most GPU time" in t.caption
+
+
+def test_on_a_cpu_the_heaviest_are_leaves_by_host_time(cpu_report):
+    # host time includes the children's: the model's row and its containers are never the heaviest
+    t = next(b for b in walk(sections(cpu_report)) if isinstance(b, Table) and b.title.startswith("flash: per layer"))
+    names = [r[0] for r in t.rows]
+    marked = [n for n, k in zip(names, t.row_kinds) if k == "strong"]
+    assert len(marked) == 3 and "LlamaForCausalLM" not in marked
+    assert all(n.endswith("[attention] ×2") or not any(o.startswith(n.split(" ")[0] + ".") for o in names)
+               for n in marked)
+
+
+# -- the HTML page ----------------------------------------------------------------------------------
+
+_ATTR_URL = re.compile(r"""(?:src|href|action|poster|data)\s*=\s*["']?\s*([a-z][a-z0-9+.-]*:)""", re.I)
+
+
+def test_html_is_one_file_with_no_external_url_and_every_plot_has_data(report, tmp_path):
+    html = report.write_html(tmp_path / "report.html").read_text()
+    assert not list(tmp_path.iterdir())[1:]  # one file
+    assert "<link" not in html and "@import" not in html
+    assert re.search(r"url\(\s*['\"]?(?!#)", html) is None  # only the SVGs' own clip paths
+    assert re.search(r"<(?:script|img|iframe)[^>]*\ssrc=", html) is None
+    assert set(_ATTR_URL.findall(html)) <= {"https:"}
+    assert re.findall(r'href="(https?://[^"]*)"', html) == [PERFETTO] * len(re.findall(r'href="http', html))
+    figures = [b for b in walk(sections(report)) if isinstance(b, Figure)]
+    assert figures and all(has_data(f.chart) for f in figures)
+    points = [int(n) for n in re.findall(r'<figure class="plot" data-points="(\d+)"', html)]
+    assert len(points) == len(figures) == html.count("<svg") and all(points)
+    assert html.index('id="recommendation"' if report.recommendation else 'id="summary"') < html.index("<table")
+    assert '<table class="sortable">' in html
+
+
+def test_html_leaves_out_plots_without_data_and_says_why(cpu_report, tmp_path):
+    html = render.to_html(cpu_report)
+    assert "Attention: device time per call" not in html
+    assert "No device time on this run (CPU)" in html
+    assert "Numerics: max relative error" in html
+    profile_only = Report.from_json(RECORDED["h200x2 tensor parallel"])  # profiled, numerics not checked
+    html = render.to_html(profile_only)
+    assert "Numerics: max relative error" not in html and "No numerics in this report" in html
+
+
+def test_html_has_the_sections_a_reader_needs():
+    rep = Report.from_json(RECORDED["h200 prefill"])
+    html = render.to_html(rep)
+    order = ['id="recommendation"', 'id="summary"', 'id="plots"', 'id="layers"', 'id="notes"', 'id="environment"',
+             'id="traces"']
+    assert [html.index(s) for s in order] == sorted(html.index(s) for s in order)
+    assert "repeated k/v heads x4" in html  # the GQA note
+    assert '<a href="traces/trace_cudnn.json">' in html and "Open trace file" in html
+    assert html.count("<details") == len(rep.ranking) and "<details id=\"layers-cudnn\" open>" in html
+    assert "NVIDIA H200" in html and "91900" in html
+    assert '<tr class="strong"><td class="text">cudnn</td>' in html
+
+
+def test_html_lists_refusals_with_pytorchs_reasons(cpu_report):
+    html = render.to_html(cpu_report)
+    assert 'id="not-run"' in html and "the cudnn backend runs only on CUDA tensors" in html
+
+
+def test_markdown_has_no_plots_but_everything_else(cpu_report):
+    md = cpu_report.to_markdown()
+    assert "## Summary" in md and "## Not run" in md and "## Environment" in md and "<svg" not in md
+    assert f"**Recommendation: Use `{cpu_report.ranking[0]}`:**" in md
+    assert "(traces/" in md or not any(b.trace_path for b in cpu_report.backends)
+
+
+# -- plots ------------------------------------------------------------------------------------------
+
+def test_plot_helpers_take_plain_sequences():
+    fig = plots.line_plot("t", "seq", "ms", {"flash": [(1024, 2.0), (512, 1.0)], "math": [(512, 3.0)]})
+    ax = fig.axes[0]
+    assert [list(line.get_xdata()) for line in ax.get_lines()] == [[512, 1024], [512]]
+    assert ax.get_xlabel() == "seq" and ax.get_ylabel() == "ms"
+    fig = plots.bar_plot("t", ["a", "b"], {"x": [1.0, None], "y": [2.0, 3.0]}, "ms", stacked=True)
+    assert len(fig.axes[0].patches) == 4
+
+
+def test_workload_charts_draw_with_data():
+    steps = charts.step_time_chart({"flash": [9.0, 1.1, 1.2], "cudnn": [30.0, 1.0, 1.0]})
+    assert dict(steps.series)["flash"] == ((1.0, 9.0), (2.0, 1.1), (3.0, 1.2)) and steps.x_label == "step"
+    train = charts.train_time_chart(["flash", "math"], [10.0, 30.0], [20.0, 80.0])
+    assert train.stacked and dict(train.series)["backward"] == (20.0, 80.0)
+    sweep = charts.sweep_chart({"flash": [(2048, 4.0), (1024, 1.0)]})
+    assert dict(sweep.series)["flash"] == ((1024.0, 1.0), (2048.0, 4.0)) and sweep.log_x and sweep.log_y
+    for chart in (steps, train, sweep):
+        assert has_data(chart)
+        assert plots.svg(plots.draw(chart)).startswith("<svg")
+    assert not has_data(charts.step_time_chart({})) and charts.numerics_chart([]) is None
+
+
+def test_a_section_of_another_workload_is_blocks_and_a_figure(cpu_report):
+    extra = Section("Generation", (Figure(charts.step_time_chart({"flash": [5.0, 1.0, 1.1]}), "per step"),),
+                    key="generation")
+    html = page_html([*sections(cpu_report), extra])
+    assert '<section id="generation">' in html and 'href="#generation"' in html
+    assert "Generation: time per step" in html
+    assert "Generation" not in render.to_text(cpu_report)  # writers of text leave figures out
+
+
+def test_plots_leave_the_callers_matplotlib_alone(cpu_report):
+    backend, rc = matplotlib.get_backend(), dict(matplotlib.rcParams)
+    had_pyplot = "matplotlib.pyplot" in sys.modules
+    render.to_html(cpu_report)
+    assert matplotlib.get_backend() == backend and dict(matplotlib.rcParams) == rc
+    assert ("matplotlib.pyplot" in sys.modules) == had_pyplot
