@@ -117,11 +117,24 @@ def _summary_kind(report, b) -> str:
     return "strong" if report.ranking and b.backend == report.ranking[0] else "plain"
 
 
+_STEP = {"generate": ("time/workload ms", "host/workload ms", "the whole generate workload"),
+         "train": ("time/step ms", "host/step ms", "training steps"), "decode": ("time/fwd ms", "host/fwd ms",
+                                                                                "decode forwards")}
+
+
+def _headers(report) -> tuple[str, ...]:
+    """The summary's headers, its time columns named after what one step of the workload is."""
+    step = _STEP.get(report.workload.get("mode"))
+    if step is None:
+        return _SUMMARY
+    return (_SUMMARY[0], step[0], _SUMMARY[2], step[1]) + _SUMMARY[4:]
+
+
 def summary_table(report) -> Table:
     """One row per backend, fastest first; columns with no data on this device are left out."""
     backends = ordered(report)
     kinds = tuple(_summary_kind(report, b) for b in backends)
-    table = Table("", _SUMMARY, tuple(_summary_row(b) for b in backends), frozenset({"backend"}), kinds)
+    table = Table("", _headers(report), tuple(_summary_row(b) for b in backends), frozenset({"backend"}), kinds)
     return drop_empty_columns(table)
 
 
@@ -174,10 +187,11 @@ def layer_table(report, backend, fold_layers: bool = True) -> Table:
     gpu = report.environment.get("device") == "cuda"  # a CPU run has no device events to count
     dev = (lambda x, d=0: _n(x, d)) if gpu else (lambda x, d=0: "-")
     layers = fold(b.layers) if fold_layers else list(b.layers)
+    none_phase = "-" if report.workload.get("mode") == "generate" else "forward"  # a generate's own loop: no forward
     rows = []
     for x in layers:
         name = x.path + (" [attention]" if x.kind == "attention" else "") + (f" ×{x.folded}" if x.folded > 1 else "")
-        cell = {"phase": x.phase or "forward", "rank": str(x.rank) if x.rank is not None else "-",
+        cell = {"phase": x.phase or none_phase, "rank": str(x.rank) if x.rank is not None else "-",
                 "GPU": ",".join(map(str, x.devices)) or "-",
                 "calls": _n(x.calls), "kernels": dev(x.kernels), "memcpy": dev(x.memcpys), "memset": dev(x.memsets),
                 "cpu ops": _n(x.ops), "GPU µs": dev(x.gpu_us - x.comm_us, 1),  # compute: collectives apart
@@ -232,10 +246,11 @@ def _recommendation(report, opts: Options) -> Section | None:
 
 def _summary(report, opts: Options) -> Section:
     timer = next((b.timer for b in report.backends if b.timer), "")
+    step = _STEP.get(report.workload.get("mode"), ("time/fwd", "", "forwards"))
     blocks: list[Block] = [summary_table(report),
-                           Text(f"time/fwd: median of {report.settings.get('iters')} unprofiled forwards ({timer}); "
-                                "noise: half the interquartile range over the median; counts from the profiler, "
-                                "per forward; /attn: per attention call.", "note")]
+                           Text(f"{step[0].split(' ')[0]}: median of {report.settings.get('iters')} unprofiled "
+                                f"{step[2]} ({timer}); noise: half the interquartile range over the median; counts "
+                                "from the profiler, per forward; /attn: per attention call.", "note")]
     if distribution_text(report):
         blocks.append(Text(f"distribution: {distribution_text(report)}"))
     return Section("Summary", tuple(blocks), key="summary")
@@ -322,6 +337,74 @@ def _reproduce(report, opts: Options) -> Section | None:
     return Section("", (Text(f"reproduce: `{report.command}`", "note"),), key="reproduce") if report.command else None
 
 
+def _ms(x) -> str:
+    return _n(x, 3)
+
+
+def _generate(report, opts: Options) -> Section | None:
+    ran = [b for b in ordered(report) if b.ok and b.generate is not None]
+    if not ran:
+        return None
+    rows = tuple((b.backend, _ms(b.time_ms), _ms(b.generate.ttft_ms), _ms(b.generate.step_ms_p50),
+                  _ms(b.generate.step_ms_p90), _ms(b.generate.step_ms_p99), _n(b.generate.tokens_per_s, 1),
+                  _ms(b.generate.cold_e2e_ms), _ms(b.generate.new_shape_step_ms), _ms(b.generate.seen_shape_step_ms),
+                  _n(b.generate.slow_attn_calls, 0), _n(b.generate.plan_cache_host_mb, 1),
+                  "-" if b.generate.token_agreement is None else f"{b.generate.token_agreement:.3f}") for b in ran)
+    table = drop_empty_columns(Table("Generation", (
+        "backend", "workload ms", "ttft ms", "step p50 ms", "step p90 ms", "step p99 ms", "tokens/s",
+        "first workload ms", "new-length step ms", "seen-length step ms", "slow attn calls", "host MB grown",
+        "tokens agree"), rows, frozenset({"backend"})))
+    blocks: list[Block] = [table, Text(
+        "Steps: wall time between decode forwards. ttft: the prefill forward's start to the first decode forward's. "
+        "New-length steps met a key length for the first time in the first workload (plans, compiles are paid "
+        "there); slow attention calls: host time over 4x the steady call's, in the first workload. Tokens agree: "
+        "greedy tokens equal to float32 eager's.", "note")]
+    series = {b.backend: b.generate.step_times_ms for b in ran if b.generate.step_times_ms}
+    series.update({f"{b.backend} (first)": b.generate.cold_step_times_ms for b in ran[:3]
+                   if b.generate.cold_step_times_ms})
+    if series:
+        blocks.append(Figure(charts.step_time_chart(series, "Generation: time per decode step, steady and first"),
+                             "One generate of the first prompt length, step by step."))
+    slow = [f"{b.backend}: prompt {c.prompt}, step {c.step}, {c.layer}, key length {c.kv_len}: {c.host_us:.0f} µs"
+            for b in ran for c in b.generate.slow_calls[:5]]
+    if slow:
+        blocks.append(Text("Slow attention calls (first workload): " + "; ".join(slow), "note"))
+    return Section("Generation", tuple(blocks), key="generate")
+
+
+def _train(report, opts: Options) -> Section | None:
+    ran = [b for b in ordered(report) if b.ok and b.train is not None]
+    if not ran:
+        return None
+    rows = tuple((b.backend, _ms(b.time_ms), _ms(b.train.forward_ms), _ms(b.train.backward_ms), _n(b.peak_mem_mb, 0),
+                  "-" if b.train.grad_max_rel_err is None else
+                  f"{b.train.grad_max_rel_err:.1e}" + ("" if b.train.grad_ok else " over"), b.train.worst_grad or "-")
+                 for b in ran)
+    table = drop_empty_columns(Table("Training step", ("backend", "step ms", "forward ms", "backward ms", "peak MB",
+                                                       "grad max rel err", "worst parameter"), rows,
+                                     frozenset({"backend", "worst parameter"})))
+    chart = charts.train_time_chart([b.backend for b in ran], [b.train.forward_ms for b in ran],
+                                    [b.train.backward_ms for b in ran])
+    return Section("Training", (table, Text(f"Loss: {ran[0].train.loss}. Gradients against float32 eager "
+                                            "(dropout off); NaN or Inf fails the backend.", "note"),
+                                Figure(chart, "Forward and backward time per training step.")), key="train")
+
+
+def _sweep(report, opts: Options) -> Section | None:
+    if not report.sweep:
+        return None
+    names = list(dict.fromkeys(b.backend for p in report.sweep for b in p.backends))
+    rows = tuple((str(p.batch), str(p.seq), *(_ms(next((b.time_ms for b in p.backends if b.backend == n and b.ok),
+                                                         None)) for n in names), (p.ranking or ("-",))[0])
+                 for p in report.sweep)
+    table = Table("Sweep: time per step (ms)", ("batch", "seq", *names, "best"), rows, frozenset({"best"}))
+    series = {n: [(p.seq, b.time_ms) for p in report.sweep for b in p.backends if b.backend == n and b.ok
+                  and b.time_ms] for n in names}
+    return Section("Sweep", (drop_empty_columns(table, keep=2),
+                             Figure(charts.sweep_chart({k: v for k, v in series.items() if v}),
+                                    "Time per step against sequence length (log-log).")), key="sweep")
+
+
 def _own_time(report, opts: Options) -> Section | None:
     spent = report.settings.get("time_s") or {}
     if not spent:
@@ -332,8 +415,9 @@ def _own_time(report, opts: Options) -> Section | None:
 
 
 #: the sections of a report, in reading order
-BUILDERS: tuple[Callable[..., Section | None], ...] = (_recommendation, _summary, _plots, _layers, _not_run, _notes,
-                                                       _environment, _traces, _own_time, _reproduce)
+BUILDERS: tuple[Callable[..., Section | None], ...] = (_recommendation, _summary, _generate, _train, _sweep, _plots,
+                                                       _layers, _not_run, _notes, _environment, _traces, _own_time,
+                                                       _reproduce)
 
 
 def sections(report, layers: bool = True, fold_layers: bool = True) -> list[Block]:
