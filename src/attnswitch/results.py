@@ -132,6 +132,7 @@ class BackendResult:
     profiled_run_seconds: float | None = None  # wall time of the profiled forwards themselves
     trace_events: int | None = None
     numerics: Numerics | None = None
+    package: str | None = None  # the distribution (and version) of a third-party kernel, e.g. "flash-attn 2.8.3"
 
     @property
     def ok(self) -> bool:
@@ -161,7 +162,10 @@ class Report:
     schema_version: int = SCHEMA_VERSION
 
     def __getitem__(self, name: str) -> BackendResult:
-        key = resolve_name(name)
+        try:
+            key = resolve_name(name)
+        except ValueError:  # a backend registered when the report was made, not now
+            key = name
         for b in self.backends:
             if b.backend == key:
                 return b

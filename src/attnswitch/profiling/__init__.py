@@ -7,6 +7,7 @@ tensor-parallel job.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..backends import parse_backends
+from ..backends import package_of, parse_backends
 from ..dist import world
 from ..env import environment
 from ..hf import require_interface
@@ -67,7 +68,8 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     for name in names:
         if progress:
             progress(name)
-        results.append(prepare_backend(t, name, warmup=warmup, iters=iters, trace_dir=trace_dir))
+        result = prepare_backend(t, name, warmup=warmup, iters=iters, trace_dir=trace_dir)
+        results.append(dataclasses.replace(result, package=package_of(name)) if package_of(name) else result)
     ok = agree_ok([r.backend for r in results if r.ok])
     if ok:
         if progress:
