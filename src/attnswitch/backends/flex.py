@@ -8,11 +8,12 @@ causal block mask; a boolean mask (padding, sliding windows, True = attend) a bl
 
 Compiling: one compiled entry per kind of call (mask kind, score kind, dtype, device, head counts and
 dims, scale), made once per process. Each entry is a function with a code object of its own, so that
-Dynamo counts its recompilations (its ``recompile_limit``) per kind: many models in one process never
-push a kind into the unfused fallback. Sequence lengths and batch sizes become dynamic after their
-first change (Dynamo's automatic dynamic shapes), so ``generate()`` does not compile every step. On a
-GPU the kernels are Triton's (inductor's FlexAttention templates); the first call of a kind compiles
-them, which a profile shows in its cold columns.
+Dynamo counts recompilations (its ``recompile_limit``, 8 by default) per kind, not for all the models
+of a process together; and each is compiled with ``fullgraph=True``, so a kind that still exhausts it
+raises instead of running PyTorch's unfused fallback. Sequence lengths and batch sizes become dynamic
+after their first change (Dynamo's automatic dynamic shapes), so ``generate()`` does not compile every
+step. On a GPU the kernels are Triton's (inductor's FlexAttention templates); the first call of a kind
+compiles them, which a profile shows in its cold columns.
 """
 
 from __future__ import annotations

@@ -185,8 +185,6 @@ def kernel_family(op_names: Iterable[str]) -> str | None:
     return None
 
 
-
-
 # -- kernels with SDPA's signature: a user's, and flex and the adapters --------------------------------
 
 @dataclass(frozen=True)
