@@ -30,14 +30,18 @@ def torch_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     return torch.softmax(s, dim=-1).nan_to_num(0.0) @ v  # rows with nothing to attend to give 0, as SDPA's
 
 
-def triton_attention():
-    """``(fn, check)``: a FlashAttention-style forward kernel in Triton (online softmax over key blocks)."""
+try:  # Triton resolves names in a kernel from the module's globals: import at the top
     import triton
     import triton.language as tl
+except ImportError:
+    triton = None
 
+if triton is not None:
     @triton.jit
-    def kernel(Q, K, V, O, scale, sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos, H, GROUP, S_Q, S_K,
-               CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    def _attention_kernel(Q, K, V, O, scale, sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, sob, soh, sos, H, GROUP,
+                          S_Q, S_K, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          D: tl.constexpr):
+        """One block of query rows of one (batch, head): an online softmax over blocks of keys."""
         start_m, bh = tl.program_id(0), tl.program_id(1)
         b, h = bh // H, bh % H
         hk = h // GROUP  # the key/value head of this query head
@@ -47,8 +51,8 @@ def triton_attention():
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        if CAUSAL:  # key blocks past the diagonal hold nothing to attend to
-            end = tl.minimum((start_m + 1) * BLOCK_M, S_K)
+        if CAUSAL:  # key blocks past the diagonal hold nothing to attend to (those past S_K are masked below)
+            end = (start_m + 1) * BLOCK_M
         else:
             end = S_K
         for start_n in range(0, end, BLOCK_N):
@@ -72,32 +76,33 @@ def triton_attention():
         tl.store(O + b * sob + h * soh + rows[:, None] * sos + dims[None, :], acc.to(O.dtype.element_ty),
                  mask=rows[:, None] < S_Q)
 
-    def check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-        reasons = []
-        if attn_mask is not None:
-            reasons.append("this Triton kernel takes no attention mask")
-        if dropout_p:
-            reasons.append("this Triton kernel has no dropout")
-        if q.dtype not in (torch.float16, torch.bfloat16):
-            reasons.append(f"this Triton kernel takes float16 or bfloat16, not {q.dtype}")
-        d = q.shape[-1]
-        if d != v.shape[-1] or d not in (16, 32, 64, 128):
-            reasons.append(f"this Triton kernel takes equal head dims of 16, 32, 64 or 128; got {d} and {v.shape[-1]}")
-        return reasons
 
-    def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        """a FlashAttention-style Triton kernel written in this example"""
-        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-        b, h, s_q, d = q.shape
-        out = torch.empty(b, h, s_q, d, device=q.device, dtype=q.dtype)
-        block_m, block_n = 64, 64
-        grid = (triton.cdiv(s_q, block_m), b * h)
-        kernel[grid](q, k, v, out, d ** -0.5 if scale is None else scale, *q.stride()[:3], *k.stride()[:3],
-                     *v.stride()[:3], *out.stride()[:3], h, h // k.shape[1], s_q, k.shape[2], CAUSAL=is_causal,
-                     BLOCK_M=block_m, BLOCK_N=block_n, D=d)
-        return out
+def triton_check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """Why the Triton kernel cannot run these inputs (empty: it can)."""
+    reasons = []
+    if attn_mask is not None:
+        reasons.append("this Triton kernel takes no attention mask")
+    if dropout_p:
+        reasons.append("this Triton kernel has no dropout")
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        reasons.append(f"this Triton kernel takes float16 or bfloat16, not {q.dtype}")
+    d = q.shape[-1]
+    if d != v.shape[-1] or d not in (16, 32, 64, 128):
+        reasons.append(f"this Triton kernel takes equal head dims of 16, 32, 64 or 128; got {d} and {v.shape[-1]}")
+    return reasons
 
-    return attention, check
+
+def triton_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """a FlashAttention-style Triton kernel written in this example"""
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    b, h, s_q, d = q.shape
+    out = torch.empty(b, h, s_q, d, device=q.device, dtype=q.dtype)
+    block_m, block_n = 64, 64
+    grid = (triton.cdiv(s_q, block_m), b * h)
+    _attention_kernel[grid](q, k, v, out, d ** -0.5 if scale is None else scale, *q.stride()[:3], *k.stride()[:3],
+                            *v.stride()[:3], *out.stride()[:3], h, h // k.shape[1], s_q, k.shape[2],
+                            CAUSAL=is_causal, BLOCK_M=block_m, BLOCK_N=block_n, D=d)
+    return out
 
 
 p = argparse.ArgumentParser()
@@ -107,10 +112,7 @@ p.add_argument("--layers", type=int, default=None)
 args = p.parse_args()
 
 cuda = torch.cuda.is_available()
-try:
-    fn, check = triton_attention() if cuda else (torch_attention, None)
-except ImportError:  # a GPU without Triton
-    fn, check = torch_attention, None
+fn, check = (triton_attention, triton_check) if cuda and triton is not None else (torch_attention, None)
 name = attnswitch.register_backend("mine", fn, check=check, gqa=True, devices=["cuda"] if check else None)
 
 # a bare call first: the kernel against SDPA
