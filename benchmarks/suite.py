@@ -1,4 +1,5 @@
-"""attnswitch's own numbers: the post's experiment, the ceiling, the switch's overhead, profiler fidelity.
+"""attnswitch's own numbers: the post's experiment, the ceiling, the switch's overhead, profiler fidelity,
+FlexAttention against the fused SDPA kernels.
 
 ``python -m benchmarks [--out DIR] [--only NAME,...] [--quick]`` runs every part on the device it finds
 (CUDA when available) and writes one JSON per part under ``--out`` (default ``$OUT`` or
@@ -392,6 +393,53 @@ def posts_findings_per_layer(layers=4, seq=1024, batch=2):
     return {"model": desc, "batch": batch, "seq": seq, "backends": rows}
 
 
+def _flex_shape(b, h, s, d, rounds, per_round):
+    """One shape of ``flex_vs_fused``: flex's first call (compile), then the three kernels side by side."""
+    from attnswitch.backends import flex
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    flops = 4 * b * h * s * s * d * 0.5
+    fns = {n: (lambda n=n: attnswitch.attention(q, k, v, is_causal=True, backend=n))
+           for n in ("flex", "cudnn", "flash")}
+    _sync()
+    t0 = time.perf_counter()
+    fns["flex"]()
+    _sync()
+    row = {"flex_first_call_s": time.perf_counter() - t0, "flex_compiled_entries": flex.cache_info()["compiled"]}
+    ok = {}
+    for n, fn in fns.items():
+        try:
+            out = fn().float()
+        except attnswitch.BackendUnavailable as e:
+            row[n] = {"status": "unavailable", "reasons": e.reasons}
+            continue
+        ok[n] = fn
+        row[n] = {"status": "ok", "max_rel_err": ((out - ref).abs().max() / ref.abs().max()).item()}
+    samples = {n: [] for n in ok}
+    for _ in range(rounds):  # interleaved: drift falls on every backend alike
+        for n, fn in ok.items():
+            samples[n] += time_graph(fn, n=per_round, warmup=2) or time_gpu(fn, n=per_round, warmup=2)
+    for n, ms in samples.items():
+        row[n].update(gpu_us=_median(ms) * 1e3, noise_pct=_iqr_half_pct(ms), tflops=flops / (_median(ms) * 1e-3) / 1e12)
+    if "flex" in ok and "cudnn" in ok:
+        row["flex_vs_cudnn_time_ratio"] = row["flex"]["gpu_us"] / row["cudnn"]["gpu_us"]
+    return row
+
+
+def flex_vs_fused(shapes=((4, 32, 4096, 128), (8, 16, 1024, 64)), rounds=5, per_round=10):
+    """FlexAttention (compiled, causal block mask) against cuDNN and FlashAttention-2 through SDPA, bare
+    causal bf16 calls, side by side: TFLOP/s of the kernels (CUDA-graph replay, else CUDA events), in
+    interleaved rounds; and flex's compile cost, the wall time of its first call at each shape (a new
+    compiled entry per head count and dim; the inductor cache on disk as this machine has it)."""
+    out = {"inductor_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR", "default")}
+    for b, h, s, d in shapes:
+        out[f"B{b} H{h} S{s} D{d} bf16 causal"] = _flex_shape(b, h, s, d, rounds, per_round)
+        torch.cuda.empty_cache()
+    return out
+
+
 _CEILINGS: dict = {}
 
 
@@ -413,6 +461,7 @@ PARTS = {
     "switch_overhead": lambda quick=False: switch_overhead(),
     "profiler_fidelity": lambda quick=False: profiler_fidelity(),
     "posts_findings_per_layer": lambda quick=False: posts_findings_per_layer(),
+    "flex_vs_fused": lambda quick=False: flex_vs_fused(rounds=2 if quick else 5),
 }
 CPU_PARTS = {"switch_overhead_cpu": lambda quick=False: switch_overhead(device="cpu"),
              "switch_enter_exit": lambda quick=False: switch_enter_exit(),

@@ -12,6 +12,7 @@ CASES = {
     "post_single_call.py": ["--small"],
     "profile_model_per_layer.py": ["--layers", "2", "--seq", "32"],
     "choose_backend.py": ["--layers", "2", "--seq", "32", "--padding"],
+    "bring_your_own_kernel.py": ["--layers", "2", "--seq", "32"],
     # under torchrun, two CPU processes over gloo (the GPUs hidden where there are any)
     "larger_than_one_gpu.py": ["--tp", "--layers", "2", "--seq", "16"],
 }
@@ -37,5 +38,7 @@ def test_example_runs(name, tmp_path):
     if name == "larger_than_one_gpu.py":
         assert r.stdout.count("random weights, tensor parallel over 2 ranks\n") == 1  # printed by rank 0 alone
         assert "layers issuing collectives: " in r.stdout and "o_proj" in r.stdout
+    if name == "bring_your_own_kernel.py":  # the kernel ran in the model and was checked and ranked
+        assert "max |out - SDPA| = " in r.stdout and "mine ran: " in r.stdout and "Recommendation" in r.stdout
     if name == "post_single_call.py":
         assert "naive-inplace" in r.stdout and "aten::masked_fill_" in r.stdout

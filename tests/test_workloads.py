@@ -86,11 +86,14 @@ def test_generate_reports_every_step_of_every_prompt(gen_report):
 def test_generate_time_per_workload_against_an_independent_clock(gen_report):
     w, r = gen_report
     b = r["naive"]
+    walls = []
     with attnswitch.backend("naive", model=w.model):
         w.step()  # warm
-        t0 = time.perf_counter()
-        w.step()
-        wall_ms = (time.perf_counter() - t0) * 1e3
+        for _ in range(3):
+            t0 = time.perf_counter()
+            w.step()
+            walls.append((time.perf_counter() - t0) * 1e3)
+    wall_ms = sorted(walls)[1]
     assert 0.5 * wall_ms < b.time_ms < 2.0 * wall_ms  # the same workload, timed outside attnswitch
 
 
@@ -125,8 +128,8 @@ def test_new_key_lengths_costs_are_seen_and_the_recommendation_says_when_it_flip
 
 def test_a_policy_per_phase_is_measured_when_prefill_and_decode_winners_differ(registered, spy):
     m = tiny("llama")
-    registered("fastprefill", slow(0.01, when=lambda q: q.shape[2] == 1))  # slow decode steps
-    registered("fastdecode", slow(0.01, when=lambda q: q.shape[2] > 1))  # slow prefill
+    registered("fastprefill", slow(0.02, when=lambda q: q.shape[2] == 1))  # slow decode steps
+    registered("fastdecode", slow(0.03, when=lambda q: q.shape[2] > 1))  # slow prefill
     w = make_workload(m, batch=1, seq=10, mode="generate", new_tokens=NEW, prompt_lens=(8, 10))
     r = compare(m, w, backends=["fastprefill", "fastdecode"], warmup=0, iters=1, rounds=1)
     pair = "prefill=fastprefill/decode=fastdecode"

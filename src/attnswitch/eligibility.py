@@ -31,7 +31,10 @@ class CheckResult:
     results: Mapping[str, Eligibility] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> Eligibility:
-        return self.results[resolve_name(name)]
+        try:
+            return self.results[resolve_name(name)]
+        except ValueError:  # a backend registered when the check ran, not now
+            return self.results[name]
 
     def __iter__(self):
         return iter(self.results.values())

@@ -188,6 +188,7 @@ class BackendResult:
     numerics: Numerics | None = None
     generate: GenerateStats | None = None
     train: TrainStats | None = None
+    package: str | None = None  # the distribution (and version) of a third-party kernel, e.g. "flash-attn 2.8.3"
 
     @property
     def ok(self) -> bool:
@@ -228,7 +229,10 @@ class Report:
     schema_version: int = SCHEMA_VERSION
 
     def __getitem__(self, name) -> BackendResult:
-        key = name if isinstance(name, str) and "=" in name else resolve_name(name)
+        try:  # a policy's name, or a backend registered when the report was made and not now, as it is
+            key = name if isinstance(name, str) and "=" in name else resolve_name(name)
+        except ValueError:
+            key = name
         for b in self.backends:
             if b.backend == key:
                 return b

@@ -1,13 +1,15 @@
 """Attention backends: the registry (``registry``), one call's arguments and checks (``call``), the
-hand-written attention (``naive``) and PyTorch's SDPA backends forced without flags (``sdpa``)."""
+hand-written attention (``naive``), PyTorch's SDPA backends forced without flags (``sdpa``),
+FlexAttention (``flex``), third-party kernels (``adapters``, ``hub``)."""
 
 from __future__ import annotations
 
 from .call import Call, recording_notes, validate
+from .flex import flex_check, flex_sdpa
+from .hub import register_hub_kernel
 from .naive import naive_attention
 from .policy import Policy, choose, parse_backends, resolve_selection
 from .registry import (
-    BACKENDS,
     KERNEL_OPS,
     MODEL_LEVEL,
     REFERENCE,
@@ -16,16 +18,22 @@ from .registry import (
     get,
     kernel_family,
     names,
+    package_of,
     register_backend,
     resolve_name,
     unregister_backend,
 )
 from .sdpa import FORCED, GPU_ONLY, auto_choice, eligibility
 
+#: the built-in public backend names offered here (adapters only where their package is installed), in the
+#: order reports list them
+BACKENDS: tuple[str, ...] = tuple(names(compared=True))
+
 __all__ = ["BACKENDS", "KERNEL_OPS", "MODEL_LEVEL", "REFERENCE", "FORCED", "GPU_ONLY", "Backend", "Call",
-           "auto_choice", "default_backends", "eligibility", "get", "kernel_family", "naive_attention", "names",
-           "parse_backends", "recording_notes", "register_backend", "resolve_name", "run", "unregister_backend",
-           "validate", "Policy", "choose", "resolve_selection"]
+           "auto_choice", "default_backends", "eligibility", "flex_check", "flex_sdpa", "get", "kernel_family",
+           "naive_attention", "names", "package_of", "parse_backends", "recording_notes", "register_backend",
+           "register_hub_kernel", "resolve_name", "run", "unregister_backend", "validate", "Policy", "choose",
+           "resolve_selection"]
 
 
 def run(name: str, call: Call):

@@ -1,8 +1,10 @@
 """The backend registry: a plain dict of name -> ``Backend``; registering never activates anything.
 
 Built-ins: ``naive``, ``naive-inplace``, the forced SDPA backends (``math``, ``efficient``, ``flash``,
-``cudnn``), ``auto`` (SDPA's own choice), ``eager`` (the model's own transformers attention) and the
-numerics reference ``eager-fp32``. ``register_backend`` adds any SDPA-compatible kernel.
+``cudnn``), ``flex`` (FlexAttention), the adapters of third-party kernels (``fa2``, ``fa3``; offered
+where their package is importable), ``auto`` (SDPA's own choice), ``eager`` (the model's own transformers
+attention) and the numerics reference ``eager-fp32``. ``register_backend`` adds any kernel with SDPA's
+signature; ``flex`` and the adapters are registered through the same path (as built-ins).
 """
 
 from __future__ import annotations
@@ -11,16 +13,19 @@ import functools
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, packages_distributions, version
 
 import torch
 from torch.nn.attention import SDPBackend
 
+from . import adapters, flex
 from .call import Call, note, repeat_kv, unavailable, validate
 from .naive import naive_attention
 from .sdpa import GPU_ONLY, forced, sdpa_auto
 
-__all__ = ["Backend", "BACKENDS", "REFERENCE", "MODEL_LEVEL", "get", "names", "resolve_name", "register_backend",
-           "unregister_backend", "default_backends", "kernel_family", "KERNEL_OPS"]
+__all__ = ["Backend", "REFERENCE", "MODEL_LEVEL", "get", "names", "resolve_name", "register_backend",
+           "unregister_backend", "define_backend", "default_backends", "kernel_family", "KERNEL_OPS",
+           "offered", "package_of"]
 
 Runner = Callable[[Call], "tuple[torch.Tensor, torch.Tensor | None]"]
 
@@ -36,7 +41,8 @@ class Backend:
     devices: frozenset[str] | None = None  # device types it runs on; None: any
     compared: bool = True  # among "all" backends
     builtin: bool = True
-    package: str | None = None  # the distribution (and version) providing the kernel, for reports
+    package: str | None = None  # the distribution providing the kernel; reports name it with its version
+    module: str | None = None  # the import name that offers it: among "all" backends only where importable
 
 
 #: the numerics reference: the model's own eager attention computed in float32 inside a model that stays in
@@ -47,7 +53,7 @@ MODEL_LEVEL = frozenset({"eager", REFERENCE})
 
 _SDPA_ENUM = {"math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION,
               "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
-_BUILTIN = [
+_FIRST = [
     Backend("naive", "q @ kᵀ * scale, masked_fill (out of place: one extra Memcpy DtoD), softmax, @ v",
             functools.partial(naive_attention, inplace=False)),
     Backend("naive-inplace", "the same with masked_fill_ (no Memcpy)",
@@ -58,16 +64,16 @@ _BUILTIN = [
     Backend("flash", "SDPA's FlashAttention-2 kernel (on CPUs, its flash kernel for CPUs)",
             functools.partial(forced, "flash")),
     Backend("cudnn", "SDPA's cuDNN kernel", functools.partial(forced, "cudnn"), devices=frozenset({"cuda"})),
+]
+# after flex and the adapters, which are registered below through register_backend's path
+_LAST = [
     Backend("auto", "SDPA's own choice (transformers' sdpa function in a model)", sdpa_auto),
     Backend("eager", "the model's own transformers eager attention"),
     Backend(REFERENCE, "the model's eager attention computed in float32 (numerics reference)", compared=False),
 ]
-assert GPU_ONLY == {b.name for b in _BUILTIN if b.devices == frozenset({"cuda"})}
+assert GPU_ONLY == {b.name for b in _FIRST if b.devices == frozenset({"cuda"})}
 
-#: the built-in public backend names, in the order reports list them
-BACKENDS: tuple[str, ...] = tuple(b.name for b in _BUILTIN if b.compared)
-
-_REGISTRY: dict[str, Backend] = {b.name: b for b in _BUILTIN}
+_REGISTRY: dict[str, Backend] = {b.name: b for b in _FIRST}
 _ALIASES = {
     "naive_inplace": "naive-inplace", "naiveinplace": "naive-inplace", "mem_efficient": "efficient",
     "mem-efficient": "efficient", "memory_efficient": "efficient", "efficient_attention": "efficient",
@@ -77,9 +83,20 @@ _ALIASES = {
 _LOCK = threading.Lock()
 
 
+def offered(b: Backend) -> bool:
+    """Whether ``b`` is among the backends offered by default: its package (if it needs one) is importable."""
+    return b.module is None or adapters.importable(b.module)
+
+
 def names(compared: bool = False) -> list[str]:
-    """Every registered backend name (only those compared by default with ``compared=True``)."""
-    return [n for n, b in _REGISTRY.items() if b.compared or not compared]
+    """Every registered backend name (with ``compared=True`` only those compared by default: not the
+    numerics reference, nor adapters whose package is not installed)."""
+    return [n for n, b in _REGISTRY.items() if not compared or (b.compared and offered(b))]
+
+
+def _valid_names() -> str:
+    absent = [n for n, b in _REGISTRY.items() if b.compared and not offered(b)]
+    return ", ".join(names(True)) + (f" (and, with their packages installed, {', '.join(absent)})" if absent else "")
 
 
 def resolve_name(name: str | SDPBackend) -> str:
@@ -92,7 +109,7 @@ def resolve_name(name: str | SDPBackend) -> str:
         for n, b in _SDPA_ENUM.items():
             if b == name:
                 return n
-        raise ValueError(f"SDPBackend {name!r} has no attnswitch backend; valid names: {', '.join(names(True))}")
+        raise ValueError(f"SDPBackend {name!r} has no attnswitch backend; valid names: {_valid_names()}")
     if not isinstance(name, str):
         raise TypeError(f"backend name must be a str or SDPBackend, not {type(name).__name__}")
     key = name.strip().lower()
@@ -100,7 +117,7 @@ def resolve_name(name: str | SDPBackend) -> str:
         return key
     if key in _ALIASES:
         return _ALIASES[key]
-    raise ValueError(f"unknown attention backend {name!r}; valid names: {', '.join(names(True))}")
+    raise ValueError(f"unknown attention backend {name!r}; valid names: {_valid_names()}")
 
 
 def get(name: str) -> Backend:
@@ -109,13 +126,35 @@ def get(name: str) -> Backend:
         return _REGISTRY[name]
     except KeyError:
         raise ValueError(f"attention backend {name!r} is not registered (unregistered while in use?); valid "
-                         f"names: {', '.join(names(True))}") from None
+                         f"names: {_valid_names()}") from None
 
 
 def default_backends(device) -> list[str]:
-    """Every compared backend that can exist on the device (CUDA-only ones are left out on a CPU)."""
+    """Every compared backend that can exist on the device (CUDA-only ones are left out on a CPU, adapters
+    whose package is not installed everywhere)."""
     dev = torch.device(device).type
-    return [n for n, b in _REGISTRY.items() if b.compared and (b.devices is None or dev in b.devices)]
+    return [n for n in names(True) if _REGISTRY[n].devices is None or dev in _REGISTRY[n].devices]
+
+
+def package_of(name: str) -> str | None:
+    """The distribution providing backend ``name``'s kernel with its installed version (``"flash-attn
+    2.8.3"``), for reports; None for backends of torch and attnswitch."""
+    b = _REGISTRY.get(name)
+    if b is None or b.package is None:
+        return None
+    ver = None
+    try:
+        ver = version(b.package)
+    except PackageNotFoundError:
+        dists = packages_distributions().get(b.module or "", []) if b.module else []
+        for d in dists:  # installed under another distribution name (a source build)
+            try:
+                return f"{d} {version(d)}"
+            except PackageNotFoundError:
+                continue
+        mod = adapters.module(b.module) if b.module and adapters.importable(b.module) else None
+        ver = getattr(mod, "__version__", None)
+    return f"{b.package} {ver}" if ver else b.package
 
 
 #: ATen ops that name the attention kernel family, wherever they sit under an attention call
@@ -133,64 +172,149 @@ def kernel_family(op_names: Iterable[str]) -> str | None:
     return None
 
 
-# -- kernels a user brings -------------------------------------------------------------------------
+# -- kernels with SDPA's signature: a user's, and flex and the adapters --------------------------------
 
-def _user_runner(name: str, fn: Callable, devices, check, gqa: bool) -> Runner:
-    def run(call: Call):
-        q, k, v = call.q, call.k, call.v
+@dataclass(frozen=True)
+class _Kernel:
+    """The runner of a kernel with SDPA's signature: the registry's checks, then the kernel."""
+
+    name: str
+    fn: Callable
+    devices: frozenset[str] | None
+    check: Callable | None
+    gqa: bool | Callable  # takes grouped-query inputs as they are (or a predicate ``gqa(q, k)``, per call)
+    softcap: bool  # takes ``softcap=``
+    module: str | None = None
+    install: str | None = None
+
+    def _refusals(self, call: Call) -> list[str]:
         reasons = []
-        if devices is not None and q.device.type not in devices:
-            reasons.append(f"{name} runs on {', '.join(sorted(devices))} tensors; these are on {q.device.type}")
-        if call.softcap is not None:
-            reasons.append(f"{name} takes SDPA's arguments, which have no logit softcapping (softcap)")
+        if self.module is not None and not adapters.importable(self.module):
+            reasons.append(f"{self.name} needs the {self.module} module, which is not installed here: {self.install}")
+        dev = call.q.device.type
+        if self.devices is not None and dev not in self.devices:
+            reasons.append(f"{self.name} runs on {', '.join(sorted(self.devices))} tensors; these are on {dev}")
+        if call.softcap is not None and not self.softcap:
+            reasons.append(f"{self.name} takes SDPA's arguments, which have no logit softcapping (softcap); a kernel "
+                           "that takes softcap= is registered with softcap=True")
         if call.sinks is not None:
-            reasons.append(f"{name} takes SDPA's arguments, which have no attention sinks (s_aux)")
-        repeated = call.gqa and not gqa
-        if repeated:
+            reasons.append(f"{self.name} takes SDPA's arguments, which have no attention sinks (s_aux)")
+        return reasons
+
+    def __call__(self, call: Call) -> tuple[torch.Tensor, None]:
+        validate(call)  # inputs no backend takes get SDPA's own error, not a refusal
+        q, k, v = call.q, call.k, call.v
+        reasons = self._refusals(call)
+        native = call.gqa and not reasons and bool(self.gqa(q, k) if callable(self.gqa) else self.gqa)
+        if call.gqa and not native:
             n_rep = q.shape[1] // k.shape[1]
             k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
-        if check is not None and not reasons:
-            reasons += [str(r) for r in (check(q, k, v, call.mask, call.dropout, call.causal, call.scale,
-                                               call.gqa and gqa) or ())]
+        extra = {"softcap": call.softcap} if self.softcap and call.softcap is not None else {}
+        if self.check is not None and not reasons:
+            reasons = [str(r) for r in (self.check(q, k, v, call.mask, call.dropout, call.causal, call.scale, native,
+                                                   **extra) or ())]
         if reasons:
-            validate(call)
-            raise unavailable(name, call, reasons)
-        if repeated:
-            note(name, call, f"repeated k/v heads x{q.shape[1] // call.k.shape[1]} ({name} declares no grouped-query "
-                             "support)")
-        kwargs = {"enable_gqa": True} if call.gqa and gqa else {}
-        out = fn(q, k, v, attn_mask=call.mask, dropout_p=call.dropout, is_causal=call.causal, scale=call.scale,
-                 **kwargs)
+            raise unavailable(self.name, call, reasons)
+        if call.gqa and not native:
+            note(self.name, call, f"repeated k/v heads x{q.shape[1] // call.k.shape[1]} ({self.name} takes no "
+                                  "grouped-query inputs like these)")
+        if native:
+            extra["enable_gqa"] = True
+        out = self.fn(q, k, v, attn_mask=call.mask, dropout_p=call.dropout, is_causal=call.causal, scale=call.scale,
+                      **extra)
+        want = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != want:
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise RuntimeError(f"backend {self.name!r} returned {got}; an attention function returns the output "
+                               f"tensor [batch, heads, query length, value dim] = {list(want)}")
         return out, None
-    return run
 
 
-def register_backend(name: str, fn: Callable, *, devices: Iterable[str] | None = None,
-                     check: Callable | None = None, gqa: bool = False, about: str = "",
-                     package: str | None = None) -> str:
-    """Make ``fn`` an attention backend named ``name`` (everywhere a backend name is taken).
-
-    ``fn(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None[, enable_gqa=False])`` has
-    ``F.scaled_dot_product_attention``'s signature and returns the output tensor. With ``gqa=True`` it
-    gets grouped-query inputs (fewer k/v heads) with ``enable_gqa=True``; otherwise k/v heads are
-    repeated for it, and reports say so. ``devices``: the device types it runs on. ``check(q, k, v,
-    attn_mask, dropout_p, is_causal, scale, enable_gqa)`` returns the reasons it cannot run the
-    inputs (empty: it can); ``check()`` and reports quote them. Returns the canonical name.
-    """
-    if not callable(fn):
-        raise TypeError(f"fn must be callable, not {type(fn).__name__}")
+def _key(name) -> str:
     key = name.strip().lower() if isinstance(name, str) else None
     if not key or "," in key or "=" in key or "/" in key:
         raise ValueError(f"backend name must be a non-empty string without ',', '=' or '/': {name!r}")
-    devs = frozenset(torch.device(d).type for d in devices) if devices is not None else None
-    with _LOCK:
-        if key in _ALIASES or (key in _REGISTRY and _REGISTRY[key].builtin):
-            raise ValueError(f"{name!r} names a built-in backend; choose another name")
-        if key in _REGISTRY:
-            raise ValueError(f"a backend {key!r} is already registered; unregister_backend({key!r}) first")
-        _REGISTRY[key] = Backend(key, about or getattr(fn, "__doc__", None) or f"{fn!r}",
-                                 _user_runner(key, fn, devs, check, gqa), devices=devs, builtin=False, package=package)
     return key
+
+
+def _devices(devices) -> frozenset[str] | None:
+    if devices is None:
+        return None
+    if isinstance(devices, (str, torch.device)):
+        devices = [devices]
+    try:
+        return frozenset(torch.device(d).type for d in devices)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"devices must name device types ('cuda', 'cpu', ...): {devices!r} ({e})") from None
+
+
+def define_backend(name: str, fn: Callable, *, devices=None, check: Callable | None = None,
+                   gqa: bool | Callable = False, softcap: bool = False, about: str = "", package: str | None = None,
+                   module: str | None = None, install: str | None = None, aliases: Iterable[str] = (),
+                   builtin: bool = False) -> str:
+    """``register_backend`` with what attnswitch's own kernels declare besides: ``module`` (the import name
+    that offers it: left out of "all" where it is not importable, refused with ``install`` as the
+    reason), ``aliases``, and ``builtin=True`` (``flex``, the adapters: never unregistered or replaced)."""
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, not {type(fn).__name__}")
+    if check is not None and not callable(check):
+        raise TypeError(f"check must be callable or None, not {type(check).__name__}")
+    if not (isinstance(gqa, bool) or callable(gqa)) or not isinstance(softcap, bool):
+        raise TypeError("gqa must be a bool or a predicate gqa(q, k); softcap a bool")
+    key, devs = _key(name), _devices(devices)
+    aliases = [_key(a) for a in aliases]
+    kernel = _Kernel(key, fn, devs, check, gqa, softcap, module, install or (f"pip install {package}" if package
+                                                                             else None))
+    doc = (getattr(fn, "__doc__", None) or "").strip().split("\n")[0]
+    backend = Backend(key, about or doc or repr(fn), kernel, devices=devs, builtin=builtin, package=package,
+                      module=module)
+    with _LOCK:
+        for n in [key, *aliases]:
+            if n in _ALIASES or (n in _REGISTRY and _REGISTRY[n].builtin):
+                raise ValueError(f"{n!r} names a built-in backend; choose another name")
+            if n in _REGISTRY:
+                raise ValueError(f"a backend {n!r} is already registered; unregister_backend({n!r}) first")
+        _REGISTRY[key] = backend
+        _ALIASES.update({a: key for a in aliases})
+    return key
+
+
+def register_backend(name: str, fn: Callable, *, devices: Iterable[str] | str | None = None,
+                     check: Callable | None = None, gqa: bool | Callable = False, softcap: bool = False,
+                     about: str = "", package: str | None = None) -> str:
+    """Make ``fn`` an attention backend named ``name``, everywhere a backend name is taken (``backend()``,
+    ``patch()``, ``profile()``, ``compare()``, ``check()``, the CLI's ``--backends``). Returns the
+    canonical name (stripped, lower case).
+
+    ``fn(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None)`` has
+    ``F.scaled_dot_product_attention``'s signature and semantics and returns the output tensor
+    ``[batch, heads, query length, value dim]``. Capabilities it declares:
+
+    - ``gqa=True``: it takes grouped-query inputs (fewer key/value heads) with ``enable_gqa=True``;
+      otherwise the key/value heads are repeated for it, and reports say so. A predicate
+      ``gqa(q, k) -> bool`` decides per call.
+    - ``softcap=True``: it takes ``softcap=`` (logits -> ``tanh(logits / softcap) * softcap``, before
+      the mask; Gemma 2) when a call has one; otherwise such calls are refused with that reason.
+    - ``devices``: the device types it runs on (``{"cuda"}``); others are refused, and ``"all"``
+      leaves it out there.
+    - ``check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa[, softcap=])`` returns the
+      reasons it cannot run these inputs (empty: it can); ``BackendUnavailable``, ``check()`` and
+      reports quote them. Attention sinks are always refused (SDPA's arguments have none).
+
+    ``about`` describes it in listings (default: the first line of ``fn``'s docstring); ``package``
+    names the distribution it comes from, reported with its version. Registering never selects it.
+    Built-in names and aliases cannot be taken; ``unregister_backend`` removes it again.
+
+    Example::
+
+        >>> def mine(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+        ...     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal,
+        ...                                                             scale=scale)
+        >>> attnswitch.register_backend("mine", mine)
+        >>> report = attnswitch.compare(model, batch, backends=["mine", "cudnn"])
+    """
+    return define_backend(name, fn, devices=devices, check=check, gqa=gqa, softcap=softcap, about=about,
+                          package=package)
 
 
 def unregister_backend(name: str) -> None:
@@ -203,3 +327,15 @@ def unregister_backend(name: str) -> None:
         if b.builtin:
             raise ValueError(f"{key!r} is built in and cannot be unregistered")
         del _REGISTRY[key]
+        for alias in [a for a, n in _ALIASES.items() if n == key]:
+            del _ALIASES[alias]
+
+
+# -- flex and the adapters, through the path a user's kernel takes; then auto and eager --------------
+
+define_backend("flex", flex.flex_sdpa, devices={"cuda"}, check=flex.flex_check, gqa=flex.takes_gqa, softcap=True,
+               about=flex.ABOUT, aliases=("flex_attention", "flexattention"), builtin=True)
+for _a in adapters.ADAPTERS:
+    define_backend(_a.name, _a.fn, devices={"cuda"}, check=_a.check, gqa=True, softcap=_a.softcap, about=_a.about,
+                   package=_a.package, module=_a.module, install=_a.install, aliases=_a.aliases, builtin=True)
+_REGISTRY.update({b.name: b for b in _LAST})

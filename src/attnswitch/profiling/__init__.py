@@ -7,6 +7,7 @@ tensor-parallel job.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..backends import parse_backends
+from ..backends import package_of, parse_backends
 from ..dist import world
 from ..env import environment
 from ..hf import require_interface
@@ -85,8 +86,10 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     def prepare(name):
         progress(name)
         t0 = time.perf_counter()
-        results.append(prepare_backend(t, name, warmup=warmup, iters=iters, trace_dir=trace_dir,
-                                       profile_steps=profile_steps))
+        result = prepare_backend(t, name, warmup=warmup, iters=iters, trace_dir=trace_dir,
+                                 profile_steps=profile_steps)
+        package = package_of(name)  # a third-party kernel: its distribution and version
+        results.append(dataclasses.replace(result, package=package) if package else result)
         spent[name] = time.perf_counter() - t0
 
     for name in names:

@@ -100,10 +100,11 @@ def distribution_text(report) -> str | None:
 # -- tables -----------------------------------------------------------------------------------------
 
 def _summary_row(b) -> tuple[str, ...]:
+    name = f"{b.backend} ({b.package})" if getattr(b, "package", None) else b.backend
     if not b.ok:
-        return (b.backend, b.status) + ("-",) * (len(_SUMMARY) - 2)
+        return (name, b.status) + ("-",) * (len(_SUMMARY) - 2)
     num = b.numerics
-    return (b.backend, _n(b.time_ms, 3), _n(b.noise_pct, 1), _n(b.host_ms, 2), _n(b.cold_host_ms, 1),
+    return (name, _n(b.time_ms, 3), _n(b.noise_pct, 1), _n(b.host_ms, 2), _n(b.cold_host_ms, 1),
             _n(b.attn_host_us, 1), _n(b.kernels), _n(b.memcpys), _n(b.attn_kernels_per_call),
             _n(b.attn_memcpys_per_call), _n(b.peak_mem_mb, 0),
             "-" if num is None else (f"{num.max_rel_err:.1e}" + ("" if num.ok else " over")))
