@@ -1,33 +1,48 @@
 #!/usr/bin/env bash
-# One call on the lent GPU: GPU tests, CPU tests on the GPU machine's (older) torch/transformers,
-# the benchmark suite, compare on the default preset (prefill, decode), small traces for tests/data.
-# Results go to $OUT as a few tarballs (the device tool returns at most 8 files).
+# Calls on the lent GPU, each under 10 minutes; results go to $OUT as tarballs (the device tool returns at
+# most 8 files). PARTS picks what runs:
+#   tests      GPU suite (tests/gpu, marked gpu)
+#   cpu        the CPU suite on the GPU machine's (older) torch and transformers
+#   compare    `attnswitch compare` on the default preset, wall time measured outside
+#   bench      the benchmark suite's GPU parts (BENCH_ONLY narrows them)
+#   workloads  generate, train, sweep and a recorded training trace (WORKLOADS narrows them)
 set -u
 export PYTHONUNBUFFERED=1
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 export PYTHONPATH=$PWD/src:$PWD:/tmp/site
-S=/tmp/stage; rm -rf $S; mkdir -p $S/tests $S/bench $S/compare $S/traces
+S=/tmp/stage; rm -rf $S; mkdir -p $S/run
 pack() { tar czf "$OUT/$1.tgz" -C "$S" "$1"; }
-{ nvidia-smi; python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.backends.cudnn.version())"; } > $S/tests/machine.txt 2>&1
-parts=${PARTS:-tests,traces,bench,compare}
+parts=${PARTS:-tests,cpu,compare,bench,workloads}
+{ nvidia-smi; python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.backends.cudnn.version())"; } > $S/run/machine.txt 2>&1
 if [[ $parts == *tests* ]]; then
-  timeout 240 python3 -m pytest tests/gpu -m gpu -q -rs -p no:cacheprovider > $S/tests/gpu_tests.log 2>&1; echo "gpu tests rc=$?" | tee -a $S/tests/gpu_tests.log
-  timeout 200 python3 -m pytest tests -q -p no:cacheprovider --ignore=tests/gpu > $S/tests/cpu_tests_on_gpu_stack.log 2>&1; echo "cpu tests rc=$?" | tee -a $S/tests/cpu_tests_on_gpu_stack.log
-  for f in $S/tests/*.log; do tail -n 3 "$f"; done; pack tests
+  timeout ${TESTS_S:-240} python3 -m pytest tests/gpu -m gpu -q -rs -p no:cacheprovider > $S/run/gpu_tests.log 2>&1
+  echo "gpu tests rc=$?" | tee -a $S/run/gpu_tests.log; tail -n 4 $S/run/gpu_tests.log
 fi
-if [[ $parts == *traces* ]]; then
-  timeout 120 python3 benchmarks/record_traces.py $S/traces > $S/traces/log.txt 2>&1; tail -3 $S/traces/log.txt; pack traces
-fi
-if [[ $parts == *bench* ]]; then
-  timeout 400 python3 -m benchmarks --out $S/bench ${BENCH_ONLY:+--only $BENCH_ONLY} 2>&1 | grep -v USDT | tee $S/bench/log.txt; pack bench
+if [[ $parts == *cpu* ]]; then
+  timeout ${CPU_S:-120} python3 -m pytest tests -q -p no:cacheprovider --ignore=tests/gpu -n 12 > $S/run/cpu_tests_on_gpu_stack.log 2>&1
+  echo "cpu tests rc=$?" | tee -a $S/run/cpu_tests_on_gpu_stack.log; tail -n 3 $S/run/cpu_tests_on_gpu_stack.log
 fi
 if [[ $parts == *compare* ]]; then
-  python3 -m attnswitch env > $S/compare/env.txt 2>&1
-  timeout 60 python3 -m attnswitch check --padding --seq 512 > $S/compare/check_padding.txt 2>&1
-  [[ $parts == *prefill* || $parts != *decode-only* ]] && { timeout 200 python3 -m attnswitch compare --out $S/compare/prefill > $S/compare/prefill.txt 2>&1; echo "prefill rc=$?"; }
-  timeout 150 python3 -m attnswitch compare --mode decode --iters 30 --out $S/compare/decode > $S/compare/decode.txt 2>&1; echo "decode rc=$?"
-  grep -h "Recommendation" -A2 $S/compare/*.txt; rm -rf $S/compare/*/traces; pack compare
+  mkdir -p $S/run/compare
+  python3 -m attnswitch env > $S/run/compare/env.txt 2>&1
+  t0=$(date +%s.%N)
+  timeout ${COMPARE_S:-150} python3 -m attnswitch compare --out $S/run/compare/prefill > $S/run/compare/prefill.txt 2> $S/run/compare/prefill.err
+  rc=$?; t1=$(date +%s.%N)
+  echo "compare prefill rc=$rc wall_s=$(python3 -c "print(round($t1-$t0,1))")" | tee $S/run/compare/wall.txt
+  grep -h -A3 "Recommendation" $S/run/compare/prefill.txt | head -8
+  rm -rf $S/run/compare/prefill/traces
+fi
+pack run
+if [[ $parts == *bench* ]]; then
+  mkdir -p $S/bench
+  timeout ${BENCH_S:-240} python3 -m benchmarks --out $S/bench ${BENCH_ONLY:+--only $BENCH_ONLY} 2>&1 | tee $S/bench/log.txt
+  pack bench
+fi
+if [[ $parts == *workloads* ]]; then
+  mkdir -p $S/workloads
+  timeout ${WORKLOADS_S:-420} python3 -m benchmarks.workloads $S/workloads ${WORKLOADS:+--only=$WORKLOADS} 2>&1 | tee $S/workloads/log.txt
+  pack workloads
 fi
 ls -la $OUT
