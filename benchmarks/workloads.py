@@ -140,7 +140,7 @@ CASES = {
     "train_llama": lambda out, q: train_case(out, "train_llama", "llama-3.2-1b"),
     "train_qwen": lambda out, q: train_case(out, "train_qwen", "qwen2.5-0.5b", layers=8),
     "sweep_prefill": lambda out, q: sweep_case(out, "sweep_prefill", "llama-3.2-1b",
-                                               seqs=(512, 2048, 8192) if q else (512, 2048, 8192, 16384)),
+                                               seqs=(512, 2048, 8192, 16384)),
     "train_trace": lambda out, q: trace_for_tests(out),
 }
 

@@ -93,3 +93,22 @@ def test_fused_outputs_with_sinks_equal_the_softmax_with_a_sink_column():
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     plain = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert (plain - ref).abs().max() > 1e-2  # the sinks matter
+
+
+def test_a_kernel_that_refuses_while_running_is_reported_as_unavailable_with_its_reason():
+    from conftest import batch_for, tiny
+
+    from attnswitch.errors import Refused
+
+    def picky(q, k, v, **kw):
+        raise Refused("no kernel for these shapes")
+
+    attnswitch.register_backend("picky", picky)
+    try:
+        m = tiny("llama")
+        with pytest.raises(attnswitch.BackendUnavailable, match="no kernel for these shapes") as e, \
+                torch.no_grad(), attnswitch.backend("picky", model=m):
+            m(**batch_for(m))
+        assert e.value.backend == "picky" and e.value.where == "model.layers.0.self_attn"
+    finally:
+        attnswitch.unregister_backend("picky")

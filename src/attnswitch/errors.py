@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["BackendUnavailable", "UnsupportedModel"]
+__all__ = ["BackendUnavailable", "UnsupportedModel", "Refused"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -29,3 +29,13 @@ class BackendUnavailable(RuntimeError):
 
 class UnsupportedModel(TypeError):
     """The model does not compute attention through transformers' attention interface."""
+
+
+class Refused(RuntimeError):
+    """Raised by a registered kernel that finds, only while running, that it cannot take the inputs (a
+    compiler that builds no kernel for them, say); attnswitch reports it as ``BackendUnavailable`` with
+    these reasons and the call site."""
+
+    def __init__(self, *reasons: str):
+        self.reasons = [str(r) for r in reasons]
+        super().__init__("; ".join(self.reasons))

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 
 def cuda_model(kind, **over):
     if kind == "llama":
-        over.setdefault("head_dim", 16)  # FlexAttention's Triton kernels take head dims of 16 and more
+        over.setdefault("head_dim", 32)  # real models use 64 or 128; torch 2.11 builds no kernel for 16 with 4 q per kv
     m = tiny(kind, **over).to("cuda", torch.bfloat16)
     if kind == "gemma2":
         m.set_attn_implementation("eager")  # Gemma 2's own choice for softcapping

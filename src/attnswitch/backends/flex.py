@@ -27,6 +27,8 @@ from collections.abc import Callable
 
 import torch
 
+from ..errors import Refused
+
 try:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 except ImportError:  # pragma: no cover - a torch without FlexAttention
@@ -251,7 +253,14 @@ def flex_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torc
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     key = (kind, q.dtype, q.device, q.shape[1], k.shape[1], q.shape[-1], v.shape[-1], scale, enable_gqa,
            None if softcap is None else float(softcap), grad)
-    return _compiled(key)(q, k, v, score_mod, block_mask, scale, enable_gqa)
+    try:
+        return _compiled(key)(q, k, v, score_mod, block_mask, scale, enable_gqa)
+    except Exception as e:
+        if not type(e).__module__.startswith(("torch._inductor", "torch._dynamo")):
+            raise
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise Refused(f"torch.compile built no FlexAttention kernel for these inputs ({type(e).__name__}: {first})") \
+            from e
 
 
 def cache_info() -> dict[str, int]:

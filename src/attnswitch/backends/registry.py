@@ -18,6 +18,7 @@ from importlib.metadata import PackageNotFoundError, packages_distributions, ver
 import torch
 from torch.nn.attention import SDPBackend
 
+from ..errors import Refused
 from . import adapters, flex
 from .call import Call, note, repeat_kv, unavailable, validate
 from .naive import naive_attention
@@ -220,8 +221,11 @@ class _Kernel:
                                   "grouped-query inputs like these)")
         if native:
             extra["enable_gqa"] = True
-        out = self.fn(q, k, v, attn_mask=call.mask, dropout_p=call.dropout, is_causal=call.causal, scale=call.scale,
-                      **extra)
+        try:
+            out = self.fn(q, k, v, attn_mask=call.mask, dropout_p=call.dropout, is_causal=call.causal,
+                          scale=call.scale, **extra)
+        except Refused as e:
+            raise unavailable(self.name, call, e.reasons) from None
         want = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != want:
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__

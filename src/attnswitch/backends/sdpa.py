@@ -94,8 +94,11 @@ _CPU_GQA: list[bool] = []
 
 
 def _cpu_flash_takes_gqa() -> bool:
-    """Whether this torch's CPU flash kernel takes fewer k/v heads than q heads (asked once)."""
+    """Whether this torch's CPU flash kernel takes fewer k/v heads than q heads: asked of SDPA's own
+    choice once while the flash flag is on (it is by default); until then, yes (torch 2.5 and later)."""
     if not _CPU_GQA:
+        if not torch.backends.cuda.flash_sdp_enabled():
+            return True
         q, kv = torch.zeros(1, 2, 1, 8), torch.zeros(1, 1, 1, 8)
         try:
             _CPU_GQA.append(torch._fused_sdp_choice(q, kv, kv, enable_gqa=True) == 1)
@@ -257,11 +260,13 @@ def forced(name: str, call: Call) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run ``call`` with SDPA backend ``name`` and nothing else; ``(out, weights or None)``. Raises
     ``BackendUnavailable`` (PyTorch's reasons) when the backend cannot take the inputs, and SDPA's own
     error for inputs no backend takes."""
-    extra = _extra_reasons(name, call)
-    if extra:
-        raise unavailable(name, call, extra)
-    reasons = eligibility(name, call)
-    run_call, gqa = call, call.gqa
+    if call.softcap is not None or call.sinks is not None:
+        extra = _extra_reasons(name, call)
+        if extra:
+            raise unavailable(name, call, extra)
+    gqa = call.k.shape[1] != call.q.shape[1]
+    reasons = eligibility(name, call, gqa)
+    run_call = call
     if reasons:
         alt = _relaid(call)
         alt_reasons = eligibility(name, alt[0], False) if alt is not None else None

@@ -32,7 +32,10 @@ _CALLS: ContextVar[list | None] = ContextVar("attnswitch_calls", default=None)
 
 def run_backend(name: str, call: Call):
     """Run one attention call with backend ``name`` (the one place every switched call passes)."""
-    return backends.run(name, call)
+    return _RUNNERS.get(name, backends.get(name)).run(call)
+
+
+_RUNNERS = backends.registry._REGISTRY  # name -> Backend, read per call (registering updates it in place)
 
 
 # -- masks in the form each implementation takes ------------------------------------------------------
@@ -101,8 +104,8 @@ def _run_selected(name, module, query, key, value, mask, dropout=0.0, scaling=No
     # The same reading of transformers' arguments as its sdpa function: causal only without a mask and
     # for more than one query; k/v cropped for a prefill into an empty static cache. A sliding window is
     # already in the mask (or needs none: every key is inside the window).
-    causal = _causal(module, query, mask, is_causal)
     q_len = query.shape[2]
+    causal = q_len > 1 and mask is None and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
     if causal and key.shape[2] > q_len:
         key, value = key[:, :, :q_len], value[:, :, :q_len]
         if position_bias is not None:
@@ -112,12 +115,10 @@ def _run_selected(name, module, query, key, value, mask, dropout=0.0, scaling=No
         causal = False
     elif mask is not None and mask.dtype != torch.bool and mask.dtype != query.dtype:
         mask = mask.to(query.dtype)
-    need = bool(output_attentions)
-    if need and name not in ("naive", "naive-inplace", "math"):
+    if output_attentions and name not in ("naive", "naive-inplace", "math"):
         warnings.warn(f"the {name} backend cannot return attention weights; attentions will be None", stacklevel=4)
-    call = Call(query, key, value, mask, dropout, causal, scaling, softcap, s_aux if s_aux is not None else sinks,
-                need, module)
-    out, weights = run_backend(name, call)
+    out, weights = run_backend(name, Call(query, key, value, mask, dropout, bool(causal), scaling, softcap,
+                                          s_aux if s_aux is not None else sinks, bool(output_attentions), module))
     return out.transpose(1, 2).contiguous(), weights
 
 
@@ -147,21 +148,31 @@ def _dispatch(module, query, key, value, mask, **kwargs):
     calls = _CALLS.get()
     if calls is not None:
         calls[0] += 1
-    name = selection.choose(sel, query.shape[2])
+    name = sel if sel.__class__ is str else selection.choose(sel, query.shape[2])
+    if name in _SPECIAL:
+        return _special(name, module, query, key, value, mask, kwargs)
+    return _run_selected(name, module, query, key, value, mask, **kwargs)
+
+
+_SPECIAL = frozenset({"auto", *backends.MODEL_LEVEL})  # run through transformers' functions, with the module
+
+
+def _special(name, module, query, key, value, mask, kwargs):
     if name == "auto":
         return _auto(module, query, key, value, mask, kwargs)
-    if name in backends.MODEL_LEVEL:
-        return _model_level(name, module, query, key, value, mask, kwargs)
-    return _run_selected(name, module, query, key, value, mask, **kwargs)
+    return _model_level(name, module, query, key, value, mask, kwargs)
 
 
 def attention_forward(module, query, key, value, attention_mask, **kwargs):
     """Entry for ``ALL_ATTENTION_FUNCTIONS``: the selected backend, else what the registry held."""
-    m = instrument.current()
+    m = _MEASURE.get()
     if m is not None:
         return instrument.call(m, module_path(module), key.shape[2], _dispatch, module, query, key, value,
                                attention_mask, **kwargs)
     return _dispatch(module, query, key, value, attention_mask, **kwargs)
+
+
+_MEASURE = instrument._MEASURE
 
 
 # -- the mask entry ---------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ Per backend, on the same inputs and after the same warm-up:
 from __future__ import annotations
 
 import contextlib
+import gc
 import gzip
 import inspect
 import itertools
@@ -183,13 +184,26 @@ def _event(cuda: bool):
     return e
 
 
+@contextlib.contextmanager
+def _no_gc():
+    """No garbage collection inside a timed step (as ``timeit`` does): a collection of a large heap (a parsed
+    trace, a model) lands at random in host-bound steps, a generate's above all."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def _run(target: Target, c, attn: list | None = None) -> Run:
     """One step, the device idle before it; host time until it returns, its forwards and its calls."""
     cuda = target.device.type == "cuda"
     attn = [] if attn is None else attn
     target.sync()
     clock = ForwardClock(target.model, cuda, attn) if target.model is not None else contextlib.nullcontext()
-    with instrument.measuring(host_times=attn), clock:
+    with instrument.measuring(host_times=attn), clock, _no_gc():
         start = _event(cuda)
         t0 = time.perf_counter()
         target.fn(c)
@@ -210,6 +224,7 @@ def _rss_mb() -> float | None:
 def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, profile_steps: int) -> dict:
     cuda = target.device.type == "cuda"
     calls = target.calls(1 + warmup + iters)
+    gc.collect()
     with recording_notes() as notes, target.context(), target.switched(name):
         rss = _rss_mb()
         cold = _run(target, next(calls))
@@ -271,7 +286,8 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
     rounds = max(1, min(rounds, iters))
     per_round = [iters // rounds + (1 if r < iters % rounds else 0) for r in range(rounds)]
     samples: dict[str, list[float]] = {n: [] for n in names}
-    with target.context():
+    gc.collect()
+    with target.context(), _no_gc():
         for n_calls in per_round:
             for name in names:
                 calls = target.calls(n_calls + 1)
