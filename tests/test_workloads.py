@@ -242,6 +242,27 @@ def test_a_sweep_reports_each_shape_and_recommends_per_length_range():
     assert back.sweep == r.sweep
 
 
+def test_the_sweep_recommendation_groups_near_ties_and_names_the_crossover():
+    from attnswitch.recommend import recommend_sweep
+    from attnswitch.results import BackendResult, SweepPoint
+
+    def point(seq, **ms):
+        res = tuple(BackendResult(n, "ok", time_ms=t, noise_pct=0.5) for n, t in ms.items())
+        return SweepPoint(1, seq, res, tuple(sorted(ms, key=ms.get)))
+
+    # flash wins at 512 with cudnn within noise of it (0.4 %), cudnn wins beyond: one backend serves every length
+    points = [point(512, flash=1.000, cudnn=1.004, math=3.0), point(2048, cudnn=3.9, flash=4.0, math=12.0),
+              point(8192, cudnn=30.0, flash=34.0, math=200.0)]
+    assert recommend_sweep(points) == "Best per length (batch 1): seq 512–8192: `cudnn`."
+    # near-ties at a length are named together; where no winner of one range is among the next's, the crossover
+    tied = recommend_sweep([point(512, flash=1.0, cudnn=1.003, math=3.0), point(1024, flash=2.0, cudnn=2.005),
+                            point(4096, efficient=9.0, cudnn=10.0, flash=12.0)])
+    assert tied == ("Best per length (batch 1): seq 512–1024: `flash` ≈ `cudnn`; seq 4096: `efficient`. "
+                    "Crossover between seq 1024 and 4096, `efficient` overtakes `flash`.")
+    # nothing usable at a length is said so, not skipped
+    assert "no backend with acceptable numerics" in recommend_sweep([SweepPoint(1, 64, (), ())])
+
+
 # -- the command line -------------------------------------------------------------------------------
 
 def test_cli_generate_train_and_sweep(tmp_path, capsys):

@@ -87,20 +87,33 @@ def _generate_text(best: BackendResult, others: list[BackendResult], workload: d
     return text
 
 
+def _winners(point) -> tuple[str, ...]:
+    """The fastest backend at one shape and those within measured noise of it."""
+    by = {b.backend: b for b in point.backends}
+    ranked = [by[n] for n in point.ranking if n != "eager" and n in by]
+    if not ranked:
+        return ()
+    best = ranked[0]
+    ties, _ = _ties(best, ranked[1:])
+    return (best.backend, *(t.backend for t in ties))
+
+
 def recommend_sweep(points) -> str:
-    """The best backend per range of lengths, and where the ranking crosses over."""
-    winners = [(p, next((n for n in p.ranking if n != "eager"), None)) for p in points]
+    """The best backend per range of lengths (with those within noise of it), and where the ranking
+    crosses over: where no backend of one range's best is among the next range's."""
     ranges: list[list] = []
-    for p, w in winners:
-        if ranges and ranges[-1][2] == w:
+    for p in points:
+        w = _winners(p)
+        if ranges and set(ranges[-1][2]) & set(w):
             ranges[-1][1] = p
+            ranges[-1][2] = tuple(n for n in ranges[-1][2] if n in w) or w
         else:
             ranges.append([p, p, w])
     parts = []
     for first, last, w in ranges:
         span = f"seq {first.seq}" if first is last else f"seq {first.seq}–{last.seq}"
-        parts.append(f"{span}: " + (f"`{w}`" if w else "no backend with acceptable numerics"))
+        parts.append(f"{span}: " + (" ≈ ".join(f"`{n}`" for n in w) if w else "no backend with acceptable numerics"))
     text = "Best per length (batch " + ", ".join(sorted({str(p.batch) for p in points})) + "): " + "; ".join(parts)
-    crossings = [f"between seq {a[1].seq} and {b[0].seq}, `{b[2]}` overtakes `{a[2]}`"
+    crossings = [f"between seq {a[1].seq} and {b[0].seq}, `{b[2][0]}` overtakes `{a[2][0]}`"
                  for a, b in zip(ranges, ranges[1:]) if a[2] and b[2]]
     return text + ("." if not crossings else ". Crossover " + "; ".join(crossings) + ".")
