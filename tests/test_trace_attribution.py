@@ -207,3 +207,42 @@ def test_attention_host_time_against_an_independent_clock():
         for (_, inner, _), outer in zip(recorded, outside):
             assert 0 < inner <= outer
         assert sum(t for _, t, _ in recorded) >= 0.5 * sum(outside)
+
+
+# -- a training step recorded on an H200: the backward where its forward ran -------------------------
+
+@pytest.mark.parametrize("name", ["naive", "flash", "cudnn"])
+def test_recorded_backward_device_events_belong_to_the_layers_whose_forward_made_them(name):
+    t = Trace.load(DATA / f"train2l_{name}.json.gz")
+    steps = {s.step for s in t.steps()}
+    assert t.device_events and all(e.step in steps for e in t.device_events)  # the autograd thread's too
+    rows = attribute(t, steps)
+    raw = [e for e in t.device_events if e.step in steps]
+    # every device event counted once: the rows add up to the raw event list
+    assert sum(r.kernels + r.memcpys + r.memsets for r in rows.values()) == len(raw)
+    assert sum(r.gpu_us for r in rows.values()) == pytest.approx(sum(e.dur for e in raw))
+    backward = [e for e in raw if e.phase == "backward"]
+    assert len(backward) > len(raw) / 3  # a backward costs about as many kernels as the forward, or more
+    assert not any(k[1] == "outside" and k[2] == "backward" for k in rows)  # an optimizer-free step has none
+    for i in (0, 1):
+        attn = rows[(f"model.layers.{i}.self_attn", "attention", "backward")]
+        assert attn.kernels > 0
+        if name != "naive":  # the fused kernel's own backward lands in the attention call's backward row
+            family = {"flash": "flash_bwd", "cudnn": "cudnn"}[name]
+            assert any(family in k for k in attn.kernel_names), list(attn.kernel_names)
+            forward = rows[(f"model.layers.{i}.self_attn", "attention", None)]
+            assert not any("bwd" in k for k in forward.kernel_names)
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            assert rows[(f"model.layers.{i}.self_attn.{proj}", "module", "backward")].kernels > 0
+
+
+def test_holistic_trace_analysis_breaks_down_a_recorded_training_step(tmp_path):
+    hta = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis is not installed")
+    import shutil
+    shutil.copy(DATA / "train2l_flash.json.gz", tmp_path)
+    analysis = hta.TraceAnalysis(trace_dir=str(tmp_path))
+    assert analysis.t.get_ranks() == [0]
+    by_type, by_kernel = analysis.get_gpu_kernel_breakdown(visualize=False)
+    assert by_type["sum"].sum() > 0 and len(by_kernel) > 0
+    ours = Trace.load(DATA / "train2l_flash.json.gz")
+    assert {n for n in by_kernel["name"] if n != "others"} <= {e.name for e in ours.device_events}
