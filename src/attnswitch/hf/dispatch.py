@@ -32,7 +32,8 @@ _CALLS: ContextVar[list | None] = ContextVar("attnswitch_calls", default=None)
 
 def run_backend(name: str, call: Call):
     """Run one attention call with backend ``name`` (the one place every switched call passes)."""
-    return _RUNNERS.get(name, backends.get(name)).run(call)
+    runner = _RUNNERS.get(name)
+    return (runner if runner is not None else backends.get(name)).run(call)  # get(): aliases, the clear error
 
 
 _RUNNERS = backends.registry._REGISTRY  # name -> Backend, read per call (registering updates it in place)
