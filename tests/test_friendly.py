@@ -78,3 +78,17 @@ def test_traces_are_gzipped_with_steps_and_rank_that_holistic_trace_analysis_rea
     analysis = hta.TraceAnalysis(trace_dir=str(tmp_path / "t"))
     assert analysis.t.get_ranks() == [0]
     analysis.get_gpu_kernel_breakdown(visualize=False)  # runs (a CPU trace has no kernels to break down)
+
+
+def test_the_readmes_first_command_writes_only_where_git_ignores(tmp_path):
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    first = next(line for line in (root / "README.md").read_text().splitlines() if "attnswitch compare" in line)
+    out = re.search(r"--out (\S+)", first).group(1)
+    written = [f"{out}report.json", f"{out}traces/trace_naive.json.gz", f"{out}command.txt"]
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *written], cwd=root, capture_output=True, text=True)
+    assert ignored.stdout.split() == written, f"{out} is not ignored by git: the first command leaves files behind"
