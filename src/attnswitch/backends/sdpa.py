@@ -264,7 +264,7 @@ def forced(name: str, call: Call) -> tuple[torch.Tensor, torch.Tensor | None]:
         extra = _extra_reasons(name, call)
         if extra:
             raise unavailable(name, call, extra)
-    gqa = call.k.shape[1] != call.q.shape[1]
+    gqa = call.gqa
     reasons = eligibility(name, call, gqa)
     run_call = call
     if reasons:
@@ -288,7 +288,7 @@ def forced(name: str, call: Call) -> tuple[torch.Tensor, torch.Tensor | None]:
 def sdpa_auto(call: Call) -> tuple[torch.Tensor, None]:
     """SDPA's own choice (``F.scaled_dot_product_attention`` under the flags as they are)."""
     if call.softcap is not None or call.sinks is not None:
-        raise unavailable("auto", call, [r for r in _extra_reasons("math", call)])
+        raise unavailable("auto", call, _extra_reasons("math", call))
     return F.scaled_dot_product_attention(call.q, call.k, call.v, attn_mask=call.mask, dropout_p=call.dropout,
                                           is_causal=call.causal, scale=call.scale, enable_gqa=call.gqa), None
 

@@ -19,6 +19,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from .. import backends, instrument
 from ..backends import REFERENCE, Call
+from ..backends.naive import causal_mask
 from ..errors import BackendUnavailable, UnsupportedModel
 from ..sites import module_path, site_name
 from . import registries, selection
@@ -54,8 +55,8 @@ def additive_mask(mask, query, key, causal: bool, dtype: torch.dtype):
     if mask is None:
         if not causal:
             return None
-        keep = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril_()
-        return torch.zeros(keep.shape, dtype=dtype, device=query.device).masked_fill_(~keep, low)[None, None]
+        hide = causal_mask(query.shape[2], key.shape[2], query.device)
+        return torch.zeros(hide.shape, dtype=dtype, device=query.device).masked_fill_(hide, low)[None, None]
     if mask.dtype == torch.bool:
         return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, low)
     return mask.to(dtype)
@@ -67,8 +68,7 @@ def position_bias_mask(position_bias, mask, is_causal, query, key) -> torch.Tens
     bias = position_bias.to(query.dtype)
     if mask is None:
         if is_causal:
-            keep = torch.ones(query.shape[2], key.shape[2], dtype=torch.bool, device=query.device).tril_()
-            bias = torch.where(keep, bias, low)
+            bias = torch.where(causal_mask(query.shape[2], key.shape[2], query.device), low, bias)
         return bias.contiguous()
     if mask.dtype == torch.bool:
         return torch.where(mask, bias, low).contiguous()
@@ -106,7 +106,7 @@ def _run_selected(name, module, query, key, value, mask, dropout=0.0, scaling=No
     # for more than one query; k/v cropped for a prefill into an empty static cache. A sliding window is
     # already in the mask (or needs none: every key is inside the window).
     q_len = query.shape[2]
-    causal = q_len > 1 and mask is None and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    causal = _causal(module, query, mask, is_causal)
     if causal and key.shape[2] > q_len:
         key, value = key[:, :, :q_len], value[:, :, :q_len]
         if position_bias is not None:
@@ -118,7 +118,7 @@ def _run_selected(name, module, query, key, value, mask, dropout=0.0, scaling=No
         mask = mask.to(query.dtype)
     if output_attentions and name not in ("naive", "naive-inplace", "math"):
         warnings.warn(f"the {name} backend cannot return attention weights; attentions will be None", stacklevel=4)
-    out, weights = run_backend(name, Call(query, key, value, mask, dropout, bool(causal), scaling, softcap,
+    out, weights = run_backend(name, Call(query, key, value, mask, dropout, causal, scaling, softcap,
                                           s_aux if s_aux is not None else sinks, bool(output_attentions), module))
     return out.transpose(1, 2).contiguous(), weights
 

@@ -45,7 +45,25 @@ class Forward:
         return self.start.elapsed_time(self.end) if self.start is not None else None
 
 
-class ForwardClock:
+class _ForwardHooks:
+    """Hooks around every forward of ``self.model`` while the block runs (removed on exit, even after an
+    exception); subclasses define ``_pre`` and ``_post``."""
+
+    model: nn.Module
+    _handles: list
+
+    def __enter__(self):
+        self._handles = [self.model.register_forward_pre_hook(self._pre, with_kwargs=True, prepend=True),
+                         self.model.register_forward_hook(self._post, with_kwargs=True, always_call=True)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+class ForwardClock(_ForwardHooks):
     """Record every forward of ``model`` inside the block (its hooks are removed on exit). ``calls``:
     the list a measurement appends attention calls to, so that each forward knows its calls."""
 
@@ -72,18 +90,8 @@ class ForwardClock:
         f.host_end = time.perf_counter()
         f.calls_after = len(self.calls) if self.calls is not None else 0
 
-    def __enter__(self) -> ForwardClock:
-        self._handles = [self.model.register_forward_pre_hook(self._pre, with_kwargs=True, prepend=True),
-                         self.model.register_forward_hook(self._post, with_kwargs=True, always_call=True)]
-        return self
 
-    def __exit__(self, *exc) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
-
-class annotate_phases:
+class annotate_phases(_ForwardHooks):
     """A profiler range ``attnswitch.phase:prefill`` or ``...:decode`` around each forward of ``model``
     (decode: one query token). Enter it after the module ranges, so that it encloses them."""
 
@@ -101,13 +109,3 @@ class annotate_phases:
     def _post(self, module, args, kwargs, output):
         if self._open:
             self._open.pop().__exit__(None, None, None)
-
-    def __enter__(self) -> annotate_phases:
-        self._handles = [self.model.register_forward_pre_hook(self._pre, with_kwargs=True, prepend=True),
-                         self.model.register_forward_hook(self._post, with_kwargs=True, always_call=True)]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
