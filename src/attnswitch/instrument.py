@@ -45,18 +45,16 @@ def current() -> Measure | None:
 
 def call(m: Measure, where: str, kv_len: int, fn, *args, **kwargs):
     """Run ``fn`` as one attention call measured by ``m``; ``kv_len``: its key length."""
-    if not m.host_times:
-        with record_function(ATTENTION_PREFIX + where):
-            return fn(*args, **kwargs)
     t0 = time.perf_counter()
     if m.annotate:
         with record_function(ATTENTION_PREFIX + where):
             out = fn(*args, **kwargs)
     else:
         out = fn(*args, **kwargs)
-    dt = time.perf_counter() - t0
-    for times in m.host_times:
-        times.append((where, dt, kv_len))
+    if m.host_times:
+        dt = time.perf_counter() - t0
+        for times in m.host_times:
+            times.append((where, dt, kv_len))
     return out
 
 

@@ -115,9 +115,7 @@ def selected(module) -> tuple[Selection | None, int | None]:
     """The selection for an attention call of ``module`` in the calling context, and the owner it came
     from: the innermost model-scoped context of a model owning the module, else the innermost global
     context, else a patch."""
-    st = STATE.get()
-    if st.lease is not None and not held(st.lease):
-        st = current()
+    st = current()
     try:
         owners = _OWNERS.get(module, ())
     except TypeError:
