@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import time
 
 import pytest
 import torch
@@ -21,8 +22,23 @@ from attnswitch.workload import make_workload
 def tiny_compare():
     m, _ = load_model("tiny-llama", layers=2)
     w = make_workload(m, batch=2, seq=32, padding=True)
-    return attnswitch.compare(m, w, backends=["naive", "naive-inplace", "math", "flash", "cudnn"], warmup=1,
-                              iters=4, rounds=2)
+    t0 = time.perf_counter()
+    r = attnswitch.compare(m, w, backends=["naive", "naive-inplace", "math", "flash", "cudnn"], warmup=1,
+                           iters=4, rounds=2)
+    TINY_WALL_S.append(time.perf_counter() - t0)
+    return r
+
+
+TINY_WALL_S: list[float] = []
+
+
+def test_where_the_time_went_against_the_wall_clock(tiny_compare):
+    spent = tiny_compare.settings["time_s"]
+    wall = TINY_WALL_S[0]
+    assert spent["total"] <= wall + 0.01 and spent["total"] > 0.8 * wall  # little left outside the account
+    parts = sum(v for k, v in spent.items() if k != "total")
+    assert parts <= spent["total"] + 0.01 and parts > 0.8 * spent["total"]  # the parts are the total's
+    assert {"naive", "math", "flash", "timing rounds", "numerics"} <= set(spent)
 
 
 def test_compare_ranks_checks_numerics_and_recommends(tiny_compare):

@@ -97,6 +97,18 @@ def test_generate_time_per_workload_against_an_independent_clock(gen_report):
     assert 0.5 * wall_ms < b.time_ms < 2.0 * wall_ms  # the same workload, timed outside attnswitch
 
 
+def test_ttft_and_step_latency_against_known_delays(registered):
+    # a kernel that sleeps a known time per prefill call and per decode call (two layers each forward):
+    # against naive in the same run, the first token comes 2 x 30 ms later and each step 2 x 10 ms later
+    registered("sleepy", lambda q, k, v, **kw: (time.sleep(0.03 if q.shape[2] > 1 else 0.01), _naive(q, k, v, **kw))[1])
+    m = tiny("llama")
+    w = make_workload(m, batch=1, seq=10, mode="generate", new_tokens=NEW, prompt_lens=(10,))
+    r = compare(m, w, backends=["naive", "sleepy"], warmup=1, iters=3, rounds=1)
+    a, b = r["naive"].generate, r["sleepy"].generate
+    assert 55 < b.ttft_ms - a.ttft_ms < 80
+    assert 18 < b.step_ms_p50 - a.step_ms_p50 < 30
+    assert 18 < b.step_host_ms - a.step_host_ms < 30
+
 def test_the_profiled_generate_has_a_phase_on_every_layer_row(gen_report):
     _, r = gen_report
     b = r["naive"]
@@ -182,6 +194,27 @@ def test_train_step_times_forward_and_backward_and_checks_gradients(train_report
         assert t.grad_ok and t.grad_max_rel_err < 1e-4 and (t.worst_grad or t.grad_max_rel_err == 0)
     assert set(r.ranking) == {"naive", "math", "flash"}
 
+
+def test_forward_and_backward_times_against_known_delays(registered):
+    class SlowBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            time.sleep(0.02)
+            return g
+
+    # 20 ms more in each layer's backward (two layers) and nothing more in the forward than naive's
+    registered("slowbwd", lambda q, k, v, **kw: SlowBackward.apply(_naive(q, k, v, **kw)))
+    m = tiny("llama")
+    w = make_workload(m, batch=1, seq=8, mode="train")
+    r = compare(m, w, backends=["naive", "slowbwd"], warmup=1, iters=3, rounds=1)
+    a, b = r["naive"].train, r["slowbwd"].train
+    assert 36 < b.backward_ms - a.backward_ms < 60
+    assert abs(b.forward_ms - a.forward_ms) < 10
+    assert r["slowbwd"].time_ms == pytest.approx(b.forward_ms + b.backward_ms, rel=0.3)
 
 def test_the_backward_is_attributed_to_the_layers_whose_forward_made_it(train_report):
     _, r = train_report
