@@ -161,7 +161,8 @@ def test_cli_compare_writes_every_output(tmp_path, capsys):
     for t in traces:  # one ProfilerStep per profiled forward, and the rank, as HolisticTraceAnalysis reads them
         data = json.loads(gzip.decompress(t.read_bytes()))
         assert data["distributedInfo"]["rank"] == 0
-        assert sum(e.get("name", "").startswith("ProfilerStep#") for e in data["traceEvents"]) == 2
+        steps = json.loads((out / "report.json").read_text())["settings"]["profile_steps"]
+        assert sum(e.get("name", "").startswith("ProfilerStep#") for e in data["traceEvents"]) == steps >= 1
     assert "Recommendation" in capsys.readouterr().out
     assert (out / "command.txt").read_text().startswith("attnswitch compare tiny-llama")
     html = (out / "report.html").read_text()

@@ -69,7 +69,8 @@ def test_the_recommendation_says_why_eager_is_never_recommended():
 def test_traces_are_gzipped_with_steps_and_rank_that_holistic_trace_analysis_reads(tmp_path):
     hta = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis is not installed")
     m = tiny("llama")
-    r = attnswitch.profile(m, batch_for(m), backends=["flash"], warmup=0, iters=2, trace_dir=tmp_path / "t")
+    r = attnswitch.profile(m, batch_for(m), backends=["flash"], warmup=0, iters=2, profile_steps=2,
+                           trace_dir=tmp_path / "t")
     path = r["flash"].trace_path
     assert path.endswith(".json.gz")
     data = json.loads(gzip.open(path).read())

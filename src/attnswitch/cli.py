@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,9 +79,9 @@ def _model_options(p: argparse.ArgumentParser) -> None:
 def _profile_options(iters: int) -> Callable[[argparse.ArgumentParser], None]:
     def add(p: argparse.ArgumentParser) -> None:
         _model_options(p)
-        p.add_argument("--warmup", type=int, default=None, help="steps before timing (default: 3; 1 for generate)")
+        p.add_argument("--warmup", type=int, default=None, help="steps before timing (default: 2; 1 for generate)")
         p.add_argument("--iters", type=int, default=None,
-                       help=f"timed steps per backend (default: {iters}; 3 for generate)")
+                       help=f"timed steps per backend (default: {iters}; 5 for generate)")
         p.add_argument("--out", default=None, help="write report.json/.csv/.md/.html and traces here")
         p.add_argument("--unfold", action="store_true", help="one row per layer instead of folding repeated layers")
         p.add_argument("--layers", action="store_true", help="print the per-layer tables too")
@@ -176,6 +177,7 @@ def _command_line(s: Session) -> str:
 def _write_outputs(report, out: str | None, console) -> None:
     if not out:
         return
+    t0 = time.perf_counter()
     d = Path(out)
     d.mkdir(parents=True, exist_ok=True)
     report.to_json(d / "report.json")
@@ -185,7 +187,8 @@ def _write_outputs(report, out: str | None, console) -> None:
     report.save_traces(d / "traces")
     if report.command:
         (d / "command.txt").write_text(report.command + "\n")
-    console.print(f"wrote {d}/report.json, report.csv, report.md, report.html, traces/")
+    console.print(f"wrote {d}/report.json, report.csv, report.md, report.html, traces/ in "
+                  f"{time.perf_counter() - t0:.1f} s")
 
 
 # -- subcommands ----------------------------------------------------------------------------------
@@ -229,8 +232,10 @@ def _progress(console):
     if console.is_terminal:
         with console.status("") as status:
             yield lambda step: status.update(f"running {step}")
-    else:
-        yield lambda step: console.print(f"attnswitch: {step}", highlight=False, markup=False)
+    else:  # a log: each line with the seconds since the measurement began, so slow steps show
+        t0 = time.perf_counter()
+        yield lambda step: console.print(f"attnswitch: [{time.perf_counter() - t0:6.1f} s] {step}", highlight=False,
+                                         markup=False)
 
 
 def _check(s: Session) -> int:
@@ -244,8 +249,8 @@ def _check(s: Session) -> int:
 
 def _steps(args, work) -> dict:
     generate = not isinstance(work, list) and work.mode == "generate"
-    return {"warmup": args.warmup if args.warmup is not None else (1 if generate else 3),
-            "iters": args.iters if args.iters is not None else (3 if generate else args.default_iters)}
+    return {"warmup": args.warmup if args.warmup is not None else (1 if generate else 2),
+            "iters": args.iters if args.iters is not None else (5 if generate else args.default_iters)}
 
 
 def _measured(s: Session, run: Callable, sweep: Callable | None = None) -> int:
@@ -253,13 +258,17 @@ def _measured(s: Session, run: Callable, sweep: Callable | None = None) -> int:
 
     from . import dist
 
+    t0 = time.perf_counter()
     model, work, spec = _loaded(s)
+    loading = time.perf_counter() - t0
     trace_dir = Path(s.args.out) / "traces" if s.args.out else None
     backends = None if s.args.backends == "all" else s.args.backends
     with _progress(s.err) as progress:
         kw = dict(backends=backends, trace_dir=trace_dir, progress=progress, model_name=spec, **_steps(s.args, work))
         report = sweep(model, work, mode=s.args.mode, **kw) if isinstance(work, list) else run(model, work, **kw)
-    report = dataclasses.replace(report, command=_command_line(s))
+    spent = {"loading the model": round(loading, 3), **report.settings.get("time_s", {})}
+    spent["total"] = round(spent.get("total", 0) + loading, 3)
+    report = dataclasses.replace(report, command=_command_line(s), settings={**report.settings, "time_s": spent})
     report.render(s.out, layers=s.args.layers, fold=not s.args.unfold)
     if dist.is_main():
         _write_outputs(report, s.args.out, s.err)

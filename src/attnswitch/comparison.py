@@ -63,16 +63,17 @@ def _with_grads(b: BackendResult, g) -> BackendResult:
 
 
 def compare(model: nn.Module, batch: Workload | dict[str, Any], *, backends: Iterable[str] | str | None = None,
-            warmup: int = 3, iters: int = 10, trace_dir=None, progress: Callable[[str], None] | None = None,
+            warmup: int = 2, iters: int = 10, trace_dir=None, progress: Callable[[str], None] | None = None,
             model_name: str = "", check_numerics: bool = True, command: str | None = None,
-            rounds: int = 5, profile_steps: int = 2) -> Report:
+            rounds: int = 5, profile_steps: int = 1, host_iters: int | None = None) -> Report:
     """Profile every backend on the same workload, check numerics, rank by steady time per step, and
     recommend one. ``batch`` is a ``Workload`` (see ``workload.make_workload``: prefill, decode,
     generate or train) or a dict of forward arguments."""
     if isinstance(batch, dict):
         batch = Workload.of(model, batch)
     report = profile(model, batch, backends=backends, warmup=warmup, iters=iters, trace_dir=trace_dir,
-                     progress=progress, model_name=model_name, rounds=rounds, profile_steps=profile_steps)
+                     progress=progress, model_name=model_name, rounds=rounds, profile_steps=profile_steps,
+                     host_iters=host_iters)
     results = list(report.backends)
     settings = dict(report.settings)
     if check_numerics:

@@ -32,6 +32,7 @@ _CAN_USE = {"flash": torch.backends.cuda.can_use_flash_attention,
             "cudnn": torch.backends.cuda.can_use_cudnn_attention}
 _ENABLED = {"flash": torch.backends.cuda.flash_sdp_enabled, "efficient": torch.backends.cuda.mem_efficient_sdp_enabled,
             "cudnn": torch.backends.cuda.cudnn_sdp_enabled}
+_SDPAParams = torch.backends.cuda.SDPAParams
 _TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\s*$")
 _C10_WARNING = re.compile(r"Warning: (.*?)(?: \(function \w+\))?$")
 _CPU_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -52,7 +53,7 @@ def _float_mask(mask: torch.Tensor | None, dtype: torch.dtype, fill: float = flo
 
 def _params(call: Call, gqa: bool, **change):
     c = call._replace(**change) if change else call
-    return torch.backends.cuda.SDPAParams(c.q, c.k, c.v, c.mask, c.dropout, c.causal, gqa)
+    return _SDPAParams(c.q, c.k, c.v, c.mask, c.dropout, c.causal, gqa)
 
 
 def _printed_reasons(name: str, call: Call, gqa: bool) -> list[str]:
@@ -144,16 +145,20 @@ def _cpu_flash_reasons(call: Call, gqa: bool) -> list[str]:
     return reasons
 
 
+def _fused_choice(call: Call, gqa: bool) -> int:
+    """SDPA's own choice for ``call`` (1: flash; -1: inputs it rejects)."""
+    try:
+        return torch._fused_sdp_choice(call.q, call.k, call.v, call.mask, call.dropout, call.causal,
+                                       scale=call.scale, enable_gqa=gqa)
+    except RuntimeError:
+        return -1
+
+
 def _cpu_flash_ok(call: Call, gqa: bool) -> bool:
     # SDPA's own choice says yes for eligible inputs while the flag is on (it is by default); when it
     # says math, the mirror decides, so that a flag another thread turned off changes nothing here
-    if torch.backends.cuda.flash_sdp_enabled():
-        try:
-            if torch._fused_sdp_choice(call.q, call.k, call.v, call.mask, call.dropout, call.causal,
-                                       scale=call.scale, enable_gqa=gqa) == 1:
-                return True
-        except RuntimeError:
-            pass
+    if torch.backends.cuda.flash_sdp_enabled() and _fused_choice(call, gqa) == 1:
+        return True
     return not _cpu_flash_reasons(call, gqa)
 
 
@@ -205,13 +210,15 @@ def _efficient_mask(mask: torch.Tensor, call: Call) -> torch.Tensor:
 
 def _run(name: str, call: Call, gqa: bool, lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(out, log-sum-exp or attention weights or None)`` from the backend's own op."""
-    q, k, v = call.q, call.k, call.v
+    q, k, v, mask = call.q, call.k, call.v, call.mask
+    if mask is not None and mask.dtype == torch.bool:
+        mask = _float_mask(mask, q.dtype, -65504.0 if name == "cudnn" else float("-inf"))
     if name == "math":
-        return torch._scaled_dot_product_attention_math(q, k, v, _float_mask(call.mask, q.dtype), call.dropout,
+        return torch._scaled_dot_product_attention_math(q, k, v, mask, call.dropout,
                                                          call.causal, None, scale=call.scale, enable_gqa=gqa)
     if name == "flash" and q.device.type == "cpu":
         return torch._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, call.dropout, call.causal, attn_mask=_float_mask(call.mask, q.dtype), scale=call.scale)
+            q, k, v, call.dropout, call.causal, attn_mask=mask, scale=call.scale)
     if name == "flash":
         d = q.shape[-1]
         scale = d ** -0.5 if call.scale is None else call.scale  # of the head dim before padding
@@ -220,13 +227,12 @@ def _run(name: str, call: Call, gqa: bool, lse: bool) -> tuple[torch.Tensor, tor
         return (out[..., :d] if out.shape[-1] != d else out), logsumexp
     with_lse = lse or _grad(call)
     if name == "efficient":
-        mask = _float_mask(call.mask, q.dtype)
         mask = _efficient_mask(mask, call) if mask is not None else None
         out, logsumexp, *_ = torch._scaled_dot_product_efficient_attention(q, k, v, mask, with_lse, call.dropout,
                                                                             call.causal, scale=call.scale)
         return out, logsumexp
     out, logsumexp, *_ = torch._scaled_dot_product_cudnn_attention(
-        q, k, v, _float_mask(call.mask, q.dtype, -65504.0), with_lse, call.dropout, call.causal, False,
+        q, k, v, mask, with_lse, call.dropout, call.causal, False,
         scale=call.scale)
     return out, logsumexp
 
@@ -264,8 +270,17 @@ def forced(name: str, call: Call) -> tuple[torch.Tensor, torch.Tensor | None]:
         extra = _extra_reasons(name, call)
         if extra:
             raise unavailable(name, call, extra)
-    gqa = call.gqa
-    reasons = eligibility(name, call, gqa)
+    q = call.q
+    gqa = q.shape[1] != call.k.shape[1]
+    # the common case in one step (PyTorch's own check said yes); every other case through eligibility()
+    dev = q.device.type
+    if dev == "cuda" and name in _CAN_USE:
+        ok = _CAN_USE[name](_SDPAParams(q, call.k, call.v, call.mask, call.dropout, call.causal, gqa), False)
+    elif dev == "cpu" and name == "flash" and torch._C._get_flash_sdp_enabled():
+        ok = _fused_choice(call, gqa) == 1
+    else:
+        ok = name == "math"
+    reasons = None if ok else eligibility(name, call, gqa)
     run_call = call
     if reasons:
         alt = _relaid(call)

@@ -100,13 +100,17 @@ def _auto(module, query, key, value, mask, kwargs):
     return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
 
 
-def _run_selected(name, module, query, key, value, mask, dropout=0.0, scaling=None, is_causal=None,
-                  position_bias=None, softcap=None, output_attentions=False, s_aux=None, sinks=None, **_):
+def _run_selected(name, module, query, key, value, mask, kw: dict):
     # The same reading of transformers' arguments as its sdpa function: causal only without a mask and
     # for more than one query; k/v cropped for a prefill into an empty static cache. A sliding window is
-    # already in the mask (or needs none: every key is inside the window).
+    # already in the mask (or needs none: every key is inside the window). One frame, ``kw`` as given:
+    # this runs once per attention call, and each layer of calls and each ``**`` costs host time.
+    get = kw.get
     q_len = query.shape[2]
-    causal = _causal(module, query, mask, is_causal)
+    is_causal = get("is_causal")  # _causal(), inlined: this runs once per attention call
+    causal = q_len > 1 and mask is None and bool(is_causal if is_causal is not None
+                                                 else getattr(module, "is_causal", True))
+    position_bias = get("position_bias")
     if causal and key.shape[2] > q_len:
         key, value = key[:, :, :q_len], value[:, :, :q_len]
         if position_bias is not None:
@@ -116,10 +120,13 @@ def _run_selected(name, module, query, key, value, mask, dropout=0.0, scaling=No
         causal = False
     elif mask is not None and mask.dtype != torch.bool and mask.dtype != query.dtype:
         mask = mask.to(query.dtype)
-    if output_attentions and name not in ("naive", "naive-inplace", "math"):
+    weights = bool(get("output_attentions", False))
+    if weights and name not in ("naive", "naive-inplace", "math"):
         warnings.warn(f"the {name} backend cannot return attention weights; attentions will be None", stacklevel=4)
-    out, weights = run_backend(name, Call(query, key, value, mask, dropout, causal, scaling, softcap,
-                                          s_aux if s_aux is not None else sinks, bool(output_attentions), module))
+    sinks = get("s_aux")
+    out, weights = run_backend(name, Call(query, key, value, mask, get("dropout", 0.0), causal, get("scaling"),
+                                          get("softcap"), sinks if sinks is not None else get("sinks"), weights,
+                                          module))
     return out.transpose(1, 2).contiguous(), weights
 
 
@@ -142,7 +149,7 @@ def _unselected(module, query, key, value, mask, kwargs):
     return fn(module, query, key, value, mask, **kwargs)
 
 
-def _dispatch(module, query, key, value, mask, **kwargs):
+def _dispatch(module, query, key, value, mask, kwargs: dict):
     sel, _ = selection.selected(module)
     if sel is None:
         return _unselected(module, query, key, value, mask, kwargs)
@@ -152,7 +159,7 @@ def _dispatch(module, query, key, value, mask, **kwargs):
     name = sel if sel.__class__ is str else selection.choose(sel, query.shape[2])
     if name in _SPECIAL:
         return _special(name, module, query, key, value, mask, kwargs)
-    return _run_selected(name, module, query, key, value, mask, **kwargs)
+    return _run_selected(name, module, query, key, value, mask, kwargs)
 
 
 _SPECIAL = frozenset({"auto", *backends.MODEL_LEVEL})  # run through transformers' functions, with the module
@@ -169,8 +176,8 @@ def attention_forward(module, query, key, value, attention_mask, **kwargs):
     m = _MEASURE.get()
     if m is not None:
         return instrument.call(m, module_path(module), key.shape[2], _dispatch, module, query, key, value,
-                               attention_mask, **kwargs)
-    return _dispatch(module, query, key, value, attention_mask, **kwargs)
+                               attention_mask, kwargs)
+    return _dispatch(module, query, key, value, attention_mask, kwargs)
 
 
 _MEASURE = instrument._MEASURE

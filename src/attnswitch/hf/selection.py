@@ -22,7 +22,7 @@ import torch.nn as nn
 from ..backends.policy import Policy, Selection, choose, resolve_selection
 from ..sites import remember_paths
 from .interface import configs_of, require_interface
-from .leases import held
+from .leases import DEAD, LEASES, held
 
 __all__ = ["Policy", "Selection", "State", "STATE", "current", "ModelInfo", "register", "info_of", "selected",
            "selected_for_config", "resolve_selection", "choose", "PATCHED", "closed", "close"]
@@ -83,9 +83,27 @@ class ModelInfo:
 _TOKENS = itertools.count(1)
 _MODELS: weakref.WeakKeyDictionary[nn.Module, ModelInfo] = weakref.WeakKeyDictionary()
 _BY_TOKEN: weakref.WeakValueDictionary[int, ModelInfo] = weakref.WeakValueDictionary()
-_OWNERS: weakref.WeakKeyDictionary[nn.Module, tuple[int, ...]] = weakref.WeakKeyDictionary()
+#: id(module) -> (a weak reference to it, its owner tokens); a plain dict, read once per attention call (a
+#: WeakKeyDictionary's get makes a weak reference per read). The entry goes when the module does.
+_OWNERS: dict[int, tuple[weakref.ref, tuple[int, ...]]] = {}
 #: owner token -> selection of a patched model (``patch``), seen by every thread
 PATCHED: dict[int, Selection] = {}
+
+
+def _owners(module) -> tuple[int, ...]:
+    entry = _OWNERS.get(id(module))
+    return entry[1] if entry is not None and entry[0]() is module else ()
+
+
+def _forget(key: int, ref: weakref.ref) -> None:
+    entry = _OWNERS.get(key)
+    if entry is not None and entry[0] is ref:
+        del _OWNERS[key]
+
+
+def _own(module: nn.Module, owners: tuple[int, ...]) -> None:
+    key = id(module)
+    _OWNERS[key] = (weakref.ref(module, lambda ref, key=key: _forget(key, ref)), owners)
 
 
 def info_of(model: nn.Module) -> ModelInfo | None:
@@ -104,9 +122,9 @@ def register(model: nn.Module) -> ModelInfo:
     info = ModelInfo(next(_TOKENS), frozenset(id(c) for c in configs), configs)
     remember_paths(model)
     for m in model.modules():
-        owners = _OWNERS.get(m, ())
+        owners = _owners(m)
         if info.token not in owners:
-            _OWNERS[m] = owners + (info.token,)
+            _own(m, owners + (info.token,))
     _BY_TOKEN[info.token] = info
     return _MODELS.setdefault(model, info)
 
@@ -115,11 +133,11 @@ def selected(module) -> tuple[Selection | None, int | None]:
     """The selection for an attention call of ``module`` in the calling context, and the owner it came
     from: the innermost model-scoped context of a model owning the module, else the innermost global
     context, else a patch."""
-    st = current()
-    try:
-        owners = _OWNERS.get(module, ())
-    except TypeError:
-        owners = ()
+    st = STATE.get()
+    if st.lease is not None and (st.lease not in LEASES or st.lease in DEAD):  # current(), inlined: once a call
+        st = current()
+    entry = _OWNERS.get(id(module))
+    owners = entry[1] if entry is not None and entry[0]() is module else ()
     if st.per_owner:
         for t in owners:
             sel = st.per_owner.get(t)

@@ -49,32 +49,36 @@ def _timed(t: Target, results: list, iters: int, rounds: int, progress, spent: d
 
 
 def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
-            backends: Iterable[str] | str | None = None, warmup: int = 3, iters: int = 5,
+            backends: Iterable[str] | str | None = None, warmup: int = 2, iters: int = 5,
             trace_dir: str | Path | None = None, progress: Callable[[str], None] | None = None,
-            model_name: str = "", rounds: int = 5, profile_steps: int = 2) -> Report:
+            model_name: str = "", rounds: int = 5, profile_steps: int = 1, host_iters: int | None = None) -> Report:
     """Profile forwards of ``target`` under each backend; returns a ``Report``.
 
     ``target`` is a model (with ``batch``, a dict of forward arguments or a ``Workload``) or any
     callable (``profile(lambda: attnswitch.attention(q, k, v, is_causal=True))``), which runs under a
     global ``backend()``. Every backend sees the same inputs and the same warm-up; the steady time per
-    forward comes from ``iters`` unprofiled forwards per backend in ``rounds`` interleaved rounds; the
-    per-layer counts from ``profile_steps`` profiled ones. Backends that cannot run are in the report with
-    PyTorch's reasons. The report's ``settings["time_s"]`` says where attnswitch's own time went.
+    forward comes from ``iters`` unprofiled forwards per backend in ``rounds`` interleaved rounds; host time
+    per step and per attention call, and peak memory, from ``host_iters`` more (default: ``iters``, at most
+    5, for a generate workload ``iters``: its step latencies come from them); the per-layer counts from
+    ``profile_steps`` profiled ones (the counts are the same in every step). Backends that cannot run are in
+    the report with PyTorch's reasons. The report's ``settings["time_s"]`` says where attnswitch's own time went.
 
     A model spread over GPUs by accelerate's ``device_map`` is profiled on all of them (per-GPU totals,
     copies between GPUs by layer boundary). Under ``torchrun`` with a tensor-parallel model, call it on
     every rank: each profiles its GPU and every rank gets the merged report (rank column, collectives
     per layer); with ``trace_dir`` only rank 0 writes, the other ranks' traces included.
     """
-    if warmup < 0 or iters < 1 or profile_steps < 0:
-        raise ValueError(f"need warmup >= 0, iters >= 1 and profile_steps >= 0, got warmup={warmup}, iters={iters}, "
-                         f"profile_steps={profile_steps}")
+    if warmup < 0 or iters < 1 or profile_steps < 0 or (host_iters is not None and host_iters < 1):
+        raise ValueError(f"need warmup >= 0, iters >= 1, host_iters >= 1 and profile_steps >= 0, got warmup={warmup}, "
+                         f"iters={iters}, host_iters={host_iters}, profile_steps={profile_steps}")
     t_start = time.perf_counter()
     spent: dict = {}
     t = Target.of(target, batch)
     if t.model is not None:
         require_interface(t.model)
     names = parse_backends(backends, t.device)
+    if host_iters is None:
+        host_iters = iters if t.mode == "generate" else min(iters, 5)
     # one step before any backend, so that the first backend is not charged for process-wide warm-up
     # (CUDA context, cuBLAS handles, allocator growth). It runs the naive backend, which uses no SDPA
     # kernel: each SDPA backend's own first call (cuDNN's plan building) stays cold.
@@ -86,7 +90,7 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     def prepare(name):
         progress(name)
         t0 = time.perf_counter()
-        result = prepare_backend(t, name, warmup=warmup, iters=iters, trace_dir=trace_dir,
+        result = prepare_backend(t, name, warmup=warmup, iters=host_iters, trace_dir=trace_dir,
                                  profile_steps=profile_steps)
         package = package_of(name)  # a third-party kernel: its distribution and version
         results.append(dataclasses.replace(result, package=package) if package else result)
@@ -102,7 +106,8 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
         results = merged_report_backends(results, trace_dir)
     model = model_name or (type(t.model).__name__ if t.model is not None else getattr(target, "__name__", "callable"))
     spent["total"] = time.perf_counter() - t_start
-    settings = {"warmup": warmup, "iters": iters, "rounds": rounds, "profile_steps": profile_steps,
+    settings = {"warmup": warmup, "iters": iters, "rounds": rounds, "host_iters": host_iters,
+                "profile_steps": profile_steps,
                 "time_s": {k: round(v, 3) for k, v in spent.items()}}
     return Report(tuple(results), environment(t.device), _workload_info(t), settings, model=model,
                   distribution=distribution_of(t.model))

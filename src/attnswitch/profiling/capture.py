@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import gzip
-import inspect
 import itertools
 import json
 import os
@@ -135,6 +134,15 @@ class Target:
 
     def annotated(self):
         return annotate_modules(self.model) if self.model is not None else contextlib.nullcontext()
+
+    def rewarm(self) -> None:
+        """One step after a switch, untimed: a generate workload's short form (the switch's first calls
+        and every cache were warmed by its prepared pass; a whole workload would add seconds per round)."""
+        if self.mode == "generate":
+            self.workload.short().step()
+        else:
+            self.fn(next(self.calls(1)))
+        self.sync()
 
     def profiled_steps(self, n: int) -> tuple[Callable, list]:
         """The step function and arguments of the profiled pass (a generate workload cut short)."""
@@ -281,19 +289,20 @@ def prepare_backend(target: Target, name: str, *, warmup: int = 3, iters: int = 
 def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 5) -> dict[str, list[float]]:
     """Steady time per forward (ms) for each backend, unprofiled, in ``rounds`` interleaved rounds so
     that drift (clocks, temperature, other load) falls on every backend alike. On a GPU each forward
-    is timed with CUDA events, back to back; on a CPU with the wall clock."""
+    is timed with CUDA events, back to back; on a CPU with the wall clock. Garbage is collected before
+    each backend's turn in a round and never inside it (as ``timeit`` does): a collection of a large heap
+    lands at random in host-bound steps, a generate's above all."""
     cuda = target.device.type == "cuda"
     rounds = max(1, min(rounds, iters))
     per_round = [iters // rounds + (1 if r < iters % rounds else 0) for r in range(rounds)]
     samples: dict[str, list[float]] = {n: [] for n in names}
-    gc.collect()
-    with target.context(), _no_gc():
+    with target.context():
         for n_calls in per_round:
             for name in names:
-                calls = target.calls(n_calls + 1)
-                with target.switched(name):
-                    target.fn(next(calls))  # re-warm after the other backends ran
-                    target.sync()
+                calls = target.calls(n_calls)
+                gc.collect(0)  # what the previous turn left (no collection ran in it, so all of it is young)
+                with target.switched(name), _no_gc():
+                    target.rewarm()  # after the other backends ran
                     for _ in range(n_calls):
                         c = next(calls)
                         if cuda:
@@ -329,9 +338,10 @@ def _profiled(target: Target, name: str, n: int, trace_dir) -> Profiled:
     fn, calls = target.profiled_steps(n)
     phases = annotate_phases(target.model) if target.mode == "generate" else contextlib.nullcontext()
     t_run = time.perf_counter()
-    kw = {"acc_events": True} if "acc_events" in inspect.signature(torch.profiler.profile).parameters else {}
+    # the trace is read from Kineto's own export: the profiler's Python event list is never built (it
+    # costs about as much as the profiled steps themselves)
     with target.annotated(), phases, instrument.measuring(annotate=True), stderr.filtered(_usdt), \
-            torch.profiler.profile(activities=acts, **kw) as prof:
+            torch.profiler.profile(activities=acts) as prof:
         for i, c in enumerate(calls):
             with record_function(f"{instrument.STEP_PREFIX}{i}"):
                 fn(c)
