@@ -77,8 +77,7 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     if t.model is not None:
         require_interface(t.model)
     names = parse_backends(backends, t.device)
-    if host_iters is None:
-        host_iters = iters if t.mode == "generate" else min(iters, 5)
+    host_iters = host_iters or (iters if t.mode == "generate" else min(iters, 5))
     # one step before any backend, so that the first backend is not charged for process-wide warm-up
     # (CUDA context, cuBLAS handles, allocator growth). It runs the naive backend, which uses no SDPA
     # kernel: each SDPA backend's own first call (cuDNN's plan building) stays cold.
@@ -104,10 +103,12 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     results = _timed(t, results, iters, rounds, progress, spent)
     if world() is not None:  # tensor parallelism: every rank's results, merged, on every rank
         results = merged_report_backends(results, trace_dir)
-    model = model_name or (type(t.model).__name__ if t.model is not None else getattr(target, "__name__", "callable"))
     spent["total"] = time.perf_counter() - t_start
-    settings = {"warmup": warmup, "iters": iters, "rounds": rounds, "host_iters": host_iters,
-                "profile_steps": profile_steps,
-                "time_s": {k: round(v, 3) for k, v in spent.items()}}
-    return Report(tuple(results), environment(t.device), _workload_info(t), settings, model=model,
-                  distribution=distribution_of(t.model))
+    settings = dict(warmup=warmup, iters=iters, rounds=rounds, host_iters=host_iters, profile_steps=profile_steps,
+                    time_s={k: round(v, 3) for k, v in spent.items()})
+    return Report(tuple(results), environment(t.device), _workload_info(t), settings,
+                  model=_name(model_name, t, target), distribution=distribution_of(t.model))
+
+
+def _name(model_name: str, t: Target, target) -> str:
+    return model_name or (type(t.model).__name__ if t.model is not None else getattr(target, "__name__", "callable"))
