@@ -5,6 +5,7 @@
 #   cpu        the CPU suite on the GPU machine's (older) torch and transformers
 #   compare    `attnswitch compare` on the default preset, wall time measured outside
 #   bench      the benchmark suite's GPU parts (BENCH_ONLY narrows them)
+#   example    examples/bring_your_own_kernel.py: a Triton kernel registered and compared on the default preset
 #   workloads  generate, train, sweep and a recorded training trace (WORKLOADS narrows them)
 set -u
 export PYTHONUNBUFFERED=1
@@ -33,6 +34,11 @@ if [[ $parts == *compare* ]]; then
   echo "compare prefill rc=$rc wall_s=$(python3 -c "print(round($t1-$t0,1))")" | tee $S/run/compare/wall.txt
   grep -h -A3 "Recommendation" $S/run/compare/prefill.txt | head -8
   rm -rf $S/run/compare/prefill/traces
+fi
+if [[ $parts == *example* ]]; then
+  mkdir -p $S/run/example
+  timeout ${EXAMPLE_S:-150} python3 examples/bring_your_own_kernel.py --out $S/run/example > $S/run/example/stdout.txt 2>&1
+  echo "example rc=$?" | tee -a $S/run/example/stdout.txt; grep -E "max \||ran:" $S/run/example/stdout.txt
 fi
 pack run
 if [[ $parts == *bench* ]]; then

@@ -7,6 +7,7 @@ take ``F.scaled_dot_product_attention``'s arguments and return the output tensor
 
     python examples/bring_your_own_kernel.py                          # default preset for this device
     python examples/bring_your_own_kernel.py --layers 2 --seq 32      # small
+    python examples/bring_your_own_kernel.py --out results/           # and write the report
 """
 
 import argparse
@@ -109,6 +110,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--model", default=None)
 p.add_argument("--seq", type=int, default=None)
 p.add_argument("--layers", type=int, default=None)
+p.add_argument("--out", default=None, help="write the report (JSON and markdown) into this folder")
 args = p.parse_args()
 
 cuda = torch.cuda.is_available()
@@ -131,6 +133,12 @@ batch = make_workload(model, batch=4 if cuda else 2, seq=args.seq or (2048 if cu
 others = ["flex", "flash", "cudnn", "naive-inplace"] if cuda else ["naive", "math", "flash"]
 report = attnswitch.compare(model, batch, backends=[name, *others], warmup=2, iters=6, model_name=args.model or about)
 report.render(layers=False)
+if args.out:
+    from pathlib import Path
+
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    report.to_json(Path(args.out) / "bring_your_own_kernel.json")
+    report.to_markdown(Path(args.out) / "bring_your_own_kernel.md")
 mine = report[name]
 if mine.ok:
     print(f"{name} ran: {', '.join(mine.attn_kernel_names) or ', '.join(mine.attn_ops)}")
