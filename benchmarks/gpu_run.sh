@@ -28,9 +28,13 @@ fi
 if [[ $parts == *compare* ]]; then
   mkdir -p $S/run/compare
   python3 -m attnswitch env > $S/run/compare/env.txt 2>&1
+  python3 -c "import time; t=time.perf_counter(); import torch, transformers; print('import torch, transformers: %.1f s' % (time.perf_counter()-t))" >> $S/run/compare/env.txt
   t0=$(date +%s.%N)
-  timeout ${COMPARE_S:-150} python3 -m attnswitch compare --out $S/run/compare/prefill > $S/run/compare/prefill.txt 2> $S/run/compare/prefill.err
-  rc=$?; t1=$(date +%s.%N)
+  # stderr lines stamped with the seconds since the start: where the wall time outside the report's own account goes
+  timeout ${COMPARE_S:-150} python3 -m attnswitch compare --out $S/run/compare/prefill > $S/run/compare/prefill.txt \
+    2> >(python3 -u -c "import sys, time; t0=float(sys.argv[1])
+for l in sys.stdin: print(f'{time.time()-t0:7.1f} {l}', end='', flush=True)" $t0 > $S/run/compare/prefill.err)
+  rc=$?; t1=$(date +%s.%N); sleep 1
   echo "compare prefill rc=$rc wall_s=$(python3 -c "print(round($t1-$t0,1))")" | tee $S/run/compare/wall.txt
   grep -h -A3 "Recommendation" $S/run/compare/prefill.txt | head -8
   rm -rf $S/run/compare/prefill/traces

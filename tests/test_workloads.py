@@ -1,11 +1,13 @@
 """Workloads as deployed: generation end to end, a training step, a sweep of lengths, a backend per phase."""
 
+import io
 import re
 import time
 
 import pytest
 import torch
 from conftest import batch_for, tiny, world
+from rich.console import Console
 
 import attnswitch
 from attnswitch import cli
@@ -82,6 +84,31 @@ def test_generate_reports_every_step_of_every_prompt(gen_report):
         assert g.token_agreement == 1.0 and g.first_diff_step is None
     times = [r[n].time_ms for n in r.ranking]
     assert times == sorted(times)
+
+
+def test_a_generate_is_timed_by_its_fastest_sample_and_a_forward_by_the_median(gen_report):
+    # a generate is host-bound: other load on the machine only slows it, so its best sample is its time
+    _, r = gen_report
+    for b in r.ok:
+        assert b.time_ms == min(b.time_samples_ms)
+    assert "the fastest of 2 unprofiled" in r.to_markdown()
+    m = tiny("llama")
+    p = compare(m, batch_for(m), backends=["naive", "math"], warmup=1, iters=3, rounds=3)
+    for b in p.ok:
+        assert b.time_ms == sorted(b.time_samples_ms)[1]
+
+
+def test_a_backend_far_behind_after_two_rounds_is_timed_no_further(registered):
+    m = tiny("llama")
+    registered("sleepy", slow(0.02))  # 20 ms per attention call: two layers, far behind naive's
+    r = compare(m, batch_for(m), backends=["naive", "sleepy"], warmup=1, iters=10, rounds=5, check_numerics=False)
+    assert len(r["naive"].time_samples_ms) == 10
+    assert len(r["sleepy"].time_samples_ms) == 4  # two rounds of two
+    assert r["sleepy"].time_ms > 40 and r.ranking == ("naive", "sleepy")
+    assert r.settings["settle"] == 1.25
+    out = io.StringIO()
+    r.render(Console(file=out, width=120))
+    assert "slower than the fastest after two rounds is timed no further" in " ".join(out.getvalue().split())
 
 
 def test_generate_time_per_workload_against_an_independent_clock(gen_report):

@@ -30,6 +30,7 @@ class Session:
     argv: list[str]
     out: object  # rich Console on stdout: the answer
     err: object  # rich Console on stderr: progress and errors
+    started: float = 0.0  # perf_counter() when the command began, before torch and transformers were imported
 
 
 # -- options --------------------------------------------------------------------------------------
@@ -259,6 +260,7 @@ def _measured(s: Session, run: Callable, sweep: Callable | None = None) -> int:
     from . import dist
 
     t0 = time.perf_counter()
+    importing = t0 - s.started if s.started else 0.0  # the subcommand's imports (torch, transformers)
     model, work, spec = _loaded(s)
     loading = time.perf_counter() - t0
     trace_dir = Path(s.args.out) / "traces" if s.args.out else None
@@ -266,8 +268,9 @@ def _measured(s: Session, run: Callable, sweep: Callable | None = None) -> int:
     with _progress(s.err) as progress:
         kw = dict(backends=backends, trace_dir=trace_dir, progress=progress, model_name=spec, **_steps(s.args, work))
         report = sweep(model, work, mode=s.args.mode, **kw) if isinstance(work, list) else run(model, work, **kw)
-    spent = {"loading the model": round(loading, 3), **report.settings.get("time_s", {})}
-    spent["total"] = round(spent.get("total", 0) + loading, 3)
+    spent = {"imports": round(importing, 3), "loading the model": round(loading, 3),
+             **report.settings.get("time_s", {})}
+    spent["total"] = round(spent.get("total", 0) + importing + loading, 3)
     report = dataclasses.replace(report, command=_command_line(s), settings={**report.settings, "time_s": spent})
     report.render(s.out, layers=s.args.layers, fold=not s.args.unfold)
     if dist.is_main():
@@ -331,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
     from rich.console import Console
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -341,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Console(width=None if sys.stdout.isatty() else 200, quiet=quiet)
     err = Console(stderr=True, quiet=quiet)
     try:
-        return COMMANDS[args.command].run(Session(args, argv, out, err))
+        return COMMANDS[args.command].run(Session(args, argv, out, err, started))
     except (ValueError, FileNotFoundError, TypeError) as e:
         err.print(f"[bold red]error:[/bold red] {e}", markup=True, highlight=False, soft_wrap=True)
         return EXIT_BAD_INPUT

@@ -21,7 +21,7 @@ from ..dist import world
 from ..env import environment
 from ..hf import require_interface
 from ..results import Report
-from .capture import Target, prepare_backend, timed_rounds
+from .capture import SETTLED, Target, prepare_backend, timed_rounds
 from .distributed import agree_ok, distribution_of, merged_report_backends
 from .summarize import with_timing
 from .trace import Trace
@@ -43,9 +43,10 @@ def _timed(t: Target, results: list, iters: int, rounds: int, progress, spent: d
         return results
     progress("timing (interleaved rounds)")
     t0 = time.perf_counter()
-    samples = timed_rounds(t, ok, iters=iters, rounds=rounds)
+    host_bound = t.mode == "generate"  # a whole generate: host-bound, slowed at random by other load
+    samples = timed_rounds(t, ok, iters=iters, rounds=rounds, settle=not host_bound)
     spent["timing rounds"] = time.perf_counter() - t0
-    return [with_timing(r, samples[r.backend]) if r.backend in samples else r for r in results]
+    return [with_timing(r, samples[r.backend], best=host_bound) if r.backend in samples else r for r in results]
 
 
 def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
@@ -105,7 +106,7 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
         results = merged_report_backends(results, trace_dir)
     spent["total"] = time.perf_counter() - t_start
     settings = dict(warmup=warmup, iters=iters, rounds=rounds, host_iters=host_iters, profile_steps=profile_steps,
-                    time_s={k: round(v, 3) for k, v in spent.items()})
+                    settle=None if t.mode == "generate" else SETTLED, time_s={k: round(v, 3) for k, v in spent.items()})
     return Report(tuple(results), environment(t.device), _workload_info(t), settings,
                   model=_name(model_name, t, target), distribution=distribution_of(t.model))
 

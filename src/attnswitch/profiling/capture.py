@@ -18,6 +18,7 @@ import json
 import os
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +43,7 @@ from .summarize import backend_fields
 from .trace import Trace
 from .workloads import mode_fields
 
-__all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "Target", "Profiled"]
+__all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "Target", "Profiled", "SETTLED"]
 
 
 try:  # a C++ range: about a tenth of record_function's host cost, which matters once per module call
@@ -286,32 +287,48 @@ def prepare_backend(target: Target, name: str, *, warmup: int = 3, iters: int = 
         return BackendResult(name, "failed", (f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",))
 
 
-def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 5) -> dict[str, list[float]]:
+#: after two rounds, a backend whose fastest step is this much slower than the slowest step of the fastest
+#: backend is settled (its rank cannot change) and timed no further
+SETTLED = 1.25
+
+
+def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 5,
+                 settle: bool = True) -> dict[str, list[float]]:
     """Steady time per forward (ms) for each backend, unprofiled, in ``rounds`` interleaved rounds so
     that drift (clocks, temperature, other load) falls on every backend alike. On a GPU each forward
     is timed with CUDA events, back to back; on a CPU with the wall clock. Garbage is collected before
     each backend's turn in a round and never inside it (as ``timeit`` does): a collection of a large heap
-    lands at random in host-bound steps, a generate's above all."""
+    lands at random in host-bound steps, a generate's above all. With ``settle``, a backend far behind
+    after two rounds (``SETTLED``) stops there, with the samples it has."""
     cuda = target.device.type == "cuda"
     rounds = max(1, min(rounds, iters))
     per_round = [iters // rounds + (1 if r < iters % rounds else 0) for r in range(rounds)]
     samples: dict[str, list[float]] = {n: [] for n in names}
+    active = list(names)
     with target.context():
-        for n_calls in per_round:
-            for name in names:
+        for r, n_calls in enumerate(per_round):
+            for name in active:
                 calls = target.calls(n_calls)
                 gc.collect(0)  # what the previous turn left (no collection ran in it, so all of it is young)
                 with target.switched(name), _no_gc():
                     target.rewarm()  # after the other backends ran
                     for _ in range(n_calls):
-                        c = next(calls)
-                        if cuda:
-                            samples[name].append(_timed_on_gpus(target, c))
-                        else:
-                            t0 = time.perf_counter()
-                            target.fn(c)
-                            samples[name].append((time.perf_counter() - t0) * 1e3)
+                        samples[name].append(_timed_on_gpus(target, next(calls)) if cuda else _timed_wall(target,
+                                                                                                         next(calls)))
+            if settle and r == 1:
+                active = _contenders(samples, active)
     return samples
+
+
+def _contenders(samples: dict[str, list[float]], names: list[str]) -> list[str]:
+    worst_of_best = min(max(samples[n]) for n in names)
+    return [n for n in names if min(samples[n]) <= SETTLED * worst_of_best]
+
+
+def _timed_wall(target: Target, c) -> float:
+    t0 = time.perf_counter()
+    target.fn(c)
+    return (time.perf_counter() - t0) * 1e3
 
 
 def _timed_on_gpus(target: Target, c) -> float:
@@ -340,7 +357,7 @@ def _profiled(target: Target, name: str, n: int, trace_dir) -> Profiled:
     t_run = time.perf_counter()
     # the trace is read from Kineto's own export: the profiler's Python event list is never built (it
     # costs about as much as the profiled steps themselves)
-    with target.annotated(), phases, instrument.measuring(annotate=True), stderr.filtered(_usdt), \
+    with target.annotated(), phases, instrument.measuring(annotate=True), stderr.filtered(_usdt), _quiet(), \
             torch.profiler.profile(activities=acts) as prof:
         for i, c in enumerate(calls):
             with record_function(f"{instrument.STEP_PREFIX}{i}"):
@@ -352,6 +369,14 @@ def _profiled(target: Target, name: str, n: int, trace_dir) -> Profiled:
     trace = Trace.from_json(data, source=str(path))
     rows = attribute(trace, steps={s.step for s in trace.steps()})
     return Profiled(path, trace, rows, time.perf_counter() - t0, run_seconds)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Without the profiler's warning that it keeps no events across cycles: none is read from it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events")
+        yield
 
 
 def _usdt(line: str) -> bool:

@@ -17,10 +17,11 @@ from .trace import Trace
 __all__ = ["backend_fields", "layer_stats", "with_timing"]
 
 
-def with_timing(result: BackendResult, samples: list[float]) -> BackendResult:
-    """``result`` with its steady time per step: the median of ``samples`` (ms) and their noise; a
+def with_timing(result: BackendResult, samples: list[float], best: bool = False) -> BackendResult:
+    """``result`` with its steady time per step: the median of ``samples`` (ms), or with ``best`` the
+    fastest (for host-bound steps, which other load on the machine only ever slows), and their noise; a
     generate workload's tokens per second from it."""
-    t = median(samples)
+    t = min(samples) if best and samples else median(samples)
     g = result.generate
     if g is not None and t:
         g = dataclasses.replace(g, tokens_per_s=g.tokens / (t / 1e3))

@@ -247,11 +247,19 @@ def _recommendation(report, opts: Options) -> Section | None:
 
 def _summary(report, opts: Options) -> Section:
     timer = next((b.timer for b in report.backends if b.timer), "")
-    step = _STEP.get(report.workload.get("mode"), ("time/fwd", "", "forwards"))
+    mode = report.workload.get("mode")
+    step = _STEP.get(mode, ("time/fwd", "", "forwards"))
+    n, settle = report.settings.get("iters"), report.settings.get("settle")
+    if mode == "generate":
+        how = (f"the fastest of {n} unprofiled {step[2]}s, interleaved across backends ({timer}; a host-bound "
+               "workload, which other load on the machine only slows)")
+    else:
+        how = f"median of {n} unprofiled {step[2]} ({timer}), in interleaved rounds" + (
+            f"; a backend more than {settle:g}x slower than the fastest after two rounds is timed no further"
+            if settle else "")
     blocks: list[Block] = [summary_table(report),
-                           Text(f"{step[0].split(' ')[0]}: median of {report.settings.get('iters')} unprofiled "
-                                f"{step[2]} ({timer}); noise: half the interquartile range over the median; counts "
-                                "from the profiler, per forward; /attn: per attention call.", "note")]
+                           Text(f"{step[0].split(' ')[0]}: {how}; noise: half the interquartile range over the "
+                                "median; counts from the profiler, per forward; /attn: per attention call.", "note")]
     if distribution_text(report):
         blocks.append(Text(f"distribution: {distribution_text(report)}"))
     return Section("Summary", tuple(blocks), key="summary")
