@@ -35,31 +35,35 @@ def _save(out: Path, name: str, report) -> dict:
 
 def independent_generate(work, names, repeats=5) -> dict:
     """Each backend's generate workload timed outside attnswitch's measurement: ``model.generate()`` on
-    every prompt under ``attnswitch.backend``, wall clock with the device synchronized, after a warm-up.
-    Garbage is collected before each repeat and not inside it, as ``timeit`` does (and as the report's
+    every prompt under ``attnswitch.backend``, wall clock with the device synchronized, after a warm-up,
+    the backends taken in turn in each repeat (so that a slow spell of the machine falls on all alike).
+    Garbage is collected before each sample and not inside it, as ``timeit`` does (and as the report's
     own timing does): the process holds a large heap, and a collection inside a host-bound generate would
     be timed as the backend's."""
-    out = {}
+    def workload():
+        for p in work.prompts:
+            work.model.generate(**p, **work.generate_kwargs())
+
+    times: dict[str, list[float]] = {n: [] for n in names}
     for name in names:
         with attnswitch.backend(name, model=work.model):
-            for p in work.prompts:  # warm: every length once
-                work.model.generate(**p, **work.generate_kwargs())
-            times = []
-            for _ in range(repeats):
+            workload()  # warm: every length once
+    for _ in range(repeats):
+        for name in names:
+            with attnswitch.backend(name, model=work.model):
                 gc.collect()
                 gc.disable()
                 try:
                     torch.cuda.synchronize()
                     t0 = time.perf_counter()
-                    for p in work.prompts:
-                        work.model.generate(**p, **work.generate_kwargs())
+                    workload()
                     torch.cuda.synchronize()
-                    times.append((time.perf_counter() - t0) * 1e3)
+                    times[name].append((time.perf_counter() - t0) * 1e3)
                 finally:
                     gc.enable()
-        # the report's statistic for a host-bound workload: the fastest sample (other load only slows it)
-        out[name] = {"ms": min(times), "median_ms": median(times), "noise_pct": noise_pct(times), "samples": times}
-    return out
+    # the report's statistic for a host-bound workload: the fastest sample (other load only slows it)
+    return {n: {"ms": min(t), "median_ms": median(t), "noise_pct": noise_pct(t), "samples": t}
+            for n, t in times.items()}
 
 
 def _agreement(report, independent: dict) -> dict:
