@@ -91,7 +91,7 @@ def test_a_generate_is_timed_by_its_fastest_sample_and_a_forward_by_the_median(g
     _, r = gen_report
     for b in r.ok:
         assert b.time_ms == min(b.time_samples_ms)
-    assert "the fastest of 2 unprofiled" in r.to_markdown()
+    assert "the fastest of 2 unprofiled runs of the whole generate workload" in r.to_markdown()
     m = tiny("llama")
     p = compare(m, batch_for(m), backends=["naive", "math"], warmup=1, iters=3, rounds=3)
     for b in p.ok:

@@ -146,11 +146,12 @@ class Target:
         self.sync()
 
     def profiled_steps(self, n: int) -> tuple[Callable, list]:
-        """The step function and arguments of the profiled pass (a generate workload cut short)."""
+        """The step function and the arguments of the profiled pass: a warm-up step's, then those of the
+        ``n`` steps kept (a generate workload cut short, at most two kept)."""
         if self.mode == "generate":
             short = self.workload.short()
-            return short.step, [None] * max(1, min(n, 2))
-        return self.fn, list(self.calls(n))
+            return short.step, [None] * (1 + max(1, min(n, 2)))
+        return self.fn, list(self.calls(n + 1))
 
 
 @dataclass(frozen=True)
@@ -353,16 +354,23 @@ def _profiled(target: Target, name: str, n: int, trace_dir) -> Profiled:
     if target.device.type == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
     fn, calls = target.profiled_steps(n)
+    warm, calls = calls[0], calls[1:]
     phases = annotate_phases(target.model) if target.mode == "generate" else contextlib.nullcontext()
     t_run = time.perf_counter()
-    # the trace is read from Kineto's own export: the profiler's Python event list is never built (it
-    # costs about as much as the profiled steps themselves)
+    # One step traced and thrown away first (the profiler's warm-up, as PyTorch advises: its start-up
+    # skews the first step it traces), then the steps kept, each a ``ProfilerStep#N`` range of the
+    # profiler's own. The trace is read from Kineto's export: the profiler's Python event list is never
+    # built (it costs about as much as the profiled steps themselves).
+    schedule = torch.profiler.schedule(wait=0, warmup=1, active=len(calls), repeat=1)
     with target.annotated(), phases, instrument.measuring(annotate=True), stderr.filtered(_usdt), _quiet(), \
-            torch.profiler.profile(activities=acts) as prof:
-        for i, c in enumerate(calls):
-            with record_function(f"{instrument.STEP_PREFIX}{i}"):
-                fn(c)
+            torch.profiler.profile(activities=acts, schedule=schedule) as prof:
+        fn(warm)
         target.sync()
+        for c in calls:
+            prof.step()
+            fn(c)
+        target.sync()
+        prof.step()  # the last kept step ends: the trace is complete
     run_seconds = time.perf_counter() - t_run
     t0 = time.perf_counter()
     path, data = _export(prof, name, trace_dir)

@@ -75,7 +75,8 @@ def screenshot(html: str | Path, png: str | Path, width: int = 1280, height: int
     png = Path(png).resolve()
     png.unlink(missing_ok=True)
     height = page_height(html, width, timeout) if height is None else height
-    proc = _run([f"--screenshot={png}"], html, width, height, timeout)
+    # every compositor stage before the capture: without it, large inline SVGs come out half painted
+    proc = _run(["--run-all-compositor-stages-before-draw", f"--screenshot={png}"], html, width, height, timeout)
     if not png.exists():
         raise RuntimeError(f"chromium wrote no screenshot (exit {proc.returncode}): {proc.stderr[-2000:]}")
     return png

@@ -251,8 +251,8 @@ def _summary(report, opts: Options) -> Section:
     step = _STEP.get(mode, ("time/fwd", "", "forwards"))
     n, settle = report.settings.get("iters"), report.settings.get("settle")
     if mode == "generate":
-        how = (f"the fastest of {n} unprofiled {step[2]}s, interleaved across backends ({timer}; a host-bound "
-               "workload, which other load on the machine only slows)")
+        how = (f"the fastest of {n} unprofiled runs of {step[2]}, interleaved across backends ({timer}; a "
+               "host-bound workload, which other load on the machine only slows)")
     else:
         how = f"median of {n} unprofiled {step[2]} ({timer}), in interleaved rounds" + (
             f"; a backend more than {settle:g}x slower than the fastest after two rounds is timed no further"
