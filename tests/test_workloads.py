@@ -354,3 +354,23 @@ def test_cli_bad_workload_input_is_one_line_and_exit_2(argv, message, capsys, mo
     assert cli.main(["compare", *argv, "--device", "cpu", "--num-layers", "1"]) == 2
     err = capsys.readouterr().err
     assert message in " ".join(err.split()) and err.count("\n") <= 3
+
+
+def test_new_length_costs_within_the_noise_are_not_told_as_costs_or_flips():
+    from attnswitch.recommend import recommend
+    from attnswitch.results import BackendResult, GenerateStats
+
+    def result(name, ms, new, seen):
+        g = GenerateStats(ttft_ms=20.0, step_ms_p50=seen, new_shape_step_ms=new, seen_shape_step_ms=seen, tokens=96)
+        return BackendResult(name, "ok", time_ms=ms, noise_pct=12.0, generate=g)
+
+    work = {"mode": "generate", "prompt_lens": [500, 512, 524], "new_tokens": 24}
+    # a 0.9 ms gap on 11 ms steps, under the 12 % noise: neither a cost per new length nor a flip
+    close = [result("flash", 700.0, 11.9, 11.0), result("math", 870.0, 11.5, 13.1)]
+    text = recommend(close, ["flash", "math"], work)
+    assert "each new key length costs" not in text and "many new lengths" not in text
+    # a plan per new length (40 ms on 11 ms steps) is told, and the backend without one named
+    planned = [result("cudnn", 700.0, 51.0, 11.0), result("math", 870.0, 13.3, 13.1)]
+    text = recommend(planned, ["cudnn", "math"], work)
+    assert "each new key length costs 40.000 ms more per step" in text and "`math`" in text
+    assert "wins for workloads with many new lengths" in text

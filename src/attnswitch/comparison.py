@@ -106,14 +106,16 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
     shapes = list(shapes)
     if not shapes:
         raise ValueError("a sweep needs at least one shape")
-    points, last = [], None
+    points, last, spent = [], None, {}
     for batch, seq in shapes:
         if progress:
             progress(f"batch {batch}, seq {seq}")
         work = make_workload(model, batch=batch, seq=seq, mode=mode)
         last = compare(model, work, progress=progress, **kw)
         points.append(SweepPoint(batch, seq, tuple(_compact(b) for b in last.backends), last.ranking))
+        for k, v in last.settings.get("time_s", {}).items():  # the time account of every shape, summed
+            spent[k] = round(spent.get(k, 0) + v, 3)
     workload = {**last.workload, "description": f"sweep of {len(points)} shapes, {mode}",
                 "shapes": [[b, s] for b, s in shapes]}
     return dataclasses.replace(last, sweep=tuple(points), workload=workload,
-                               recommendation=recommend_sweep(points))
+                               settings={**last.settings, "time_s": spent}, recommendation=recommend_sweep(points))

@@ -77,9 +77,11 @@ def _generate_text(best: BackendResult, others: list[BackendResult], workload: d
                  f"{d_decode:+.1f} ms over the workload)")
     text += "."
     penalty = (g.new_shape_step_ms or 0) - (g.seen_shape_step_ms or 0)
-    if g.new_shape_step_ms is not None and g.seen_shape_step_ms is not None and penalty > 0:
+    # differences of decode steps below the workload's noise (at least 10 %) are not told as costs or flips
+    margin = (g.seen_shape_step_ms or 0) * max(best.noise_pct or 0, 10.0) / 100
+    if g.new_shape_step_ms is not None and g.seen_shape_step_ms is not None and penalty > margin:
         cheaper = [o for o in others if o.generate and o.generate.new_shape_step_ms is not None
-                   and o.generate.new_shape_step_ms < g.new_shape_step_ms]
+                   and o.generate.new_shape_step_ms < g.new_shape_step_ms - margin]
         text += (f" `{best.backend}` is fastest once every length has been seen; until then each new key length costs "
                  f"{penalty:.3f} ms more per step")
         text += (f", so `{cheaper[0].backend}` ({cheaper[0].generate.new_shape_step_ms:.3f} ms per new-length step) "

@@ -106,7 +106,8 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
         results = merged_report_backends(results, trace_dir)
     spent["total"] = time.perf_counter() - t_start
     settings = dict(warmup=warmup, iters=iters, rounds=rounds, host_iters=host_iters, profile_steps=profile_steps,
-                    settle=None if t.mode == "generate" else SETTLED, time_s={k: round(v, 3) for k, v in spent.items()})
+                    settle=SETTLED if t.mode != "generate" and min(rounds, iters) > 2 else None,
+                    time_s={k: round(v, 3) for k, v in spent.items()})
     return Report(tuple(results), environment(t.device), _workload_info(t), settings,
                   model=_name(model_name, t, target), distribution=distribution_of(t.model))
 

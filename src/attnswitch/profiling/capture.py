@@ -322,8 +322,15 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
 
 
 def _contenders(samples: dict[str, list[float]], names: list[str]) -> list[str]:
+    """The backends still timed. Under ``torchrun`` a backend stays while any rank keeps it: every rank
+    must run the same forwards, or their collectives no longer pair up."""
+    if not names:
+        return names
     worst_of_best = min(max(samples[n]) for n in names)
-    return [n for n in names if min(samples[n]) <= SETTLED * worst_of_best]
+    kept = {n for n in names if min(samples[n]) <= SETTLED * worst_of_best}
+    if dist.world() is not None:
+        kept = set().union(*dist.gather(sorted(kept)))
+    return [n for n in names if n in kept]
 
 
 def _timed_wall(target: Target, c) -> float:

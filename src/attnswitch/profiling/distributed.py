@@ -100,7 +100,8 @@ def merge_results(per_rank: list[BackendResult]) -> BackendResult:
         if r.attn_kernels_per_call != r0.attn_kernels_per_call:
             notes.append(f"rank {i} ran {r.attn_kernels_per_call} attention kernels per call, rank 0 "
                          f"{r0.attn_kernels_per_call}")
-    merged = with_timing(r0, list(samples)) if samples else r0
+    # a generate is timed by its fastest sample on one rank, and so merged (``profiling._timed``)
+    merged = with_timing(r0, list(samples), best=r0.generate is not None) if samples else r0
     return dataclasses.replace(
         merged, notes=tuple(dict.fromkeys(notes)), kernels=total("kernels"), memcpys=total("memcpys"),
         memsets=total("memsets"), ops=total("ops"),

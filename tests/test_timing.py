@@ -1,0 +1,167 @@
+"""Timing rounds: settling far-behind backends, in step across ranks; the statistic of merged ranks; the
+command's own time account."""
+
+import contextlib
+import datetime
+import itertools
+import json
+import multiprocessing
+import socket
+import time
+
+import torch
+
+from attnswitch.profiling import capture
+from attnswitch.profiling.capture import timed_rounds
+from attnswitch.profiling.distributed import merge_results
+from attnswitch.profiling.summarize import with_timing
+from attnswitch.results import BackendResult, GenerateStats
+
+
+class _FakeTarget:
+    """A Target whose steps take fixed (per backend) times, optionally with a collective per step."""
+
+    def __init__(self, times: dict, collective=None):
+        self.device = torch.device("cpu")
+        self.mode = "prefill"
+        self.times, self.collective, self.cur, self.ran = times, collective, None, []
+
+    def context(self):
+        return contextlib.nullcontext()
+
+    def calls(self, n):
+        return itertools.repeat(None, n)
+
+    @contextlib.contextmanager
+    def switched(self, name):
+        self.cur = name
+        try:
+            yield
+        finally:
+            self.cur = None
+
+    def rewarm(self):
+        self.fn(None)
+
+    def fn(self, c):
+        self.ran.append(self.cur)
+        if self.collective is not None:
+            self.collective()
+
+    def sync(self):
+        pass
+
+
+def _fake_wall(target, c):
+    target.fn(c)
+    return target.times[target.cur]
+
+
+# -- settling far-behind backends ---------------------------------------------------------------------
+
+def _rank_main(rank, port, times, queue):
+    import torch.distributed as dist
+
+    capture._timed_wall = _fake_wall  # each rank's own clock: a fixed time per backend
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                                timeout=datetime.timedelta(seconds=5))
+        t = _FakeTarget(times, collective=lambda: dist.all_reduce(torch.zeros(1)))  # TP: a collective per forward
+        samples = timed_rounds(t, ["a", "b"], iters=5, rounds=5)
+        dist.barrier()
+        queue.put((rank, {k: len(v) for k, v in samples.items()}))
+        dist.destroy_process_group()
+    except Exception as e:
+        queue.put((rank, f"{type(e).__name__}: {e}"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_settle_under_tensor_parallelism_keeps_ranks_in_lockstep():
+    # tensor parallelism: a collective in every forward. Rank 0 measures `b` 1.24x behind `a`, rank 1
+    # 1.26x: were each rank to settle on its own samples, they would run different forwards and their
+    # collectives would no longer pair up (a hang; here a gloo timeout). They agree, and finish alike.
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, port, {"a": 10.0, "b": 12.4 if r == 0 else 12.6}, queue))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    got = {}
+    deadline = time.time() + 30
+    while len(got) < 2 and time.time() < deadline:
+        try:
+            r, v = queue.get(timeout=1)
+            got[r] = v
+        except Exception:
+            pass
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+    assert got.get(0) == got.get(1) and isinstance(got.get(0), dict), got
+
+
+def test_timed_rounds_with_no_backend_returns_nothing(monkeypatch):
+    # timed_rounds is public: no backend, no samples (and no error)
+    monkeypatch.setattr(capture, "_timed_wall", _fake_wall)
+    assert timed_rounds(_FakeTarget({}), [], iters=4, rounds=4) == {}
+
+
+# -- the statistic of merged ranks -------------------------------------------------------------------
+
+def test_merged_ranks_of_a_generate_keep_the_fastest_sample():
+    # a generate is timed by its fastest sample on one rank, and by the fastest of the slowest rank's
+    # samples, step by step, when its ranks are merged (the report's note says so for both)
+    per_rank = []
+    for samples in ([100.0, 150.0, 200.0, 120.0, 300.0], [101.0, 151.0, 201.0, 121.0, 301.0]):
+        base = BackendResult("math", "ok", timer="wall-clock", generate=GenerateStats(tokens=100))
+        per_rank.append(with_timing(base, samples, best=True))
+    assert per_rank[0].time_ms == 100.0  # one rank: the fastest
+    merged = merge_results(per_rank)
+    slowest_rank_per_step = [101.0, 151.0, 201.0, 121.0, 301.0]
+    assert merged.time_ms == min(slowest_rank_per_step), merged.time_ms
+    assert merged.generate.tokens_per_s == 100 / (101.0 / 1e3)
+
+
+# -- the command's own time account -----------------------------------------------------------------
+
+def test_cli_sweep_total_counts_every_shape(tmp_path, monkeypatch, capsys):
+    # a sweep's account holds every shape's time: each backend's preparation takes 1.5 s more, so two
+    # shapes spend at least 3 s, and the total stays within the command's wall time
+    import attnswitch.profiling as profiling
+    from attnswitch.cli import main
+
+    real = profiling.prepare_backend
+
+    def slow(*a, **kw):
+        time.sleep(1.5)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(profiling, "prepare_backend", slow)
+    out = tmp_path / "out"
+    t0 = time.perf_counter()
+    rc = main(["compare", "tiny-llama", "--device", "cpu", "--num-layers", "1", "--seq", "16,24", "--iters", "1",
+               "--warmup", "0", "--backends", "math", "--no-numerics", "--out", str(out)])
+    wall = time.perf_counter() - t0
+    assert rc == 0
+    spent = json.loads((out / "report.json").read_text())["settings"]["time_s"]
+    assert spent["total"] <= wall
+    assert spent["total"] >= 3.0, spent
+
+
+def test_with_two_rounds_or_fewer_nothing_is_settled_and_the_report_does_not_say_so():
+    from conftest import batch_for, tiny
+
+    from attnswitch.comparison import compare
+
+    m = tiny("llama")
+    r = compare(m, batch_for(m), backends=["naive", "math"], warmup=0, iters=4, rounds=2, check_numerics=False)
+    assert r.settings["settle"] is None
+    assert all(len(b.time_samples_ms) == 4 for b in r.ok)
+    assert "timed no further" not in r.to_markdown()
