@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from .. import stderr
 from .call import Call, note, repeat_kv, unavailable, validate
 
-__all__ = ["forced", "sdpa_auto", "auto_choice", "eligibility", "GPU_ONLY", "FORCED"]
+__all__ = ["forced", "sdpa_auto", "auto_reasons", "auto_choice", "eligibility", "GPU_ONLY", "FORCED"]
 
 #: the backends attnswitch forces, and those PyTorch implements only for CUDA tensors
 FORCED = ("math", "efficient", "flash", "cudnn")
@@ -300,10 +300,22 @@ def forced(name: str, call: Call) -> tuple[torch.Tensor, torch.Tensor | None]:
     return out, None
 
 
+def auto_reasons(softcap, sinks) -> list[str]:
+    """Why SDPA's own choice (``auto``, bare or through transformers' sdpa function) cannot run a call."""
+    reasons = []
+    if softcap is not None:
+        reasons.append("SDPA (and transformers' sdpa attention) has no logit softcapping (softcap); use naive, "
+                       "eager or flex")
+    if sinks is not None:
+        reasons.append("SDPA has no attention sinks (s_aux), and transformers' sdpa attention ignores them; use naive "
+                       "or eager")
+    return reasons
+
+
 def sdpa_auto(call: Call) -> tuple[torch.Tensor, None]:
     """SDPA's own choice (``F.scaled_dot_product_attention`` under the flags as they are)."""
     if call.softcap is not None or call.sinks is not None:
-        raise unavailable("auto", call, _extra_reasons("math", call))
+        raise unavailable("auto", call, auto_reasons(call.softcap, call.sinks))
     return F.scaled_dot_product_attention(call.q, call.k, call.v, attn_mask=call.mask, dropout_p=call.dropout,
                                           is_causal=call.causal, scale=call.scale, enable_gqa=call.gqa), None
 

@@ -20,6 +20,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from .. import backends, instrument
 from ..backends import REFERENCE, Call
 from ..backends.naive import causal_mask
+from ..backends.sdpa import auto_reasons
 from ..errors import BackendUnavailable, UnsupportedModel
 from ..sites import module_path, site_name
 from . import registries, selection
@@ -90,11 +91,8 @@ def _model_level(name, module, query, key, value, mask, kwargs):
 
 def _auto(module, query, key, value, mask, kwargs):
     """SDPA's own choice, through transformers' own sdpa function; it has no softcap and ignores sinks."""
-    reasons = []
-    if kwargs.get("softcap") is not None:
-        reasons.append("transformers' sdpa attention has no logit softcapping (softcap); use naive, eager or flex")
-    if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
-        reasons.append("transformers' sdpa attention ignores attention sinks (s_aux); use naive or eager")
+    sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
+    reasons = auto_reasons(kwargs.get("softcap"), sinks)
     if reasons:
         raise BackendUnavailable("auto", module_path(module), reasons)
     return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
