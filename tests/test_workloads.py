@@ -374,3 +374,22 @@ def test_new_length_costs_within_the_noise_are_not_told_as_costs_or_flips():
     text = recommend(planned, ["cudnn", "math"], work)
     assert "each new key length costs 40.000 ms more per step" in text and "`math`" in text
     assert "wins for workloads with many new lengths" in text
+
+
+def test_plan_cache_growth_against_what_the_backend_kept(registered):
+    # a backend that keeps 8 MiB of host memory (written, so resident) per key length it meets, as a plan
+    # cache would: the process's growth over the first workload is what it kept, give or take a few MiB
+    kept = {}
+
+    def hoarder(q, k, v, **kw):
+        if k.shape[2] not in kept:
+            kept[k.shape[2]] = b"\x01" * (8 << 20)
+        return _naive(q, k, v, **kw)
+
+    registered("hoarder", hoarder)
+    m = tiny("llama")
+    w = make_workload(m, batch=1, seq=10, mode="generate", new_tokens=NEW)
+    r = compare(m, w, backends=["hoarder"], warmup=1, iters=1, rounds=1, check_numerics=False, profile_steps=0)
+    expected_mb = 8 * len(kept)
+    assert expected_mb >= 40
+    assert expected_mb - 4 <= r["hoarder"].generate.plan_cache_host_mb <= expected_mb + 16
