@@ -56,3 +56,20 @@ def test_recomputed_occupancy_is_positive_for_fused_kernels(report):
     for name in ("flash", "cudnn", "efficient"):
         details = report[name].attn_kernel_details
         assert details and all(d["occupancy_pct"] and d["occupancy_pct"] > 0 for d in details), details
+
+
+def test_peak_memory_against_a_forward_measured_outside():
+    import torch
+
+    m, _ = load_model("tiny-llama", dtype="bf16", device="cuda")
+    w = make_workload(m, batch=2, seq=1024)
+    r = attnswitch.profile(m, w, backends=["naive", "flash"], warmup=1, iters=2, profile_steps=0)
+    for name in ("naive", "flash"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        with torch.no_grad(), attnswitch.backend(name, model=m):
+            m(**w.first())
+        torch.cuda.synchronize()
+        outside = torch.cuda.max_memory_allocated() / 2**20
+        assert abs(r[name].peak_mem_mb - outside) <= 0.05 * outside + 2, (name, r[name].peak_mem_mb, outside)
+    assert r["naive"].peak_mem_mb > r["flash"].peak_mem_mb + 8  # naive keeps each layer's B·H·S² scores
