@@ -43,10 +43,16 @@ def _timed(t: Target, results: list, iters: int, rounds: int, progress, spent: d
         return results
     progress("timing (interleaved rounds)")
     t0 = time.perf_counter()
-    host_bound = t.mode == "generate"  # a whole generate: host-bound, slowed at random by other load
-    samples = timed_rounds(t, ok, iters=iters, rounds=rounds, settle=not host_bound)
+    samples = timed_rounds(t, ok, iters=iters, rounds=rounds, settle=_settle(t, iters, rounds) is not None)
     spent["timing rounds"] = time.perf_counter() - t0
-    return [with_timing(r, samples[r.backend], best=host_bound) if r.backend in samples else r for r in results]
+    best = t.mode == "generate"  # a whole generate is host-bound: other load on the machine only slows it
+    return [with_timing(r, samples[r.backend], best=best) if r.backend in samples else r for r in results]
+
+
+def _settle(t: Target, iters: int, rounds: int) -> float | None:
+    """How far behind after two rounds a backend is timed no further (``SETTLED``); None where nothing is
+    settled: a host-bound generate (its noise is the machine's), or no rounds after the second."""
+    return SETTLED if t.mode != "generate" and min(rounds, iters) > 2 else None
 
 
 def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
@@ -106,8 +112,7 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
         results = merged_report_backends(results, trace_dir)
     spent["total"] = time.perf_counter() - t_start
     settings = dict(warmup=warmup, iters=iters, rounds=rounds, host_iters=host_iters, profile_steps=profile_steps,
-                    settle=SETTLED if t.mode != "generate" and min(rounds, iters) > 2 else None,
-                    time_s={k: round(v, 3) for k, v in spent.items()})
+                    settle=_settle(t, iters, rounds), time_s={k: round(v, 3) for k, v in spent.items()})
     return Report(tuple(results), environment(t.device), _workload_info(t), settings,
                   model=_name(model_name, t, target), distribution=distribution_of(t.model))
 
