@@ -134,9 +134,10 @@ def test_ttft_and_step_latency_against_known_delays(registered):
     w = make_workload(m, batch=1, seq=10, mode="generate", new_tokens=NEW, prompt_lens=(10,))
     r = compare(m, w, backends=["naive", "sleepy"], warmup=1, iters=5, rounds=1)  # medians of 5 steps
     a, b = r["naive"].generate, r["sleepy"].generate
-    assert 55 < b.ttft_ms - a.ttft_ms < 80
-    assert 18 < b.step_ms_p50 - a.step_ms_p50 < 30
-    assert 18 < b.step_host_ms - a.step_host_ms < 30
+    # (the bounds leave room for a shared machine's spells; 60 ms and 20 ms are still told apart)
+    assert 45 < b.ttft_ms - a.ttft_ms < 90
+    assert 14 < b.step_ms_p50 - a.step_ms_p50 < 32
+    assert 14 < b.step_host_ms - a.step_host_ms < 32
 
 def test_the_profiled_generate_has_a_phase_on_every_layer_row(gen_report):
     _, r = gen_report
@@ -241,7 +242,7 @@ def test_forward_and_backward_times_against_known_delays(registered):
     w = make_workload(m, batch=1, seq=8, mode="train")
     r = compare(m, w, backends=["naive", "slowbwd"], warmup=1, iters=5, rounds=1)  # medians of 5 steps
     a, b = r["naive"].train, r["slowbwd"].train
-    assert 36 < b.backward_ms - a.backward_ms < 60
+    assert 30 < b.backward_ms - a.backward_ms < 70  # 40 ms, with room for a shared machine's spells
     assert abs(b.forward_ms - a.forward_ms) < 10
     assert r["slowbwd"].time_ms == pytest.approx(b.forward_ms + b.backward_ms, rel=0.3)
 
