@@ -33,6 +33,7 @@ _CAN_USE = {"flash": torch.backends.cuda.can_use_flash_attention,
 _ENABLED = {"flash": torch.backends.cuda.flash_sdp_enabled, "efficient": torch.backends.cuda.mem_efficient_sdp_enabled,
             "cudnn": torch.backends.cuda.cudnn_sdp_enabled}
 _SDPAParams = torch.backends.cuda.SDPAParams
+_FLASH_ON = torch._C._get_flash_sdp_enabled  # torch.backends.cuda.flash_sdp_enabled without its Python frame
 _TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\s*$")
 _C10_WARNING = re.compile(r"Warning: (.*?)(?: \(function \w+\))?$")
 _CPU_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -82,8 +83,7 @@ def _probed_reasons(name: str, call: Call, gqa: bool) -> list[str]:
 
 
 def _cuda_reasons(name: str, call: Call, gqa: bool) -> list[str]:
-    if _CAN_USE[name](_params(call, gqa), False):
-        return []
+    """Why PyTorch's check refused a CUDA call (it did)."""
     if not _ENABLED[name]():
         return [f"PyTorch's {name} SDPA backend is turned off in this process (torch.backends.cuda."
                 f"{name.replace('efficient', 'mem_efficient')}_sdp_enabled() is False: an enable_*_sdp(False) call, "
@@ -154,27 +154,32 @@ def _fused_choice(call: Call, gqa: bool) -> int:
         return -1
 
 
-def _cpu_flash_ok(call: Call, gqa: bool) -> bool:
-    # SDPA's own choice says yes for eligible inputs while the flag is on (it is by default); when it
-    # says math, the mirror decides, so that a flag another thread turned off changes nothing here
-    if torch.backends.cuda.flash_sdp_enabled() and _fused_choice(call, gqa) == 1:
+def _accepts(name: str, call: Call, gqa: bool) -> bool:
+    """PyTorch's own check says yes: ``can_use_*`` on CUDA; on CPUs SDPA's own choice, while the flash
+    flag is on (it is by default). The math backend takes anything."""
+    if name == "math":
         return True
-    return not _cpu_flash_reasons(call, gqa)
+    dev = call.q.device.type
+    if dev == "cuda":
+        return name in _CAN_USE and _CAN_USE[name](
+            _SDPAParams(call.q, call.k, call.v, call.mask, call.dropout, call.causal, gqa), False)
+    return dev == "cpu" and name == "flash" and _FLASH_ON() and _fused_choice(call, gqa) == 1
 
 
 def eligibility(name: str, call: Call, gqa: bool | None = None) -> list[str]:
-    """Why forced backend ``name`` cannot run ``call`` as given (empty: it can)."""
+    """Why forced backend ``name`` cannot run ``call`` as given (empty: it can). Where PyTorch's own check
+    says no, its reasons; on CPUs a mirror of its flash checks decides instead, so that a flash flag
+    another thread turned off changes nothing here."""
     gqa = call.gqa if gqa is None else gqa
+    if _accepts(name, call, gqa):
+        return []
     dev = call.q.device.type
     if name in GPU_ONLY and dev != "cuda":
         return [f"the {name} backend runs only on CUDA tensors; these are on {dev}"]
-    if name == "math":
-        return []
     if dev == "cuda":
         return _cuda_reasons(name, call, gqa)
     if name == "flash" and dev == "cpu":
-        return [] if _cpu_flash_ok(call, gqa) else (_cpu_flash_reasons(call, gqa) or [
-            "PyTorch's CPU flash checks refused these inputs without a reason"])
+        return _cpu_flash_reasons(call, gqa)
     return [f"the {name} backend does not run on {dev} tensors"]
 
 
@@ -270,17 +275,8 @@ def forced(name: str, call: Call) -> tuple[torch.Tensor, torch.Tensor | None]:
         extra = _extra_reasons(name, call)
         if extra:
             raise unavailable(name, call, extra)
-    q = call.q
-    gqa = q.shape[1] != call.k.shape[1]
-    # the common case in one step (PyTorch's own check said yes); every other case through eligibility()
-    dev = q.device.type
-    if dev == "cuda" and name in _CAN_USE:
-        ok = _CAN_USE[name](_SDPAParams(q, call.k, call.v, call.mask, call.dropout, call.causal, gqa), False)
-    elif dev == "cpu" and name == "flash" and torch._C._get_flash_sdp_enabled():
-        ok = _fused_choice(call, gqa) == 1
-    else:
-        ok = name == "math"
-    reasons = None if ok else eligibility(name, call, gqa)
+    gqa = call.gqa
+    reasons = [] if _accepts(name, call, gqa) else eligibility(name, call, gqa)  # the reasons only where refused
     run_call = call
     if reasons:
         alt = _relaid(call)

@@ -101,13 +101,11 @@ def _auto(module, query, key, value, mask, kwargs):
 def _run_selected(name, module, query, key, value, mask, kw: dict):
     # The same reading of transformers' arguments as its sdpa function: causal only without a mask and
     # for more than one query; k/v cropped for a prefill into an empty static cache. A sliding window is
-    # already in the mask (or needs none: every key is inside the window). One frame, ``kw`` as given:
-    # this runs once per attention call, and each layer of calls and each ``**`` costs host time.
+    # already in the mask (or needs none: every key is inside the window). ``kw`` as transformers passed
+    # it: this runs once per attention call, and each ``**`` costs host time.
     get = kw.get
     q_len = query.shape[2]
-    is_causal = get("is_causal")  # _causal(), inlined: this runs once per attention call
-    causal = q_len > 1 and mask is None and bool(is_causal if is_causal is not None
-                                                 else getattr(module, "is_causal", True))
+    causal = _causal(module, query, mask, get("is_causal"))
     position_bias = get("position_bias")
     if causal and key.shape[2] > q_len:
         key, value = key[:, :, :q_len], value[:, :, :q_len]

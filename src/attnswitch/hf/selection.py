@@ -22,7 +22,7 @@ import torch.nn as nn
 from ..backends.policy import Policy, Selection, choose, resolve_selection
 from ..sites import remember_paths
 from .interface import configs_of, require_interface
-from .leases import DEAD, LEASES, held
+from .leases import held
 
 __all__ = ["Policy", "Selection", "State", "STATE", "current", "ModelInfo", "register", "info_of", "selected",
            "selected_for_config", "resolve_selection", "choose", "PATCHED", "closed", "close"]
@@ -133,11 +133,8 @@ def selected(module) -> tuple[Selection | None, int | None]:
     """The selection for an attention call of ``module`` in the calling context, and the owner it came
     from: the innermost model-scoped context of a model owning the module, else the innermost global
     context, else a patch."""
-    st = STATE.get()
-    if st.lease is not None and (st.lease not in LEASES or st.lease in DEAD):  # current(), inlined: once a call
-        st = current()
-    entry = _OWNERS.get(id(module))
-    owners = entry[1] if entry is not None and entry[0]() is module else ()
+    st = current()
+    owners = _owners(module)
     if st.per_owner:
         for t in owners:
             sel = st.per_owner.get(t)
