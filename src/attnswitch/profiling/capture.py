@@ -182,9 +182,6 @@ class Run:
     start: Any = None
     end: Any = None
 
-    def gpu_ms(self) -> float | None:
-        return self.start.elapsed_time(self.end) if self.start is not None else None
-
 
 def _event(cuda: bool):
     if not cuda:
@@ -267,7 +264,7 @@ def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, prof
 
 
 def prepare_backend(target: Target, name: str, *, warmup: int = 3, iters: int = 5,
-                    trace_dir: str | Path | None = None, profile_steps: int = 2) -> BackendResult:
+                    trace_dir: str | Path | None = None, profile_steps: int = 1) -> BackendResult:
     """Everything but the GPU timing of one backend: the cold step, warm-up, host time per step and
     per attention call (the device idle before each step, so no wait for earlier work is counted), peak
     memory, and one profiled pass of ``profile_steps`` steps (0: none; the counts per step are the same
@@ -306,6 +303,7 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
     per_round = [iters // rounds + (1 if r < iters % rounds else 0) for r in range(rounds)]
     samples: dict[str, list[float]] = {n: [] for n in names}
     active = list(names)
+    timed = _timed_on_gpus if cuda else _timed_wall
     with target.context():
         for r, n_calls in enumerate(per_round):
             for name in active:
@@ -314,8 +312,7 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
                 with target.switched(name), _no_gc():
                     target.rewarm()  # after the other backends ran
                     for _ in range(n_calls):
-                        samples[name].append(_timed_on_gpus(target, next(calls)) if cuda else _timed_wall(target,
-                                                                                                         next(calls)))
+                        samples[name].append(timed(target, next(calls)))
             if settle and r == 1:
                 active = _contenders(samples, active)
     return samples
