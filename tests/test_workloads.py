@@ -38,6 +38,20 @@ def registered():
         attnswitch.unregister_backend(n)
 
 
+def _delay_seen(measured_ms: float, known_ms: float, compute_ms: float) -> bool:
+    """A known delay seen in a difference of two backends' times, give or take twice the compute
+    around it (what a moment of other load does to it on a shared machine; the sleeps stay as long)."""
+    return abs(measured_ms - known_ms) < 10 + 2 * compute_ms
+
+
+def _seen_in_one_of(attempts: int, measure) -> bool:
+    """``measure()`` (True when the known delays are seen) passing once in ``attempts`` runs. A shared
+    machine's spells of stolen CPU can make one run's compute many times slower for seconds, and each
+    backend runs at other moments; a wrong account (a delay missed, doubled, put in the other phase) is
+    wrong in every run."""
+    return any(measure() for _ in range(attempts))
+
+
 def planned(sleep_s):
     """A kernel that builds a 'plan' per key length the first time it sees it (as cuDNN does)."""
     seen = set()
@@ -118,26 +132,34 @@ def test_generate_time_per_workload_against_an_independent_clock(gen_report):
     walls = []
     with attnswitch.backend("naive", model=w.model):
         w.step()  # warm
-        for _ in range(3):
+        for _ in range(5):
             t0 = time.perf_counter()
             w.step()
             walls.append((time.perf_counter() - t0) * 1e3)
-    wall_ms = sorted(walls)[1]
-    assert 0.5 * wall_ms < b.time_ms < 2.0 * wall_ms  # the same workload, timed outside attnswitch
+    # the same workload timed outside attnswitch, by the same statistic (the fastest run: other load
+    # on a shared machine only ever slows a run, so the fastest is the one it touched least)
+    wall_ms = min(walls)
+    assert 0.5 * wall_ms < b.time_ms < 2.0 * wall_ms, (b.time_samples_ms, walls)
 
 
 def test_ttft_and_step_latency_against_known_delays(registered):
     # a kernel that sleeps a known time per prefill call and per decode call (two layers each forward):
-    # against naive in the same run, the first token comes 2 x 30 ms later and each step 2 x 10 ms later
-    registered("sleepy", lambda q, k, v, **kw: (time.sleep(0.03 if q.shape[2] > 1 else 0.01), _naive(q, k, v, **kw))[1])
+    # against naive in the same run, the first token comes 2 x 60 ms later and each step 2 x 25 ms later.
+    def sleepy(q, k, v, **kw):
+        time.sleep(0.06 if q.shape[2] > 1 else 0.025)
+        return _naive(q, k, v, **kw)
+    registered("sleepy", sleepy)
     m = tiny("llama")
     w = make_workload(m, batch=1, seq=10, mode="generate", new_tokens=NEW, prompt_lens=(10,))
-    r = compare(m, w, backends=["naive", "sleepy"], warmup=1, iters=5, rounds=1)  # medians of 5 steps
-    a, b = r["naive"].generate, r["sleepy"].generate
-    # (the bounds leave room for a shared machine's spells; 60 ms and 20 ms are still told apart)
-    assert 45 < b.ttft_ms - a.ttft_ms < 90
-    assert 14 < b.step_ms_p50 - a.step_ms_p50 < 32
-    assert 14 < b.step_host_ms - a.step_host_ms < 32
+
+    def measure():
+        r = compare(m, w, backends=["naive", "sleepy"], warmup=1, iters=5, rounds=1)  # medians of 5 steps
+        a, b = r["naive"].generate, r["sleepy"].generate
+        return (_delay_seen(b.ttft_ms - a.ttft_ms, 120, a.ttft_ms)
+                and _delay_seen(b.step_ms_p50 - a.step_ms_p50, 50, a.step_ms_p50)
+                and _delay_seen(b.step_host_ms - a.step_host_ms, 50, a.step_host_ms))
+    assert _seen_in_one_of(3, measure)
+
 
 def test_the_profiled_generate_has_a_phase_on_every_layer_row(gen_report):
     _, r = gen_report
@@ -233,18 +255,22 @@ def test_forward_and_backward_times_against_known_delays(registered):
 
         @staticmethod
         def backward(ctx, g):
-            time.sleep(0.02)
+            time.sleep(0.05)
             return g
 
-    # 20 ms more in each layer's backward (two layers) and nothing more in the forward than naive's
+    # 50 ms more in each layer's backward (two layers) and nothing more in the forward than naive's
     registered("slowbwd", lambda q, k, v, **kw: SlowBackward.apply(_naive(q, k, v, **kw)))
     m = tiny("llama")
     w = make_workload(m, batch=1, seq=8, mode="train")
-    r = compare(m, w, backends=["naive", "slowbwd"], warmup=1, iters=5, rounds=1)  # medians of 5 steps
-    a, b = r["naive"].train, r["slowbwd"].train
-    assert 30 < b.backward_ms - a.backward_ms < 70  # 40 ms, with room for a shared machine's spells
-    assert abs(b.forward_ms - a.forward_ms) < 10
-    assert r["slowbwd"].time_ms == pytest.approx(b.forward_ms + b.backward_ms, rel=0.3)
+
+    def measure():
+        r = compare(m, w, backends=["naive", "slowbwd"], warmup=1, iters=5, rounds=1)  # medians of 5 steps
+        a, b = r["naive"].train, r["slowbwd"].train
+        return (_delay_seen(b.backward_ms - a.backward_ms, 100, a.backward_ms)
+                and _delay_seen(b.forward_ms - a.forward_ms, 0, a.forward_ms)
+                and r["slowbwd"].time_ms == pytest.approx(b.forward_ms + b.backward_ms, rel=0.3))
+    assert _seen_in_one_of(3, measure)
+
 
 def test_the_backward_is_attributed_to_the_layers_whose_forward_made_it(train_report):
     _, r = train_report
