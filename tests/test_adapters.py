@@ -91,7 +91,7 @@ def on_cpu(monkeypatch):
     """Let a CUDA-only registered kernel take CPU tensors (the fakes compute on any device)."""
     def allow(name):
         b = registry.get(name)
-        monkeypatch.setitem(registry._REGISTRY, name, dataclasses.replace(
+        monkeypatch.setitem(registry.REGISTRY, name, dataclasses.replace(
             b, devices=None, run=dataclasses.replace(b.run, devices=None)))
     return allow
 
@@ -219,7 +219,7 @@ def test_hub_kernel_through_kernels(installed, on_cpu, monkeypatch):
 
     kernels = types.ModuleType("kernels")
     kernels.get_kernel, kernels.__version__ = get_kernel, "0.11.0"
-    before = dict(registry._REGISTRY)
+    before = dict(registry.REGISTRY)
     monkeypatch.setitem(sys.modules, "kernels", None)
     with pytest.raises(attnswitch.BackendUnavailable, match="pip install kernels"):
         attnswitch.backends.register_hub_kernel("kernels-community/flash-attn2")
@@ -242,4 +242,4 @@ def test_hub_kernel_through_kernels(installed, on_cpu, monkeypatch):
     finally:
         attnswitch.unregister_backend(name)
         attnswitch.unregister_backend(fa3)
-    assert registry._REGISTRY == before
+    assert registry.REGISTRY == before

@@ -28,7 +28,7 @@ def rel_err(out, ref, where):
 
 
 def registry_state():
-    return dict(registry._REGISTRY), dict(registry._ALIASES)
+    return dict(registry.REGISTRY), dict(registry._ALIASES)
 
 
 @pytest.fixture(scope="module")

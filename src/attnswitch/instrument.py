@@ -15,7 +15,7 @@ from contextvars import ContextVar
 from torch.autograd.profiler import record_function
 
 __all__ = ["ATTENTION_PREFIX", "MODULE_PREFIX", "STEP_PREFIX", "OLD_STEP_PREFIX", "PHASE_PREFIX", "BARE_CALL",
-           "Measure", "current", "call", "measuring"]
+           "Measure", "MEASURE", "current", "call", "measuring"]
 
 ATTENTION_PREFIX = "attnswitch.attention:"
 MODULE_PREFIX = "attnswitch.module:"
@@ -35,12 +35,13 @@ class Measure:
         self.host_times = host_times  # every list a call's (where, seconds) goes into
 
 
-_MEASURE: ContextVar[Measure | None] = ContextVar("attnswitch_measure", default=None)
+#: the calling context's measurement (``MEASURE.get()``: what ``current()`` returns, one frame fewer per call)
+MEASURE: ContextVar[Measure | None] = ContextVar("attnswitch_measure", default=None)
 
 
 def current() -> Measure | None:
     """The calling context's measurement, or None (the attention entry points test this)."""
-    return _MEASURE.get()
+    return MEASURE.get()
 
 
 def call(m: Measure, where: str, kv_len: int, fn, *args, **kwargs):
@@ -62,10 +63,10 @@ def call(m: Measure, where: str, kv_len: int, fn, *args, **kwargs):
 def measuring(*, annotate: bool = False, host_times: list | None = None) -> Iterator[None]:
     """Inside the block, this context's attention calls get a profiler range (``annotate``) and/or
     append ``(where, seconds, key length)`` to ``host_times``."""
-    outer = _MEASURE.get()
+    outer = MEASURE.get()
     lists = (outer.host_times if outer else ()) + ((host_times,) if host_times is not None else ())
-    token = _MEASURE.set(Measure(annotate or bool(outer and outer.annotate), lists))
+    token = MEASURE.set(Measure(annotate or bool(outer and outer.annotate), lists))
     try:
         yield
     finally:
-        _MEASURE.reset(token)
+        MEASURE.reset(token)

@@ -24,7 +24,7 @@ from .call import Call, note, repeat_kv, unavailable, validate
 from .naive import naive_attention
 from .sdpa import GPU_ONLY, forced, sdpa_auto
 
-__all__ = ["Backend", "REFERENCE", "MODEL_LEVEL", "get", "names", "resolve_name", "register_backend",
+__all__ = ["Backend", "REFERENCE", "MODEL_LEVEL", "REGISTRY", "get", "names", "resolve_name", "register_backend",
            "unregister_backend", "define_backend", "default_backends", "kernel_family", "KERNEL_OPS",
            "offered", "package_of"]
 
@@ -74,7 +74,8 @@ _LAST = [
 ]
 assert GPU_ONLY == {b.name for b in _FIRST if b.devices == frozenset({"cuda"})}
 
-_REGISTRY: dict[str, Backend] = {b.name: b for b in _FIRST}
+#: name -> Backend, every one registered; read it anywhere, change it only through (un)register_backend
+REGISTRY: dict[str, Backend] = {b.name: b for b in _FIRST}
 _ALIASES = {
     "naive_inplace": "naive-inplace", "naiveinplace": "naive-inplace", "mem_efficient": "efficient",
     "mem-efficient": "efficient", "memory_efficient": "efficient", "efficient_attention": "efficient",
@@ -92,11 +93,11 @@ def offered(b: Backend) -> bool:
 def names(compared: bool = False) -> list[str]:
     """Every registered backend name (with ``compared=True`` only those compared by default: not the
     numerics reference, nor adapters whose package is not installed)."""
-    return [n for n, b in _REGISTRY.items() if not compared or (b.compared and offered(b))]
+    return [n for n, b in REGISTRY.items() if not compared or (b.compared and offered(b))]
 
 
 def _valid_names() -> str:
-    absent = [n for n, b in _REGISTRY.items() if b.compared and not offered(b)]
+    absent = [n for n, b in REGISTRY.items() if b.compared and not offered(b)]
     return ", ".join(names(True)) + (f" (and, with their packages installed, {', '.join(absent)})" if absent else "")
 
 
@@ -114,7 +115,7 @@ def resolve_name(name: str | SDPBackend) -> str:
     if not isinstance(name, str):
         raise TypeError(f"backend name must be a str or SDPBackend, not {type(name).__name__}")
     key = name.strip().lower()
-    if key in _REGISTRY:
+    if key in REGISTRY:
         return key
     if key in _ALIASES:
         return _ALIASES[key]
@@ -124,7 +125,7 @@ def resolve_name(name: str | SDPBackend) -> str:
 def get(name: str) -> Backend:
     """The registered backend of canonical name ``name``."""
     try:
-        return _REGISTRY[name]
+        return REGISTRY[name]
     except KeyError:
         raise ValueError(f"attention backend {name!r} is not registered (unregistered while in use?); valid "
                          f"names: {_valid_names()}") from None
@@ -134,13 +135,13 @@ def default_backends(device) -> list[str]:
     """Every compared backend that can exist on the device (CUDA-only ones are left out on a CPU, adapters
     whose package is not installed everywhere)."""
     dev = torch.device(device).type
-    return [n for n in names(True) if _REGISTRY[n].devices is None or dev in _REGISTRY[n].devices]
+    return [n for n in names(True) if REGISTRY[n].devices is None or dev in REGISTRY[n].devices]
 
 
 def package_of(name: str) -> str | None:
     """The distribution providing backend ``name``'s kernel with its installed version (``"flash-attn
     2.8.3"``), for reports; None for backends of torch and attnswitch."""
-    b = _REGISTRY.get(name)
+    b = REGISTRY.get(name)
     if b is None or b.package is None:
         return None
     ver = None
@@ -274,11 +275,11 @@ def define_backend(name: str, fn: Callable, *, devices=None, check: Callable | N
                       module=module)
     with _LOCK:
         for n in [key, *aliases]:
-            if n in _ALIASES or (n in _REGISTRY and _REGISTRY[n].builtin):
+            if n in _ALIASES or (n in REGISTRY and REGISTRY[n].builtin):
                 raise ValueError(f"{n!r} names a built-in backend; choose another name")
-            if n in _REGISTRY:
+            if n in REGISTRY:
                 raise ValueError(f"a backend {n!r} is already registered; unregister_backend({n!r}) first")
-        _REGISTRY[key] = backend
+        REGISTRY[key] = backend
         _ALIASES.update({a: key for a in aliases})
     return key
 
@@ -325,12 +326,12 @@ def unregister_backend(name: str) -> None:
     """Remove a backend ``register_backend`` added; the registry is as it was before."""
     key = name.strip().lower() if isinstance(name, str) else name
     with _LOCK:
-        b = _REGISTRY.get(key)
+        b = REGISTRY.get(key)
         if b is None:
             raise ValueError(f"no registered backend {name!r}")
         if b.builtin:
             raise ValueError(f"{key!r} is built in and cannot be unregistered")
-        del _REGISTRY[key]
+        del REGISTRY[key]
         for alias in [a for a, n in _ALIASES.items() if n == key]:
             del _ALIASES[alias]
 
@@ -342,4 +343,4 @@ define_backend("flex", flex.flex_sdpa, devices={"cuda"}, check=flex.flex_check, 
 for _a in adapters.ADAPTERS:
     define_backend(_a.name, _a.fn, devices={"cuda"}, check=_a.check, gqa=True, softcap=_a.softcap, about=_a.about,
                    package=_a.package, module=_a.module, install=_a.install, aliases=_a.aliases, builtin=True)
-_REGISTRY.update({b.name: b for b in _LAST})
+REGISTRY.update({b.name: b for b in _LAST})

@@ -38,7 +38,7 @@ def run_backend(name: str, call: Call):
     return (runner if runner is not None else backends.get(name)).run(call)  # get(): aliases, the clear error
 
 
-_RUNNERS = backends.registry._REGISTRY  # name -> Backend, read per call (registering updates it in place)
+_RUNNERS = backends.registry.REGISTRY  # read per call (registering updates it in place)
 
 
 # -- masks in the form each implementation takes ------------------------------------------------------
@@ -169,14 +169,14 @@ def _special(name, module, query, key, value, mask, kwargs):
 
 def attention_forward(module, query, key, value, attention_mask, **kwargs):
     """Entry for ``ALL_ATTENTION_FUNCTIONS``: the selected backend, else what the registry held."""
-    m = _MEASURE.get()
+    m = _MEASURE()
     if m is not None:
         return instrument.call(m, module_path(module), key.shape[2], _dispatch, module, query, key, value,
                                attention_mask, kwargs)
     return _dispatch(module, query, key, value, attention_mask, kwargs)
 
 
-_MEASURE = instrument._MEASURE
+_MEASURE = instrument.MEASURE.get
 
 
 # -- the mask entry ---------------------------------------------------------------------------------
