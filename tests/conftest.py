@@ -101,6 +101,27 @@ def eager_reference(model, batch):
         model.set_attn_implementation(before)
 
 
+def eager_greedy(model, batch, new_tokens):
+    """Greedy tokens, exactly ``new_tokens`` more, under the model's own eager attention."""
+    before = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        return model.generate(**batch, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    finally:
+        model.set_attn_implementation(before)
+
+
+def assert_first_token_agrees(out, ref, batch):
+    """Half-precision backends may round differently later on; the prompt and the first greedy token
+    must agree with the reference's."""
+    n = batch["input_ids"].shape[1] + 1
+    assert out.shape == ref.shape and torch.equal(out[:, :n], ref[:, :n]), (out, ref)
+
+
+def to_cuda(batch):
+    return {k: v.cuda() for k, v in batch.items()}
+
+
 def op_names(fn):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()

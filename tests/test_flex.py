@@ -11,7 +11,7 @@ import gc
 
 import pytest
 import torch
-from conftest import batch_for, eager_reference, output_of, tiny, valid_positions
+from conftest import batch_for, eager_greedy, eager_reference, output_of, tiny, valid_positions
 from torch._dynamo.backends.debugging import aot_eager
 
 import attnswitch
@@ -294,9 +294,7 @@ def test_check_quotes_the_users_reasons():
 def test_phase_policy_with_a_registered_kernel(mine, spy):
     m = tiny("llama")
     b = batch_for(m, batch=2, seq=6)
-    m.set_attn_implementation("eager")
-    ref = m.generate(**b, max_new_tokens=4, do_sample=False, pad_token_id=0)
-    m.set_attn_implementation("sdpa")
+    ref = eager_greedy(m, b, 4)
     with attnswitch.backend({"prefill": "mine", "decode": "naive"}, model=m):
         out = m.generate(**b, max_new_tokens=4, do_sample=False, pad_token_id=0)
     assert torch.equal(out, ref)

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import batch_for, eager_reference, output_of, tiny, valid_positions
+from conftest import batch_for, eager_greedy, eager_reference, output_of, tiny, valid_positions
 
 import attnswitch
 
@@ -91,9 +91,7 @@ def test_eager_backend_is_the_models_own(cases):
 def test_generate_with_kv_cache_matches_eager(name):
     m = tiny("llama")
     b = batch_for(m, batch=2, seq=6)
-    m.set_attn_implementation("eager")
-    ref = m.generate(**b, max_new_tokens=6, do_sample=False, pad_token_id=0)
-    m.set_attn_implementation("sdpa")
+    ref = eager_greedy(m, b, 6)
     with attnswitch.backend(name, model=m):
         out = m.generate(**b, max_new_tokens=6, do_sample=False, pad_token_id=0)
     assert torch.equal(out, ref)

@@ -7,7 +7,19 @@ import threading
 
 import pytest
 import torch
-from conftest import batch_for, configs, eager_reference, op_names, output_of, sdpa_flags, tiny, valid_positions
+from conftest import (
+    assert_first_token_agrees,
+    batch_for,
+    configs,
+    eager_greedy,
+    eager_reference,
+    op_names,
+    output_of,
+    sdpa_flags,
+    tiny,
+    to_cuda,
+    valid_positions,
+)
 
 import attnswitch
 
@@ -23,10 +35,6 @@ CUDA_OPS = {
 
 def cuda_model(kind, **over):
     return tiny(kind, **over).to("cuda", torch.bfloat16)
-
-
-def to_cuda(batch):
-    return {k: v.cuda() for k, v in batch.items()}
 
 
 def kernel_names(fn):
@@ -137,15 +145,11 @@ def test_threads_on_gpu_get_their_own_backend(spy):
 def test_generate_matches_eager_greedy_bf16():
     m = cuda_model("llama")
     b = to_cuda(batch_for(m, batch=2, seq=8, pad=False))
-    m.set_attn_implementation("eager")
-    ref = m.generate(**b, max_new_tokens=4, do_sample=False, pad_token_id=0)
-    m.set_attn_implementation("sdpa")
+    ref = eager_greedy(m, b, 4)
     for name in ("cudnn", "efficient", "flash"):
         with attnswitch.backend(name, model=m):
             out = m.generate(**b, max_new_tokens=4, do_sample=False, pad_token_id=0)
-        assert out.shape == ref.shape
-        # bf16 backends may round differently; the prompt and the first greedy token must agree
-        assert torch.equal(out[:, : b["input_ids"].shape[1] + 1], ref[:, : b["input_ids"].shape[1] + 1])
+        assert_first_token_agrees(out, ref, b)
 
 
 def test_forced_backends_call_their_own_op_not_sdpas_dispatcher():

@@ -6,7 +6,16 @@ call compiles (seconds), so the models here are tiny and share compiled entries 
 
 import pytest
 import torch
-from conftest import batch_for, eager_reference, output_of, tiny, valid_positions
+from conftest import (
+    assert_first_token_agrees,
+    batch_for,
+    eager_greedy,
+    eager_reference,
+    output_of,
+    tiny,
+    to_cuda,
+    valid_positions,
+)
 
 import attnswitch
 from attnswitch.backends import KERNEL_OPS, flex, recording_notes
@@ -21,10 +30,6 @@ def cuda_model(kind, **over):
     if kind == "gemma2":
         m.set_attn_implementation("eager")  # Gemma 2's own choice for softcapping
     return m
-
-
-def to_cuda(batch):
-    return {k: v.cuda() for k, v in batch.items()}
 
 
 def rel_err(out, ref, where):
@@ -68,17 +73,13 @@ def test_flex_kernels_are_triton_and_the_compile_is_in_the_cold_column(monkeypat
 def test_generate_under_flex_compiles_per_kind_not_per_step():
     m = cuda_model("llama")
     b = to_cuda(batch_for(m, batch=2, seq=8, pad=True))
-    m.set_attn_implementation("eager")
-    ref = m.generate(**b, max_new_tokens=6, do_sample=False, pad_token_id=0)
-    m.set_attn_implementation("sdpa")
+    ref = eager_greedy(m, b, 6)
     with attnswitch.backend("flex", model=m):
         out = m.generate(**b, max_new_tokens=6, do_sample=False, pad_token_id=0)
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         again = m.generate(**b, max_new_tokens=12, do_sample=False, pad_token_id=0)
-    assert out.shape == ref.shape
-    # bf16 may round differently; the prompt and the first greedy token must agree
-    n = b["input_ids"].shape[1] + 1
-    assert torch.equal(out[:, :n], ref[:, :n]) and torch.equal(again[:, : out.shape[1]], out)
+    assert_first_token_agrees(out, ref, b)
+    assert torch.equal(again[:, : out.shape[1]], out)
     # twelve new key lengths: at most one more compile each for prefill and decode, not one per step
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs <= 2
 
