@@ -7,10 +7,12 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import batch_for, tiny
 
 import attnswitch
 from attnswitch import cli
+from attnswitch.workload import make_workload
 
 
 def test_help_and_the_package_import_no_torch_until_needed():
@@ -20,6 +22,13 @@ def test_help_and_the_package_import_no_torch_until_needed():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.stdout.strip().splitlines()[-1] == "False False", r.stderr[-2000:]
     assert attnswitch.Report is attnswitch.results.Report  # names load on first use
+
+
+@pytest.fixture
+def registered_kernel():
+    name = attnswitch.register_backend("onereason", lambda q, k, v, **kw: q, check=lambda *a, **k: "no masks here")
+    yield name
+    attnswitch.unregister_backend(name)
 
 
 @pytest.mark.parametrize("make", ["file", "unwritable"])
@@ -41,6 +50,42 @@ def test_out_that_cannot_be_written_is_one_line_and_exit_2_before_any_work(make,
     assert cli.main(["compare", "tiny-llama", "--device", "cpu", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "--out" in err and len(err.strip().splitlines()) == 1
+
+
+def test_bad_input_leaves_no_out_folder_behind(tmp_path, capsys):
+    out = tmp_path / "new" / "report"
+    assert cli.main(["compare", "tiny-llama", "--device", "cpu", "--backends", "nope", "--out", str(out)]) == 2
+    assert not (tmp_path / "new").exists()  # the writability probe's folders are gone again
+
+
+def test_eager_alone_is_said_to_be_no_candidate_not_a_failure():
+    from attnswitch.recommend import recommend
+    from attnswitch.results import BackendResult
+
+    text = recommend([BackendResult("eager", "ok", time_ms=1.0)], ["eager"])
+    assert text.startswith("Only `eager` ran") and "acceptable numerics" not in text
+
+
+def test_api_arguments_of_the_wrong_kind_get_clear_errors(registered_kernel):
+    m = tiny("llama")
+    for bad in ("tiny", m.config):  # (model=None is the global switch)
+        with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+            attnswitch.backend("naive", model=bad)
+    for bad in ("tiny", None, m.config):
+        with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+            attnswitch.unpatch(bad)
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        attnswitch.patch("tiny", "naive")
+    with pytest.raises(ValueError, match="decode_max_query must be a positive int"):
+        attnswitch.backend({"prefill": "naive", "decode": "math", "decode_max_query": True})
+    with pytest.raises(ValueError, match="positive whole numbers"):
+        make_workload(m, batch=1.5)
+    with pytest.raises(ValueError, match="prompt_lens is empty"):
+        make_workload(m, mode="generate", prompt_lens=[])
+    # a check that returns one reason as a string is quoted as that one reason
+    with pytest.raises(attnswitch.BackendUnavailable) as e:
+        attnswitch.attention(*(torch.randn(1, 2, 4, 8) for _ in range(3)), backend=registered_kernel)
+    assert e.value.reasons == ["no masks here"]
 
 
 def test_profiling_prints_no_profiler_noise(capfd):

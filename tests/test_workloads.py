@@ -330,7 +330,7 @@ def test_a_sweep_reports_each_shape_and_recommends_per_length_range():
         assert {b.backend for b in p.backends} == {"naive", "flash"} and all(b.time_ms for b in p.backends)
         assert p.ranking and all(not b.layers for b in p.backends)
     assert r["naive"].layers  # the last shape's full results
-    assert r.recommendation.startswith("Best per length (batch 1): seq 8")
+    assert r.recommendation.startswith("Best per length at batch 1: seq 8")
     back = attnswitch.Report.from_json(r.to_json())
     assert back.sweep == r.sweep
 
@@ -346,14 +346,90 @@ def test_the_sweep_recommendation_groups_near_ties_and_names_the_crossover():
     # flash wins at 512 with cudnn within noise of it (0.4 %), cudnn wins beyond: one backend serves every length
     points = [point(512, flash=1.000, cudnn=1.004, math=3.0), point(2048, cudnn=3.9, flash=4.0, math=12.0),
               point(8192, cudnn=30.0, flash=34.0, math=200.0)]
-    assert recommend_sweep(points) == "Best per length (batch 1): seq 512–8192: `cudnn`."
+    assert recommend_sweep(points) == "Best per length at batch 1: seq 512–8192: `cudnn`."
     # near-ties at a length are named together; where no winner of one range is among the next's, the crossover
     tied = recommend_sweep([point(512, flash=1.0, cudnn=1.003, math=3.0), point(1024, flash=2.0, cudnn=2.005),
                             point(4096, efficient=9.0, cudnn=10.0, flash=12.0)])
-    assert tied == ("Best per length (batch 1): seq 512–1024: `flash` ≈ `cudnn`; seq 4096: `efficient`. "
+    assert tied == ("Best per length at batch 1: seq 512–1024: `flash` ≈ `cudnn`; seq 4096: `efficient`. "
                     "Crossover between seq 1024 and 4096, `efficient` overtakes `flash`.")
     # nothing usable at a length is said so, not skipped
     assert "no backend with acceptable numerics" in recommend_sweep([SweepPoint(1, 64, (), ())])
+
+
+def test_the_sweep_recommendation_is_per_batch_size():
+    from attnswitch.recommend import recommend_sweep
+    from attnswitch.results import BackendResult, SweepPoint
+
+    def point(batch, seq, **ms):
+        res = tuple(BackendResult(n, "ok", time_ms=t, noise_pct=0.5) for n, t in ms.items())
+        return SweepPoint(batch, seq, res, tuple(sorted(ms, key=ms.get)))
+
+    # flash wins every length at batch 1, cudnn every length at batch 8: no range or crossover across batches
+    points = [point(1, 512, flash=1.0, cudnn=2.0), point(1, 2048, flash=3.0, cudnn=4.0),
+              point(8, 512, cudnn=5.0, flash=6.0), point(8, 2048, cudnn=9.0, flash=12.0)]
+    assert recommend_sweep(points) == ("Best per length at batch 1: seq 512–2048: `flash`. "
+                                       "Best per length at batch 8: seq 512–2048: `cudnn`.")
+
+
+def test_a_sweep_pads_when_asked_keeps_each_shapes_traces_and_measures_each_shape_once(tmp_path, registered):
+    masks = []
+
+    def seer(q, k, v, attn_mask=None, **kw):
+        masks.append(None if attn_mask is None else bool((attn_mask == 0).any() if attn_mask.dtype == torch.bool
+                                                         else torch.isinf(attn_mask).any()))
+        return _naive(q, k, v, attn_mask=attn_mask, **kw)
+    registered("seer", seer)
+    m = tiny("llama")
+    r = compare_sweep(m, [(2, 8), (2, 16), (2, 8)], backends=["seer"], warmup=0, iters=1, rounds=1,
+                      padding=True, trace_dir=tmp_path / "traces", check_numerics=False)
+    assert [(p.batch, p.seq) for p in r.sweep] == [(2, 8), (2, 16)]
+    assert masks and all(masks)  # every call saw a mask hiding positions: the padding reached the model
+    assert r.workload["description"] == "sweep of 2 shapes, prefill, padded"
+    files = r.trace_files()
+    assert [rel for _, rel, _ in files] == ["batch2_seq8/trace_seer.json.gz", "batch2_seq16/trace_seer.json.gz"]
+    assert all((tmp_path / "traces" / rel).exists() for _, rel, _ in files)  # neither overwrote the other
+    assert len(r.save_traces(tmp_path / "copy")) == 2
+
+
+def test_deciding_phase_is_the_one_the_best_gains_in_and_only_where_measured():
+    from types import SimpleNamespace as NS
+
+    from attnswitch.recommend import _deciding_phase
+
+    w = {"prompt_lens": [8, 9], "new_tokens": 5}
+    best = NS(ttft_ms=10.0, step_ms_p50=2.0)
+    other = NS(backend="math", generate=NS(ttft_ms=11.0, step_ms_p50=3.0))
+    assert _deciding_phase(best, other, w).startswith("; decode decided it against `math` (prefill +2.0 ms, "
+                                                      "decode +8.0 ms saved")
+    loser = NS(backend="naive", generate=NS(ttft_ms=5.0, step_ms_p50=1.0))  # faster in both phases' medians
+    text = _deciding_phase(best, loser, w)
+    assert "decided" not in text and "do not show its lead" in text
+    one_token = {"prompt_lens": [8], "new_tokens": 1}  # no decode step: prefill alone is told
+    assert _deciding_phase(best, other, one_token) == "; prefill decided it against `math` (prefill +1.0 ms saved " \
+                                                      "over the workload)"
+    assert _deciding_phase(NS(ttft_ms=None, step_ms_p50=None), other, w) == ""
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(seq=5000), "seq 5000 (5000) is beyond the model's 4096 positions"),
+    (dict(seq=4096, mode="decode"), "seq 4096 plus the decoded token (4097) is beyond"),
+    (dict(seq=5000, mode="train"), "beyond the model's 4096 positions"),
+    (dict(batch=1, seq=8, padding=True), "padding pads a prefill, decode or train batch of 2 or more"),
+    (dict(batch=2, seq=8, padding=True, mode="generate"), "a generate's prompts are whole"),
+])
+def test_workloads_the_model_cannot_take_are_refused_before_any_forward(kw, message):
+    m = tiny("llama", max_position_embeddings=4096)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make_workload(m, **kw)
+
+
+def test_encoder_decoder_generate_runs_from_the_decoders_start_token():
+    from attnswitch.models import load_model
+
+    m, _ = load_model("t5-small", layers=1)
+    w = make_workload(m, batch=1, seq=6, mode="generate", new_tokens=2, prompt_lens=(6,))
+    r = compare(m, w, backends=["naive"], warmup=0, iters=1, rounds=1)
+    assert r["naive"].ok and r["naive"].generate.token_agreement == 1.0
 
 
 # -- the command line -------------------------------------------------------------------------------
@@ -377,13 +453,21 @@ def test_cli_generate_train_and_sweep(tmp_path, capsys):
     (["bert-base", "--mode", "generate"], "cannot generate"),
     (["--backends", "prefil=math/decode=naive"], "unknown phase key"),
     (["--mode", "decode", "--seq", "8,16"], "a sweep"),
+    (["--seq", "5000"], "seq 5000 (5000) is beyond the model's 4096 positions"),
+    (["--seq", "16,5000"], "seq 5000 (5000) is beyond"),  # a sweep's every shape, before the first is measured
+    (["--mode", "train", "--seq", "5000"], "beyond the model's 4096 positions"),
+    (["--padding", "--batch", "1"], "--padding needs a batch of 2 or more"),
+    (["--padding", "--mode", "generate"], "a generate's prompts are whole"),
+    (["--num-layers", "0"], "--num-layers must be at least 1"),
+    (["--backends", "[/x]"], "unknown attention backend '[/x]'"),  # user input is never read as markup
 ])
 def test_cli_bad_workload_input_is_one_line_and_exit_2(argv, message, capsys, monkeypatch):
     import attnswitch.profiling as profiling
     monkeypatch.setattr(profiling, "profile", lambda *a, **k: pytest.fail("no work before the input is checked"))
     if argv[0] != "bert-base":
         argv = ["tiny-llama", *argv]
-    assert cli.main(["compare", *argv, "--device", "cpu", "--num-layers", "1"]) == 2
+    layers = [] if "--num-layers" in argv else ["--num-layers", "1"]
+    assert cli.main(["compare", *argv, "--device", "cpu", *layers]) == 2
     err = capsys.readouterr().err
     assert message in " ".join(err.split()) and err.count("\n") <= 3
 

@@ -66,7 +66,8 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", choices=["dynamic", "static"], default="dynamic",
                    help="generate: the model's default KV cache, or transformers' static cache")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
-    p.add_argument("--num-layers", type=int, default=None, help="truncate the model to this many layers")
+    p.add_argument("--num-layers", type=int, default=None,
+                   help="this many layers: a checkpoint's first N; a preset or config.json (random weights) may grow")
     p.add_argument("--trust-remote-code", action="store_true", help="allow a local model's own code to run")
     p.add_argument("--device-map", default=None, metavar="MAP",
                    help="spread the model over the GPUs with accelerate: auto, balanced, balanced_low_0 or sequential")
@@ -105,6 +106,13 @@ def _check_options(args) -> None:
         raise ValueError("--device picks one device; --device-map and --tp place the model themselves")
     if args.device_map and args.tp:
         raise ValueError("--device-map and --tp exclude each other; choose one")
+    if getattr(args, "num_layers", None) is not None and args.num_layers < 1:
+        raise ValueError(f"--num-layers must be at least 1, got {args.num_layers}")
+    if args.padding and args.mode == "generate":
+        raise ValueError("--padding pads a prefill, decode or train batch; a generate's prompts are whole")
+    if args.padding and args.batch and max(args.batch) < 2:
+        raise ValueError("--padding needs a batch of 2 or more: the first row keeps every position, the others "
+                         "are padded")
     if args.new_tokens is not None and args.new_tokens < 1:
         raise ValueError(f"--new-tokens must be at least 1, got {args.new_tokens}")
     if args.prompt_len is not None and args.prompt_len < 1:
@@ -126,6 +134,7 @@ def _check_out(out: str | None) -> None:
     d = Path(out)
     if d.exists() and not d.is_dir():
         raise ValueError(f"--out {out}: exists and is not a folder")
+    made = [p for p in (d, *d.parents) if not p.exists()]  # deepest first: removed after the probe
     try:
         d.mkdir(parents=True, exist_ok=True)
         probe = d / ".attnswitch-write-test"
@@ -133,6 +142,10 @@ def _check_out(out: str | None) -> None:
         probe.unlink()
     except OSError as e:
         raise ValueError(f"--out {out}: cannot write there ({e.strerror or e})") from None
+    finally:  # nothing left behind by a run that fails later: the outputs make the folder when written
+        for p in made:
+            with contextlib.suppress(OSError):
+                p.rmdir()
 
 
 def _setup(args):
@@ -267,7 +280,8 @@ def _measured(s: Session, run: Callable, sweep: Callable | None = None) -> int:
     backends = None if s.args.backends == "all" else s.args.backends
     with _progress(s.err) as progress:
         kw = dict(backends=backends, trace_dir=trace_dir, progress=progress, model_name=spec, **_steps(s.args, work))
-        report = sweep(model, work, mode=s.args.mode, **kw) if isinstance(work, list) else run(model, work, **kw)
+        report = sweep(model, work, mode=s.args.mode, padding=s.args.padding, **kw) if isinstance(work, list) \
+            else run(model, work, **kw)
     spent = {"imports": round(importing, 3), "loading the model": round(loading, 3),
              **report.settings.get("time_s", {})}
     spent["total"] = round(spent.get("total", 0) + importing + loading, 3)
@@ -333,6 +347,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _error(err, e: BaseException) -> None:
+    from rich.text import Text
+
+    # the message as text, never markup: it quotes user input ("[/x]", "runs/[exp1]/model")
+    err.print(Text.assemble(("error:", "bold red"), " ", str(e)), highlight=False, soft_wrap=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     from rich.console import Console
@@ -347,13 +368,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command].run(Session(args, argv, out, err, started))
     except (ValueError, FileNotFoundError, TypeError) as e:
-        err.print(f"[bold red]error:[/bold red] {e}", markup=True, highlight=False, soft_wrap=True)
+        _error(err, e)
         return EXIT_BAD_INPUT
     except Exception as e:  # an UnsupportedModel is bad input; anything the model raised is not
         from .errors import UnsupportedModel
 
         if isinstance(e, UnsupportedModel):
-            err.print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
+            _error(err, e)
             return EXIT_BAD_INPUT
         raise
     finally:

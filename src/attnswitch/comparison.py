@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import torch.nn as nn
@@ -97,25 +98,31 @@ def _compact(b: BackendResult) -> BackendResult:
 
 
 def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: str = "prefill",
-                  progress: Callable[[str], None] | None = None, **kw) -> Report:
+                  padding: bool = False, progress: Callable[[str], None] | None = None, **kw) -> Report:
     """``compare`` at every ``(batch, seq)`` shape of ``mode`` (prefill or train): one report whose
     ``sweep`` holds each shape's results, whose backends are the last shape's, and whose recommendation
-    names the best backend per range of lengths and where they cross over."""
+    names the best backend per range of lengths (per batch size) and where they cross over. Traces go to
+    one folder per shape under ``trace_dir``."""
     if mode not in ("prefill", "train"):
         raise ValueError(f"a sweep runs prefill or train steps, not {mode!r}")
-    shapes = list(shapes)
+    shapes = list(dict.fromkeys(shapes))  # each shape once, in the order given
     if not shapes:
         raise ValueError("a sweep needs at least one shape")
+    # every shape's inputs made (and so checked) before any is measured
+    works = [make_workload(model, batch=batch, seq=seq, mode=mode, padding=padding) for batch, seq in shapes]
+    trace_dir = kw.pop("trace_dir", None)
     points, last, spent = [], None, {}
-    for batch, seq in shapes:
+    for (batch, seq), work in zip(shapes, works):
         if progress:
             progress(f"batch {batch}, seq {seq}")
-        work = make_workload(model, batch=batch, seq=seq, mode=mode)
-        last = compare(model, work, progress=progress, **kw)
-        points.append(SweepPoint(batch, seq, tuple(_compact(b) for b in last.backends), last.ranking))
+        point = SweepPoint(batch, seq, ())
+        last = compare(model, work, progress=progress,
+                       trace_dir=None if trace_dir is None else Path(trace_dir) / point.folder, **kw)
+        points.append(dataclasses.replace(point, backends=tuple(_compact(b) for b in last.backends),
+                                          ranking=last.ranking))
         for k, v in last.settings.get("time_s", {}).items():  # the time account of every shape, summed
             spent[k] = round(spent.get(k, 0) + v, 3)
-    workload = {**last.workload, "description": f"sweep of {len(points)} shapes, {mode}",
-                "shapes": [[b, s] for b, s in shapes]}
+    description = f"sweep of {len(points)} shapes, {mode}" + (", padded" if padding else "")
+    workload = {**last.workload, "description": description, "shapes": [[b, s] for b, s in shapes]}
     return dataclasses.replace(last, sweep=tuple(points), workload=workload,
                                settings={**last.settings, "time_s": spent}, recommendation=recommend_sweep(points))

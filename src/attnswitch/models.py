@@ -72,6 +72,12 @@ def _tiny_mistral():
                          max_position_embeddings=4096)
 
 
+def _t5_small():
+    # T5Config's defaults are t5-small's shape; its token ids as t5-small's config states them (generate
+    # needs the decoder's start token)
+    return T5Config(pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+
+
 def _tiny_llama():
     return LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
@@ -83,7 +89,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset("mistral-7b", _mistral_7b, "causal-lm", "Mistral-7B shape: 32 layers, 32 q / 8 kv heads, window 4096"),
     Preset("gpt2", GPT2Config, "causal-lm", "GPT-2 (124M): 12 layers, 12 heads, d 64"),
     Preset("bert-base", BertConfig, "masked-lm", "BERT-base: 12 layers, 12 heads, bidirectional encoder"),
-    Preset("t5-small", T5Config, "seq2seq", "T5-small: encoder-decoder with relative position bias"),
+    Preset("t5-small", _t5_small, "seq2seq", "T5-small: encoder-decoder with relative position bias"),
     Preset("tiny-llama", _tiny_llama, "causal-lm", "a 4-layer Llama with GQA, for CPUs and tests"),
     Preset("tiny-mistral", _tiny_mistral, "causal-lm", "a 2-layer Mistral with a 16-token sliding window"),
 ]}
@@ -132,7 +138,8 @@ def load_model(spec: str, *, dtype: torch.dtype | str = torch.float32, device: t
     """Build or load a model from ``spec``; returns ``(model in eval mode, description)``.
 
     ``spec`` is a preset name, a local folder (``from_pretrained``, safetensors only), a path to a
-    ``config.json`` (random weights) or a hub id. ``layers`` truncates the layer count of configs.
+    ``config.json`` (random weights) or a hub id. ``layers`` sets the layer count: a checkpoint's
+    first ``layers``; a preset's or config's random-weight model may have more.
 
     A model larger than one GPU is loaded the way transformers loads it: ``device_map`` (``"auto"``,
     ``"balanced"``, ``"sequential"`` or a dict) spreads its layers over the GPUs with accelerate's
@@ -150,8 +157,9 @@ def load_model(spec: str, *, dtype: torch.dtype | str = torch.float32, device: t
     if spec in PRESETS:
         preset = PRESETS[spec]
         config = preset.make_config()
-        _set_layers(config, layers)
-        return _from_config(config, preset.task, dtype, device, seed), f"preset {spec} ({preset.about}), random weights"
+        cut = _set_layers(config, layers, grow=True)
+        return (_from_config(config, preset.task, dtype, device, seed),
+                f"preset {spec} ({preset.about}){cut}, random weights")
     path = Path(spec)
     if path.is_file():
         if path.suffix != ".json":
@@ -160,12 +168,13 @@ def load_model(spec: str, *, dtype: torch.dtype | str = torch.float32, device: t
             config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         except (OSError, ValueError, json.JSONDecodeError, KeyError) as e:
             raise ValueError(f"{spec}: cannot read this config ({type(e).__name__}: {e})") from None
-        _set_layers(config, layers)
-        return _from_config(config, task_of(config), dtype, device, seed), f"config {spec}, random weights"
+        cut = _set_layers(config, layers, grow=True)
+        return _from_config(config, task_of(config), dtype, device, seed), f"config {spec}{cut}, random weights"
     if path.is_dir():
         if not any(path.glob("*.safetensors")):
             raise ValueError(f"{spec}: no *.safetensors weights in this folder (pickle weights are not loaded)")
-        return _pretrained(str(path), dtype, device, trust_remote_code, layers), f"folder {spec}"
+        return (_pretrained(str(path), dtype, device, trust_remote_code, layers),
+                f"folder {spec}" + (f", first {layers} layers" if layers is not None else ""))
     if (os.sep in spec and not _looks_like_hub_id(spec)) or spec.startswith((".", "/", "~")):
         raise ValueError(f"{spec}: no such file or folder, and not a preset ({', '.join(PRESETS)})")
     if not _looks_like_hub_id(spec):
@@ -183,14 +192,32 @@ def _looks_like_hub_id(spec: str) -> bool:
     return len(parts) == 2 and all(parts) and not spec.startswith((".", "/"))
 
 
-def _set_layers(config, layers: int | None) -> None:
+_LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers")
+
+
+def _set_layers(config, layers: int | None, grow: bool = False) -> str:
+    """Keep the first ``layers`` layers of the config's (of each stack of an encoder-decoder), or with
+    ``grow`` (random weights) as many more as asked; what was done, for the model's description."""
     if layers is None:
-        return
-    for attr in ("num_hidden_layers", "n_layer", "num_layers"):
-        if hasattr(config, attr):
+        return ""
+    counts = [getattr(config, a) for a in _LAYER_COUNTS if isinstance(getattr(config, a, None), int)]
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise ValueError(f"--num-layers must be a whole number of at least 1, got {layers!r}")
+    if not counts:
+        raise ValueError(f"--num-layers: {type(config).__name__} states no layer count to truncate")
+    have = min(counts)
+    if layers > have and not grow:
+        raise ValueError(f"--num-layers {layers}: the checkpoint has {have} layers; --num-layers keeps the first N "
+                         "(more would be layers of random weights)")
+    for attr in _LAYER_COUNTS:
+        if isinstance(getattr(config, attr, None), int):
             setattr(config, attr, layers)
-    if hasattr(config, "num_decoder_layers"):
-        config.num_decoder_layers = layers
+    types = getattr(config, "layer_types", None)
+    if isinstance(types, list) and types:  # one entry per layer (sliding or full attention), repeated as a pattern
+        config.layer_types = [types[i % len(types)] for i in range(layers)]
+    if layers == have:
+        return ""
+    return f", first {layers} of {have} layers" if layers < have else f", {layers} layers (of {have})"
 
 
 def _pretrained(where: str, dtype, device, trust_remote_code: bool, layers: int | None, **load) -> nn.Module:

@@ -114,6 +114,8 @@ def _generated(workload: Workload, name: str) -> torch.Tensor:
     prompt = workload.prompts[0]
     with torch.no_grad(), use_backend(name, model=workload.model):
         out = workload.model.generate(**prompt, **workload.generate_kwargs())
+    if getattr(workload.model.config, "is_encoder_decoder", False):
+        return out[:, 1:]  # the decoder's sequence: its start token, then the generated ones
     return out[:, prompt["input_ids"].shape[1]:]
 
 

@@ -37,6 +37,9 @@ def recommend(results: list[BackendResult], ranking: list[str], workload: dict |
     by = {b.backend: b for b in results}
     candidates = [n for n in ranking if n != "eager"]
     if not candidates:
+        if "eager" in ranking:
+            return ("Only `eager` ran: the model's own attention is the reference the others are checked against, "
+                    "never recommended; name the backends to choose among.")
         return "No backend ran these inputs with acceptable numerics; see the reasons in the report."
     best = by[candidates[0]]
     text = f"Use {_pick_text(best)}: {best.time_ms:.3f} ms {_unit(workload)}"
@@ -67,14 +70,7 @@ def _generate_text(best: BackendResult, others: list[BackendResult], workload: d
     text = (" Assumes the deployed lengths are those measured (prompts of "
             f"{', '.join(map(str, workload.get('prompt_lens', [])))} tokens, {workload.get('new_tokens')} new each)")
     if others:
-        o = others[0]
-        n_gen = len(workload.get("prompt_lens", [])) or 1
-        steps = n_gen * max(0, (workload.get("new_tokens") or 1) - 1)
-        d_prefill = ((o.generate.ttft_ms or 0) - (g.ttft_ms or 0)) * n_gen
-        d_decode = ((o.generate.step_ms_p50 or 0) - (g.step_ms_p50 or 0)) * steps
-        phase = "decode" if abs(d_decode) >= abs(d_prefill) else "prefill"
-        text += (f"; {phase} decided it against `{o.backend}` (prefill {d_prefill:+.1f} ms, decode "
-                 f"{d_decode:+.1f} ms over the workload)")
+        text += _deciding_phase(g, others[0], workload)
     text += "."
     penalty = (g.new_shape_step_ms or 0) - (g.seen_shape_step_ms or 0)
     # differences of decode steps below the workload's noise (at least 10 %) are not told as costs or flips
@@ -89,6 +85,27 @@ def _generate_text(best: BackendResult, others: list[BackendResult], workload: d
     return text
 
 
+def _deciding_phase(g, o: BackendResult, workload: dict) -> str:
+    """Which phase gains the best backend most over the next one (time saved over the workload, from each
+    phase's median); phases without measurements on both sides are left out, and no phase is said to
+    decide where the best gains in none (the ranking is by each workload's fastest run, not by these)."""
+    n_gen = len(workload.get("prompt_lens", [])) or 1
+    steps = n_gen * max(0, (workload.get("new_tokens") or 1) - 1)
+    gains = {}
+    if g.ttft_ms is not None and o.generate.ttft_ms is not None:
+        gains["prefill"] = (o.generate.ttft_ms - g.ttft_ms) * n_gen
+    if steps and g.step_ms_p50 is not None and o.generate.step_ms_p50 is not None:
+        gains["decode"] = (o.generate.step_ms_p50 - g.step_ms_p50) * steps
+    if not gains:
+        return ""
+    told = ", ".join(f"{k} {v:+.1f} ms" for k, v in gains.items())
+    phase, gain = max(gains.items(), key=lambda kv: kv[1])
+    if gain <= 0:
+        return (f"; against `{o.backend}` the phases' medians do not show its lead ({told} over the workload): "
+                "it is ranked by the whole workload's fastest run")
+    return f"; {phase} decided it against `{o.backend}` ({told} saved over the workload)"
+
+
 def _winners(point) -> tuple[str, ...]:
     """The fastest backend at one shape and those within measured noise of it."""
     by = {b.backend: b for b in point.backends}
@@ -101,8 +118,14 @@ def _winners(point) -> tuple[str, ...]:
 
 
 def recommend_sweep(points) -> str:
-    """The best backend per range of lengths (with those within noise of it), and where the ranking
-    crosses over: where no backend of one range's best is among the next range's."""
+    """The best backend per range of lengths (with those within noise of it), per batch size, and where
+    the ranking crosses over: where no backend of one range's best is among the next range's."""
+    batches = dict.fromkeys(p.batch for p in points)
+    texts = [_sweep_text(sorted((p for p in points if p.batch == b), key=lambda p: p.seq), b) for b in batches]
+    return " ".join(texts)
+
+
+def _sweep_text(points, batch: int) -> str:
     ranges: list[list] = []
     for p in points:
         w = _winners(p)
@@ -115,7 +138,7 @@ def recommend_sweep(points) -> str:
     for first, last, w in ranges:
         span = f"seq {first.seq}" if first is last else f"seq {first.seq}–{last.seq}"
         parts.append(f"{span}: " + (" ≈ ".join(f"`{n}`" for n in w) if w else "no backend with acceptable numerics"))
-    text = "Best per length (batch " + ", ".join(sorted({str(p.batch) for p in points})) + "): " + "; ".join(parts)
+    text = f"Best per length at batch {batch}: " + "; ".join(parts)
     crossings = [f"between seq {a[1].seq} and {b[0].seq}, `{b[2][0]}` overtakes `{a[2][0]}`"
                  for a, b in zip(ranges, ranges[1:]) if a[2] and b[2]]
     return text + ("." if not crossings else ". Crossover " + "; ".join(crossings) + ".")

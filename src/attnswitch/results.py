@@ -204,6 +204,11 @@ class SweepPoint:
     backends: tuple[BackendResult, ...]
     ranking: tuple[str, ...] = ()
 
+    @property
+    def folder(self) -> str:
+        """Where this shape's traces go, under the traces folder (each shape has its own)."""
+        return f"batch{self.batch}_seq{self.seq}"
+
 
 _CSV_COLUMNS = ["backend", "status", "timer", "time_ms", "noise_pct", "host_ms", "cold_host_ms", "attn_host_us",
                 "attn_cold_host_us", "peak_mem_mb", "kernels", "memcpys", "memsets", "attn_kernels_per_call",
@@ -277,19 +282,25 @@ class Report:
             Path(path).write_text(text)
         return text
 
+    def trace_files(self) -> list[tuple[str, str, str]]:
+        """``(backend, path relative to the traces folder, recorded path)`` of every trace: a sweep's in
+        one folder per shape (``SweepPoint.folder``), so that no shape's trace overwrites another's."""
+        groups = [(p.folder + "/", p.backends) for p in self.sweep] if self.sweep else [("", self.backends)]
+        return [(b.backend, prefix + Path(src).name, src) for prefix, backends in groups for b in backends
+                for src in ([b.trace_path] if b.trace_path else []) + list(b.rank_trace_paths)]
+
     def save_traces(self, directory: str | Path) -> list[Path]:
-        """Copy each backend's Perfetto-loadable trace into ``directory``."""
+        """Copy each backend's Perfetto-loadable trace into ``directory`` (``trace_files``' layout)."""
         out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
         copied = []
-        for b in self.backends:
-            for src in ([b.trace_path] if b.trace_path else []) + list(b.rank_trace_paths):
-                if not Path(src).exists():
-                    continue
-                dest = out / Path(src).name
-                if Path(src).resolve() != dest.resolve():
-                    shutil.copyfile(src, dest)
-                copied.append(dest)
+        for _, rel, src in self.trace_files():
+            if not Path(src).exists():
+                continue
+            dest = out / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if Path(src).resolve() != dest.resolve():
+                shutil.copyfile(src, dest)
+            copied.append(dest)
         return copied
 
     # -- text: the layout is ``render``'s ---------------------------------------------------------

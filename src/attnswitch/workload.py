@@ -139,7 +139,17 @@ class Workload:
                               "pad_token_id": pad[0] if isinstance(pad, list) else (pad if pad is not None else 0)}
         if g.cache == "static":
             kw["cache_implementation"] = "static"
+        if getattr(self.model.config, "is_encoder_decoder", False):
+            kw["decoder_start_token_id"] = self._decoder_start(kw["pad_token_id"])
         return kw
+
+    def _decoder_start(self, pad: int) -> int:
+        """The token an encoder-decoder's decoder starts from: as its configs state it, else padding (T5's)."""
+        for c in (getattr(self.model, "generation_config", None), self.model.config):
+            start = getattr(c, "decoder_start_token_id", None)
+            if start is not None:
+                return start
+        return pad
 
     def context(self):
         """What a measurement of many steps holds around them: training mode for a train workload."""
@@ -161,6 +171,10 @@ class Workload:
         """One forward of the model on the step's inputs (for a generate workload, its first prompt)."""
         if kwargs is None:
             kwargs = self.prompts[0] if self.mode == "generate" else self.first()
+            if self.mode == "generate" and getattr(self.model.config, "is_encoder_decoder", False):
+                ids = kwargs["input_ids"]  # the prefill of a generate: the prompt, and the decoder's start
+                start = self.generate_kwargs()["decoder_start_token_id"]
+                kwargs = {**kwargs, "decoder_input_ids": torch.full((ids.shape[0], 1), start, device=ids.device)}
         return self.model(**kwargs)
 
     def for_model(self, model: nn.Module) -> Workload:
@@ -218,11 +232,16 @@ def _check_generation(model: nn.Module, prompt_lens, new_tokens: int, cache: str
         raise ValueError(f"cache must be one of {', '.join(CACHES)}, not {cache!r}")
     if not (hasattr(model, "can_generate") and model.can_generate()):
         raise ValueError(f"{type(model).__name__} cannot generate (no language-model head): use --mode prefill")
-    limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
-    longest = max(prompt_lens) + new_tokens
-    if limit is not None and longest > limit:
-        raise ValueError(f"a prompt of {max(prompt_lens)} tokens plus {new_tokens} new ones ({longest}) is beyond the "
-                         f"model's {limit} positions")
+    _check_positions(model, max(prompt_lens) + new_tokens,
+                     f"a prompt of {max(prompt_lens)} tokens plus {new_tokens} new ones")
+
+
+def _check_positions(model: nn.Module, tokens: int, what: str) -> None:
+    """``tokens`` positions within the model's (where its config states a limit)."""
+    config = model.config
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if isinstance(limit, int) and tokens > limit:
+        raise ValueError(f"{what} ({tokens}) is beyond the model's {limit} positions")
 
 
 def _train_kwargs(model: nn.Module, kwargs: dict[str, Any], task: str) -> tuple[dict[str, Any], str]:
@@ -239,7 +258,9 @@ def _train_kwargs(model: nn.Module, kwargs: dict[str, Any], task: str) -> tuple[
 
 
 def _generate_workload(model, ids_of, batch, seq, new_tokens, prompt_lens, cache, device) -> Workload:
-    lens = tuple(prompt_lens) if prompt_lens else prompt_lengths(seq, new_tokens)
+    if prompt_lens is not None and not len(prompt_lens):
+        raise ValueError("prompt_lens is empty: give the prompt lengths, or None for lengths around seq")
+    lens = tuple(prompt_lens) if prompt_lens is not None else prompt_lengths(seq, new_tokens)
     if any(n < 1 for n in lens):
         raise ValueError(f"prompt lengths must be positive, got {lens}")
     _check_generation(model, lens, new_tokens, cache)
@@ -260,14 +281,20 @@ def make_workload(model: nn.Module, *, batch: int = 1, seq: int = 128, padding: 
     encoder's); ``mode="decode"`` is one new token against a KV cache of ``seq`` tokens;
     ``mode="generate"`` generates ``new_tokens`` tokens for prompts of ``prompt_lens`` tokens (default:
     five lengths around ``seq``); ``mode="train"`` is forward and backward of the loss on ``seq`` tokens."""
-    if batch < 1 or seq < 1:
-        raise ValueError(f"batch and seq must be positive, got batch={batch}, seq={seq}")
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in (batch, seq)):
+        raise ValueError(f"batch and seq must be positive whole numbers, got batch={batch!r}, seq={seq!r}")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if padding and (mode == "generate" or batch < 2):
+        raise ValueError("padding pads a prefill, decode or train batch of 2 or more (the first row keeps every "
+                         "position, the others are padded); a generate's prompts are whole")
     config = model.config
     task = task_of(config)
     if mode == "decode" and task != "causal-lm":
         raise ValueError("decode mode needs a causal language model")
+    if mode != "generate":
+        _check_positions(model, seq + (mode == "decode"), f"seq {seq}" + (" plus the decoded token" if mode == "decode"
+                                                                         else ""))
     device = device_of(model)
     g = torch.Generator().manual_seed(seed)
     vocab = getattr(config, "vocab_size", 1000)

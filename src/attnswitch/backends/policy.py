@@ -56,7 +56,7 @@ def resolve_selection(x) -> Selection:
         if "prefill" not in x or "decode" not in x:
             raise ValueError("a backend policy needs both 'prefill' and 'decode'")
         limit = x.get("decode_max_query", 1)
-        if not isinstance(limit, int) or limit < 1:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"decode_max_query must be a positive int, got {limit!r}")
         return Policy(resolve_name(x["prefill"]), resolve_name(x["decode"]), limit)
     return resolve_name(x)

@@ -213,8 +213,8 @@ class _Kernel:
             k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
         extra = {"softcap": call.softcap} if self.softcap and call.softcap is not None else {}
         if self.check is not None and not reasons:
-            reasons = [str(r) for r in (self.check(q, k, v, call.mask, call.dropout, call.causal, call.scale, native,
-                                                   **extra) or ())]
+            said = self.check(q, k, v, call.mask, call.dropout, call.causal, call.scale, native, **extra) or ()
+            reasons = [said] if isinstance(said, str) else [str(r) for r in said]  # one reason, or a list of them
         if reasons:
             raise unavailable(self.name, call, reasons)
         if call.gqa and not native:
@@ -303,7 +303,7 @@ def register_backend(name: str, fn: Callable, *, devices: Iterable[str] | str | 
     - ``devices``: the device types it runs on (``{"cuda"}``); others are refused, and ``"all"``
       leaves it out there.
     - ``check(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa[, softcap=])`` returns the
-      reasons it cannot run these inputs (empty: it can); ``BackendUnavailable``, ``check()`` and
+      reasons it cannot run these inputs (a list, or one string; empty: it can); ``BackendUnavailable``, ``check()`` and
       reports quote them. Attention sinks are always refused (SDPA's arguments have none).
 
     ``about`` describes it in listings (default: the first line of ``fn``'s docstring); ``package``

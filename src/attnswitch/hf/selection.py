@@ -106,15 +106,21 @@ def _own(module: nn.Module, owners: tuple[int, ...]) -> None:
     _OWNERS[key] = (weakref.ref(module, lambda ref, key=key: _forget(key, ref)), owners)
 
 
+def _module(model) -> nn.Module:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (a transformers model), not {type(model).__name__}")
+    return model
+
+
 def info_of(model: nn.Module) -> ModelInfo | None:
-    return _MODELS.get(model)
+    return _MODELS.get(_module(model))
 
 
 def register(model: nn.Module) -> ModelInfo:
     """Remember ``model`` (its modules' owner and paths, its configs) once it is known to use the
     attention interface (``UnsupportedModel`` otherwise); once per model. Interrupted,
     it leaves nothing a later call does not complete: the model is recorded last."""
-    info = _MODELS.get(model)
+    info = _MODELS.get(_module(model))
     if info is not None:
         return info
     require_interface(model)

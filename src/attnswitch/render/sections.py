@@ -12,7 +12,6 @@ import dataclasses
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from . import charts
 from .document import Block, Callout, Figure, Heading, Section, Table, Text, drop_empty_columns
@@ -330,8 +329,11 @@ def _environment(report, opts: Options) -> Section:
 
 
 def _traces(report, opts: Options) -> Section | None:
-    rows = tuple((b.backend, f"traces/{Path(p).name}") for b in ordered(report)
-                 for p in ([b.trace_path] if b.trace_path else []) + list(b.rank_trace_paths))
+    files = report.trace_files()  # a sweep's by shape, in the order measured
+    if not report.sweep:
+        order = {b.backend: i for i, b in enumerate(ordered(report))}
+        files = sorted(files, key=lambda f: order.get(f[0], len(order)))
+    rows = tuple((name, f"traces/{rel}") for name, rel, _ in files)
     if not rows:
         return None
     return Section("Traces", (
@@ -394,7 +396,9 @@ def _train(report, opts: Options) -> Section | None:
                                      frozenset({"backend", "worst parameter"})))
     chart = charts.train_time_chart([b.backend for b in ran], [b.train.forward_ms for b in ran],
                                     [b.train.backward_ms for b in ran])
-    return Section("Training", (table, Text(f"Loss: {ran[0].train.loss}. Gradients against float32 eager "
+    return Section("Training", (table, Text(f"Loss: {ran[0].train.loss}. Step: the ranked time (interleaved "
+                                            "rounds); forward and backward: medians of the separately timed steps, so "
+                                            "their sum need not equal it. Gradients against float32 eager "
                                             "(dropout off); NaN or Inf fails the backend.", "note"),
                                 Figure(chart, "Forward and backward time per training step.")), key="train")
 
