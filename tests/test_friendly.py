@@ -88,6 +88,17 @@ def test_api_arguments_of_the_wrong_kind_get_clear_errors(registered_kernel):
     assert e.value.reasons == ["no masks here"]
 
 
+def test_a_failure_while_measuring_is_shown_whole_not_as_bad_input(monkeypatch):
+    import attnswitch.comparison as comparison
+
+    def broken(*a, **k):
+        raise ValueError("something inside the model")
+    monkeypatch.setattr(comparison, "numerics", broken)
+    with pytest.raises(RuntimeError, match="ValueError while measuring: something inside the model"):
+        cli.main(["compare", "tiny-llama", "--device", "cpu", "--num-layers", "1", "--seq", "8", "--iters", "1",
+                  "--warmup", "0", "--backends", "naive"])
+
+
 def test_profiling_prints_no_profiler_noise(capfd):
     m = tiny("llama")
     attnswitch.profile(m, batch_for(m), backends=["naive"], warmup=0, iters=1)

@@ -1,7 +1,8 @@
 """The ``attnswitch`` command: one function per subcommand, in the table ``COMMANDS``.
 
 Exit codes: 0 when every asked-for step ran (backends that cannot run are part of the answer);
-1 when no backend could run at all; 2 for bad input (unknown model, unreadable config, bad option).
+1 when no backend could run at all, or the model failed while measuring (raised, with its traceback);
+2 for bad input (unknown model, unreadable config, bad option), found before any measurement.
 Heavy libraries (torch, transformers) are imported by the subcommands that need them, not for ``--help``.
 """
 
@@ -170,7 +171,10 @@ def _setup(args):
     batches = args.batch or [4 if gpu else 2]
     seqs = args.seq or [2048 if gpu else 128]
     if len(batches) > 1 or len(seqs) > 1:
-        return model, [(b, s) for b in batches for s in seqs], spec, desc
+        shapes = [(b, s) for b in batches for s in seqs]
+        for b, s in shapes:  # each shape's inputs checked (and dropped) before the first is measured
+            make_workload(model, batch=b, seq=s, padding=args.padding, mode=args.mode)
+        return model, shapes, spec, desc
     if args.mode == "generate":
         work = make_workload(model, batch=batches[0], seq=args.prompt_len or (512 if gpu else 32), mode="generate",
                              new_tokens=args.new_tokens or (128 if gpu else 8), prompt_lens=args.prompt_lens,
@@ -267,6 +271,20 @@ def _steps(args, work) -> dict:
             "iters": args.iters if args.iters is not None else (5 if generate else args.default_iters)}
 
 
+@contextlib.contextmanager
+def _not_bad_input():
+    """Around the measurement, once the input has been checked: what the model or a kernel raises there
+    is a failure to show whole (exit 1), not an input error of one line (exit 2)."""
+    from .errors import UnsupportedModel
+
+    try:
+        yield
+    except UnsupportedModel:
+        raise  # found only when a forward runs, and still the model's fault, not the tool's
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        raise RuntimeError(f"{type(e).__name__} while measuring: {e}") from e
+
+
 def _measured(s: Session, run: Callable, sweep: Callable | None = None) -> int:
     import dataclasses
 
@@ -278,7 +296,7 @@ def _measured(s: Session, run: Callable, sweep: Callable | None = None) -> int:
     loading = time.perf_counter() - t0
     trace_dir = Path(s.args.out) / "traces" if s.args.out else None
     backends = None if s.args.backends == "all" else s.args.backends
-    with _progress(s.err) as progress:
+    with _progress(s.err) as progress, _not_bad_input():
         kw = dict(backends=backends, trace_dir=trace_dir, progress=progress, model_name=spec, **_steps(s.args, work))
         report = sweep(model, work, mode=s.args.mode, padding=s.args.padding, **kw) if isinstance(work, list) \
             else run(model, work, **kw)
