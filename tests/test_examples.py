@@ -17,10 +17,11 @@ CASES = {
     "profile_model_per_layer.py": ["--layers", "2", "--seq", "32"],
     "choose_backend.py": ["--layers", "2", "--seq", "32", "--padding"],
     "bring_your_own_kernel.py": ["--layers", "2", "--seq", "32"],
-    # under torchrun, two CPU processes over gloo (the GPUs hidden where there are any)
-    "larger_than_one_gpu.py": ["--tp", "--layers", "2", "--seq", "16"],
+    # accelerate's device_map (on a CPU the model stays whole); tensor parallelism under torchrun is run by
+    # tests/test_multi_gpu_attribution.py through the CLI, which this example's --tp path calls the same way
+    "larger_than_one_gpu.py": ["--device-map", "auto", "--layers", "2", "--seq", "16"],
 }
-TORCHRUN = {"larger_than_one_gpu.py"}
+TORCHRUN: set[str] = set()  # examples that need torchrun (none here: see above)
 
 
 def test_every_example_is_covered():
@@ -64,8 +65,7 @@ def test_example_runs(name, tmp_path, capsys):
         assert "Recommendation" in r.stdout and "patched with" in r.stdout
         assert (tmp_path / "out" / "report.html").exists()
     if name == "larger_than_one_gpu.py":
-        assert r.stdout.count("random weights, tensor parallel over 2 ranks\n") == 1  # printed by rank 0 alone
-        assert "layers issuing collectives: " in r.stdout and "o_proj" in r.stdout
+        assert "random weights, device_map auto over cpu" in r.stdout and "Recommendation" in r.stdout
     if name == "bring_your_own_kernel.py":  # the kernel ran in the model and was checked and ranked
         assert "max |out - SDPA| = " in r.stdout and "mine ran: " in r.stdout and "Recommendation" in r.stdout
     if name == "post_single_call.py":
