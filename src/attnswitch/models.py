@@ -11,6 +11,7 @@ import copy
 import json
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -180,11 +181,29 @@ def load_model(spec: str, *, dtype: torch.dtype | str = torch.float32, device: t
     if not _looks_like_hub_id(spec):
         raise ValueError(f"unknown model {spec!r}: not a preset ({', '.join(PRESETS)}), a folder, a config.json "
                          "or a hub id (owner/name)")
+    cached_only = _hub_unresolvable()
     try:
-        return _pretrained(spec, dtype, device, trust_remote_code, layers), f"hub {spec}"
+        model = _pretrained(spec, dtype, device, trust_remote_code, layers, local_files_only=cached_only)
+        return model, f"hub {spec}" + (" (from the local cache: the hub cannot be reached)" if cached_only else "")
     except OSError as e:
         raise ValueError(f"{spec}: cannot load from the hub here ({str(e).splitlines()[0]}); download it "
                          "elsewhere and pass the folder, or pass its config.json for random weights") from None
+
+
+def _hub_unresolvable() -> bool:
+    """The hub's host name does not resolve here, and no proxy would resolve it instead: a hub id is then
+    loaded from the local cache alone, at once, rather than after half a minute of retried requests."""
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return False
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+    host = urlparse(constants.ENDPOINT).hostname
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return True
+    return False
 
 
 def _looks_like_hub_id(spec: str) -> bool:
@@ -220,11 +239,14 @@ def _set_layers(config, layers: int | None, grow: bool = False) -> str:
     return f", first {layers} of {have} layers" if layers < have else f", {layers} layers (of {have})"
 
 
-def _pretrained(where: str, dtype, device, trust_remote_code: bool, layers: int | None, **load) -> nn.Module:
-    config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code)
+def _pretrained(where: str, dtype, device, trust_remote_code: bool, layers: int | None,
+                local_files_only: bool = False, **load) -> nn.Module:
+    """``from_pretrained``; ``load``: how to place it (device_map, tensor parallelism), else on ``device``."""
+    config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code, local_files_only=local_files_only)
     _set_layers(config, layers)
     task = task_of(config)
-    kwargs = dict(config=config, dtype=dtype, use_safetensors=True, trust_remote_code=trust_remote_code, **load)
+    kwargs = dict(config=config, dtype=dtype, use_safetensors=True, trust_remote_code=trust_remote_code,
+                  local_files_only=local_files_only, **load)
     try:
         model = _AUTO[task].from_pretrained(where, **kwargs)
     except ValueError:
