@@ -391,6 +391,17 @@ def test_a_sweep_pads_when_asked_keeps_each_shapes_traces_and_measures_each_shap
     assert len(r.save_traces(tmp_path / "copy")) == 2
 
 
+def test_ties_are_a_leading_run_of_the_ranking():
+    from attnswitch.recommend import recommend
+    from attnswitch.results import BackendResult
+
+    res = [BackendResult("flash", "ok", time_ms=10.0, noise_pct=1.0), BackendResult("math", "ok", time_ms=10.5,
+                                                                                    noise_pct=1.0),
+           BackendResult("naive", "ok", time_ms=11.0, noise_pct=20.0)]
+    text = recommend(res, ["flash", "math", "naive"])
+    assert "Within measured noise" not in text and "next, `math`" in text  # naive is no tie while math is beaten
+
+
 def test_deciding_phase_is_the_one_the_best_gains_in_and_only_where_measured():
     from types import SimpleNamespace as NS
 
@@ -399,14 +410,18 @@ def test_deciding_phase_is_the_one_the_best_gains_in_and_only_where_measured():
     w = {"prompt_lens": [8, 9], "new_tokens": 5}
     best = NS(ttft_ms=10.0, step_ms_p50=2.0)
     other = NS(backend="math", generate=NS(ttft_ms=11.0, step_ms_p50=3.0))
-    assert _deciding_phase(best, other, w).startswith("; decode decided it against `math` (prefill +2.0 ms, "
-                                                      "decode +8.0 ms saved")
+    assert _deciding_phase(best, other, w).startswith("; decode decided it against `math` (from each phase's "
+                                                      "median, over the workload: prefill +2.0 ms, decode +8.0 ms;")
     loser = NS(backend="naive", generate=NS(ttft_ms=5.0, step_ms_p50=1.0))  # faster in both phases' medians
     text = _deciding_phase(best, loser, w)
     assert "decided" not in text and "do not show its lead" in text
     one_token = {"prompt_lens": [8], "new_tokens": 1}  # no decode step: prefill alone is told
-    assert _deciding_phase(best, other, one_token) == "; prefill decided it against `math` (prefill +1.0 ms saved " \
-                                                      "over the workload)"
+    assert _deciding_phase(best, other, one_token).startswith("; prefill decided it against `math` (from each "
+                                                              "phase's median, over the workload: prefill +1.0 ms;")
+    mixed = NS(backend="flash", generate=NS(ttft_ms=11.5, step_ms_p50=1.9))  # +3.0 prefill, -0.8 decode: net gain
+    assert "prefill decided it" in _deciding_phase(best, mixed, w)
+    net_loss = NS(backend="flash", generate=NS(ttft_ms=10.5, step_ms_p50=1.8))  # +1.0 prefill, -1.6 decode
+    assert "do not show its lead" in _deciding_phase(best, net_loss, w)
     assert _deciding_phase(NS(ttft_ms=None, step_ms_p50=None), other, w) == ""
 
 

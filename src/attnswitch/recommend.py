@@ -26,9 +26,14 @@ def _unit(workload: dict | None) -> str:
 
 
 def _ties(best: BackendResult, others: list[BackendResult]) -> tuple[list, list]:
-    ties = [o for o in others if (o.time_ms - best.time_ms) / best.time_ms * 100
-            <= max(best.noise_pct or 0.0, o.noise_pct or 0.0, 1.0)]
-    return ties, [o for o in others if o not in ties]
+    """Of ``others`` (in ranking order), those within measured noise of ``best``: a leading run of them, so
+    that no backend is a tie while a faster one is beaten (a noisier, slower one is not closer)."""
+    ties = []
+    for o in others:
+        if (o.time_ms - best.time_ms) / best.time_ms * 100 > max(best.noise_pct or 0.0, o.noise_pct or 0.0, 1.0):
+            break
+        ties.append(o)
+    return ties, others[len(ties):]
 
 
 def recommend(results: list[BackendResult], ranking: list[str], workload: dict | None = None) -> str:
@@ -100,10 +105,11 @@ def _deciding_phase(g, o: BackendResult, workload: dict) -> str:
         return ""
     told = ", ".join(f"{k} {v:+.1f} ms" for k, v in gains.items())
     phase, gain = max(gains.items(), key=lambda kv: kv[1])
-    if gain <= 0:
+    if gain <= 0 or sum(gains.values()) <= 0:
         return (f"; against `{o.backend}` the phases' medians do not show its lead ({told} over the workload): "
                 "it is ranked by the whole workload's fastest run")
-    return f"; {phase} decided it against `{o.backend}` ({told} saved over the workload)"
+    return (f"; {phase} decided it against `{o.backend}` (from each phase's median, over the workload: {told}; "
+            "the ranking itself is by the whole workload's fastest run)")
 
 
 def _winners(point) -> tuple[str, ...]:

@@ -114,20 +114,31 @@ def _summary_kind(report, b) -> str:
         return "note"
     if b.numerics is not None and not b.numerics.ok:
         return "error"
-    return "strong" if report.ranking and b.backend == report.ranking[0] else "plain"
+    return "strong" if b.backend == _best(report) else "plain"
+
+
+def _best(report) -> str | None:
+    """The fastest candidate (``eager``, the reference, is ranked but never the pick)."""
+    return next((n for n in report.ranking if n != "eager"), None)
 
 
 _STEP = {"generate": ("time/workload ms", "host/workload ms", "the whole generate workload"),
          "train": ("time/step ms", "host/step ms", "training steps"), "decode": ("time/fwd ms", "host/fwd ms",
                                                                                 "decode forwards")}
+#: what the profiler's counts are per, by mode: one profiled step of it
+_COUNTED = {"generate": ("gen", "per profiled short generate (the first prompt, one prefill and up to 7 decode "
+                                "forwards)"),
+            "train": ("step", "per training step (forward and backward)")}
 
 
 def _headers(report) -> tuple[str, ...]:
-    """The summary's headers, its time columns named after what one step of the workload is."""
-    step = _STEP.get(report.workload.get("mode"))
-    if step is None:
-        return _SUMMARY
-    return (_SUMMARY[0], step[0], _SUMMARY[2], step[1]) + _SUMMARY[4:]
+    """The summary's headers, its time and count columns named after what one step of the workload is."""
+    mode = report.workload.get("mode")
+    step, counted = _STEP.get(mode), _COUNTED.get(mode)
+    heads = _SUMMARY if step is None else (_SUMMARY[0], step[0], _SUMMARY[2], step[1]) + _SUMMARY[4:]
+    if counted is not None:
+        heads = tuple(h.replace("/fwd", "/" + counted[0]) for h in heads)
+    return heads
 
 
 def summary_table(report) -> Table:
@@ -258,7 +269,8 @@ def _summary(report, opts: Options) -> Section:
             if settle else "")
     blocks: list[Block] = [summary_table(report),
                            Text(f"{step[0].split(' ')[0]}: {how}; noise: half the interquartile range over the "
-                                "median; counts from the profiler, per forward; /attn: per attention call.", "note")]
+                                f"median; counts from the profiler, {_COUNTED.get(mode, ('', 'per forward'))[1]}; "
+                                "/attn: per attention call (of the forward).", "note")]
     if distribution_text(report):
         blocks.append(Text(f"distribution: {distribution_text(report)}"))
     return Section("Summary", tuple(blocks), key="summary")
@@ -408,11 +420,14 @@ def _sweep(report, opts: Options) -> Section | None:
         return None
     names = list(dict.fromkeys(b.backend for p in report.sweep for b in p.backends))
     rows = tuple((str(p.batch), str(p.seq), *(_ms(next((b.time_ms for b in p.backends if b.backend == n and b.ok),
-                                                         None)) for n in names), (p.ranking or ("-",))[0])
+                                                         None)) for n in names),
+                  next((n for n in p.ranking if n != "eager"), "-"))  # the pick, as the recommendation's
                  for p in report.sweep)
     table = Table("Sweep: time per step (ms)", ("batch", "seq", *names, "best"), rows, frozenset({"best"}))
-    series = {n: [(p.seq, b.time_ms) for p in report.sweep for b in p.backends if b.backend == n and b.ok
-                  and b.time_ms] for n in names}
+    batches = list(dict.fromkeys(p.batch for p in report.sweep))
+    label = (lambda n, batch: n) if len(batches) == 1 else (lambda n, batch: f"{n}, batch {batch}")
+    series = {label(n, batch): [(p.seq, b.time_ms) for p in report.sweep if p.batch == batch for b in p.backends
+                                if b.backend == n and b.ok and b.time_ms] for batch in batches for n in names}
     return Section("Sweep", (drop_empty_columns(table, keep=2),
                              Figure(charts.sweep_chart({k: v for k, v in series.items() if v}),
                                     "Time per step against sequence length (log-log).")), key="sweep")
