@@ -3,6 +3,7 @@
 import gzip
 import json
 import time
+from csv import DictReader
 
 import pytest
 import torch
@@ -93,7 +94,9 @@ def test_report_round_trips_through_json_csv_markdown(tiny_compare, tmp_path):
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["schema_version"] == SCHEMA_VERSION == 3 and data["environment"]["torch"] == torch.__version__
     csv = r.to_csv()
-    assert csv.splitlines()[0].startswith("backend,status") and len(csv.splitlines()) == 6
+    assert csv.splitlines()[0].startswith("backend,rank,status") and len(csv.splitlines()) == 6
+    ranked = {row["rank"]: row["backend"] for row in DictReader(csv.splitlines()) if row["rank"]}
+    assert [ranked[str(i + 1)] for i in range(len(ranked))] == list(r.ranking)  # the ranking, as the report's
     md = r.to_markdown()
     assert "| backend |" in md and "Recommendation" in md and "cudnn" in md
     text = str(r)

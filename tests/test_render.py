@@ -213,3 +213,15 @@ def test_plots_leave_the_callers_matplotlib_alone(cpu_report):
     render.to_html(cpu_report)
     assert matplotlib.get_backend() == backend and dict(matplotlib.rcParams) == rc
     assert ("matplotlib.pyplot" in sys.modules) == had_pyplot
+
+
+def test_folding_keeps_different_sublayers_of_a_repeated_block_apart():
+    from attnswitch.render.sections import fold
+    from attnswitch.results import LayerStats
+
+    paths = [f"decoder.block.{b}.layer.{i}.{name}" for b in range(3)
+             for i, name in enumerate(("SelfAttention", "EncDecAttention", "DenseReluDense"))]
+    rows = fold([LayerStats(p, "module", 1, 0, 0, 0, 0.0, 0.0, 0) for p in paths])
+    assert sorted((r.path, r.folded) for r in rows) == [
+        ("decoder.block.*.layer.0.SelfAttention", 3), ("decoder.block.*.layer.1.EncDecAttention", 3),
+        ("decoder.block.*.layer.2.DenseReluDense", 3)]

@@ -1,5 +1,6 @@
 """Workloads as deployed: generation end to end, a training step, a sweep of lengths, a backend per phase."""
 
+import csv
 import io
 import mmap
 import re
@@ -383,6 +384,9 @@ def test_a_sweep_pads_when_asked_keeps_each_shapes_traces_and_measures_each_shap
     r = compare_sweep(m, [(2, 8), (2, 16), (2, 8)], backends=["seer"], warmup=0, iters=1, rounds=1,
                       padding=True, trace_dir=tmp_path / "traces", check_numerics=False)
     assert [(p.batch, p.seq) for p in r.sweep] == [(2, 8), (2, 16)]
+    rows = list(csv.DictReader(r.to_csv().splitlines()))  # every shape's rows, not the last shape's alone
+    assert [(row["batch"], row["seq"], row["backend"], row["rank"]) for row in rows] == [
+        ("2", "8", "seer", "1"), ("2", "16", "seer", "1")]
     assert masks and all(masks)  # every call saw a mask hiding positions: the padding reached the model
     assert r.workload["description"] == "sweep of 2 shapes, prefill, padded"
     files = r.trace_files()
@@ -455,6 +459,9 @@ def test_cli_generate_train_and_sweep(tmp_path, capsys):
                      "--backends", "naive,flash,prefill=flash/decode=naive", "--out", str(tmp_path / "g")]) == 0
     rep = attnswitch.Report.from_json(tmp_path / "g" / "report.json")
     assert rep["prefill=flash/decode=naive"].generate.ttft_ms > 0 and rep.workload["new_tokens"] == 3
+    rows = {row["backend"]: row for row in csv.DictReader((tmp_path / "g" / "report.csv").read_text().splitlines())}
+    assert float(rows["naive"]["ttft_ms"]) == pytest.approx(rep["naive"].generate.ttft_ms)
+    assert float(rows["naive"]["tokens_per_s"]) == pytest.approx(rep["naive"].generate.tokens_per_s)
     assert cli.main(["compare", *base, "--mode", "train", "--seq", "8", "--backends", "naive,math"]) == 0
     assert cli.main(["compare", *base, "--seq", "8,16", "--backends", "naive,flash"]) == 0
     out = capsys.readouterr()

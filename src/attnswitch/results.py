@@ -210,10 +210,27 @@ class SweepPoint:
         return f"batch{self.batch}_seq{self.seq}"
 
 
-_CSV_COLUMNS = ["backend", "status", "timer", "time_ms", "noise_pct", "host_ms", "cold_host_ms", "attn_host_us",
-                "attn_cold_host_us", "peak_mem_mb", "kernels", "memcpys", "memsets", "attn_kernels_per_call",
-                "attn_memcpys_per_call", "attn_gpu_us_per_call", "profiled_gpu_busy_ms", "profiled_gpu_span_ms",
-                "max_rel_err", "top1_agreement", "reasons"]
+_CSV_COLUMNS = ["backend", "rank", "status", "timer", "time_ms", "noise_pct", "host_ms", "cold_host_ms",
+                "attn_host_us", "attn_cold_host_us", "peak_mem_mb", "kernels", "memcpys", "memsets",
+                "attn_kernels_per_call", "attn_memcpys_per_call", "attn_gpu_us_per_call", "profiled_gpu_busy_ms",
+                "profiled_gpu_span_ms", "max_rel_err", "top1_agreement", "ttft_ms", "step_ms_p50", "tokens_per_s",
+                "token_agreement", "forward_ms", "backward_ms", "grad_max_rel_err", "reasons"]
+#: the columns taken from a generate's or a training step's own results
+_CSV_GENERATE = ("ttft_ms", "step_ms_p50", "tokens_per_s", "token_agreement")
+_CSV_TRAIN = ("forward_ms", "backward_ms", "grad_max_rel_err")
+
+
+def _csv_row(b: BackendResult, ranking: tuple[str, ...]) -> list:
+    d = {c: getattr(b, c, None) for c in _CSV_COLUMNS}
+    d["rank"] = ranking.index(b.backend) + 1 if b.backend in ranking else None
+    d["max_rel_err"] = b.numerics.max_rel_err if b.numerics else None
+    d["top1_agreement"] = b.numerics.top1_agreement if b.numerics else None
+    for c in _CSV_GENERATE:
+        d[c] = getattr(b.generate, c, None) if b.generate is not None else None
+    for c in _CSV_TRAIN:
+        d[c] = getattr(b.train, c, None) if b.train is not None else None
+    d["reasons"] = " | ".join(b.reasons)
+    return [d[c] for c in _CSV_COLUMNS]
 
 
 @dataclass(frozen=True)
@@ -268,15 +285,16 @@ class Report:
         return _build(cls, data)
 
     def to_csv(self, path: str | Path | None = None) -> str:
+        """One row per backend (per shape, with ``batch`` and ``seq`` first, for a sweep); ``time_ms`` is
+        per step of the workload's mode (a forward, a training step, the whole generate workload)."""
         buf = io.StringIO()
         w = csv.writer(buf)
-        w.writerow(_CSV_COLUMNS)
-        for b in self.backends:
-            d = dataclasses.asdict(b)
-            d["max_rel_err"] = b.numerics.max_rel_err if b.numerics else None
-            d["top1_agreement"] = b.numerics.top1_agreement if b.numerics else None
-            d["reasons"] = " | ".join(b.reasons)
-            w.writerow(["" if d[c] is None else d[c] for c in _CSV_COLUMNS])
+        groups = [((p.batch, p.seq), p.backends, p.ranking) for p in self.sweep] if self.sweep else \
+            [((), self.backends, self.ranking)]
+        w.writerow((["batch", "seq"] if self.sweep else []) + _CSV_COLUMNS)
+        for shape, backends, ranking in groups:
+            for b in backends:
+                w.writerow(list(shape) + ["" if v is None else v for v in _csv_row(b, ranking)])
         text = buf.getvalue()
         if path is not None:
             Path(path).write_text(text)

@@ -49,10 +49,13 @@ def _n(x, digits=1) -> str:
 
 def fold(layers) -> list:
     """Repeated layers folded into one row each: ``model.layers.3.self_attn`` -> ``model.layers.*.self_attn``
-    (×n), per rank; layers on different GPUs stay apart (a device_map splits ``layers.*`` between them)."""
+    (×n; the first index only), per rank; layers on different GPUs stay apart (a device_map splits
+    ``layers.*`` between them)."""
     out: dict[tuple, list] = {}
     for layer in layers:
-        key = (layer.rank, layer.phase, _INDEX.sub(".*", layer.path), layer.kind, tuple(layer.devices))
+        # the first index alone: the stack of repeated blocks; a later one may tell different sublayers apart
+        # (T5's block.N.layer.0 is self-attention, layer.1 cross-attention, layer.2 the feed-forward)
+        key = (layer.rank, layer.phase, _INDEX.sub(".*", layer.path, count=1), layer.kind, tuple(layer.devices))
         out.setdefault(key, []).append(layer)
     folded = []
     for (_, _, path, _, _), group in out.items():
@@ -213,7 +216,10 @@ def layer_table(report, backend, fold_layers: bool = True) -> Table:
     kinds = tuple("strong" if i in heavy else "plain" for i in range(len(rows)))
     caption = (f"bold: the {len(heavy)} layers with the most " + ("GPU time" if gpu else "host time (leaf modules)")
                if heavy else "")
-    table = Table(f"{b.backend}: per layer (per forward)", tuple(["layer"] + cols), tuple(rows), frozenset({"layer"}),
+    per = {"generate": "prefill and decode rows per forward of their phase, the others per profiled generate",
+           "train": "per training step: forward rows and backward rows"}.get(report.workload.get("mode"),
+                                                                            "per forward")
+    table = Table(f"{b.backend}: per layer ({per})", tuple(["layer"] + cols), tuple(rows), frozenset({"layer"}),
                   kinds, caption)
     return drop_empty_columns(table)
 
@@ -273,6 +279,10 @@ def _summary(report, opts: Options) -> Section:
                                 "/attn: per attention call (of the forward).", "note")]
     if distribution_text(report):
         blocks.append(Text(f"distribution: {distribution_text(report)}"))
+    if report.sweep:
+        last = report.sweep[-1]
+        blocks.insert(0, Text(f"The last shape of the sweep (batch {last.batch}, seq {last.seq}), in full; every "
+                              "shape's time is in the Sweep section.", "note"))
     return Section("Summary", tuple(blocks), key="summary")
 
 
@@ -282,10 +292,14 @@ def _plots(report, opts: Options) -> Section | None:
     cpu = report.environment.get("device") != "cuda"
     ref = report.settings.get("numerics_reference")
     backends = ordered(report)
+    mode = report.workload.get("mode")
+    step = "training step" if mode == "train" else "forward"
+    # a generate's profiled pass mixes prefill and decode forwards, and its time is the whole workload's:
+    # its own section plots it step by step instead
+    by_kind = None if mode == "generate" else charts.time_by_kind_chart(backends, step)
     plots = [
-        (charts.time_by_kind_chart(backends),
-         "A CPU run has no device time: the attention calls' host time (median per call × calls) against the "
-         "rest of the median forward." if cpu else "Device time per forward, from the profiled pass.", None),
+        (by_kind, f"A CPU run has no device time: the attention calls' host time (median per call × calls) against "
+         f"the rest of the median {step}." if cpu else f"Device time per {step}, from the profiled pass.", None),
         (charts.attention_time_chart(backends), "The attention call's own kernels, from the profiled pass.",
          "No device time on this run (CPU): the host time per call below is the attention's time."),
         (charts.host_cost_chart(backends), "Host time until each attention call returns: the first call at this "
