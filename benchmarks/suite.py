@@ -224,7 +224,48 @@ def switch_overhead(layers=16, seq=2048, batch=4, rounds=5, per_round=10, device
                       "host_us_added_per_attention_call": (_median(h) - base_h) * 1e3 / layers}
         out["backends"][name] = row
     out["dispatch_micro"] = dispatch_overhead(device)
+    out["dispatch_in_forward"] = dispatch_in_forward(device)
     return out
+
+
+def dispatch_in_forward(device="cuda", layers=16, n=600):
+    """Host µs added per attention call inside real forwards: a Llama small enough that its forward is
+    host-bound (hidden 64, 8 tokens), under attnswitch's switch against transformers' sdpa under
+    ``sdpa_kernel``, the same kernel either way, interleaved forward by forward (each in its own context,
+    entered outside the timing; the device idle before each). Unlike the isolated calls of
+    ``dispatch_overhead``, the rest of the forward runs between two attention calls, as in a model."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from transformers import LlamaConfig, LlamaModel
+
+    cuda = device == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+                      num_key_value_heads=4, vocab_size=128)
+    model = LlamaModel(cfg).to(device, dtype).eval()
+    ids = torch.randint(0, 128, (1, 8), device=device)
+    name, sdp = ("cudnn", SDPBackend.CUDNN_ATTENTION) if cuda else ("flash", SDPBackend.FLASH_ATTENTION)
+    variants = {"transformers sdpa under sdpa_kernel": lambda: sdpa_kernel(sdp),
+                "attnswitch, model-scoped": lambda: attnswitch.backend(name, model=model),
+                "attnswitch, global": lambda: attnswitch.backend(name)}
+
+    def fwd():
+        with torch.no_grad():
+            model(input_ids=ids)
+    samples = {k: [] for k in variants}
+    for ctx in variants.values():
+        with ctx():
+            time_host(fwd, n=20, warmup=0)
+    for _ in range(n):
+        for k, ctx in variants.items():
+            with ctx():
+                samples[k].extend(time_host(fwd, n=1, warmup=0, sync_each=True))
+    med = {k: _median(v) for k, v in samples.items()}
+    base = med["transformers sdpa under sdpa_kernel"]
+    return {"backend": name, "device": device, "layers": layers, "forwards_per_variant": n,
+            "interleaved": "forward by forward", "median_host_us_per_forward": med,
+            "added_us_per_attention_call_model_scoped": (med["attnswitch, model-scoped"] - base) / layers,
+            "added_us_per_attention_call_global": (med["attnswitch, global"] - base) / layers,
+            "target_added_us": 3.0}
 
 
 def dispatch_overhead(device="cuda", n=2000):
