@@ -381,7 +381,8 @@ def test_a_sweep_pads_when_asked_keeps_each_shapes_traces_and_measures_each_shap
         return _naive(q, k, v, attn_mask=attn_mask, **kw)
     registered("seer", seer)
     m = tiny("llama")
-    r = compare_sweep(m, [(2, 8), (2, 16), (2, 8)], backends=["seer"], warmup=0, iters=1, rounds=1,
+    # shapes as a report stores them (lists) or as tuples
+    r = compare_sweep(m, [[2, 8], (2, 16), (2, 8)], backends=["seer"], warmup=0, iters=1, rounds=1,
                       padding=True, trace_dir=tmp_path / "traces", check_numerics=False)
     assert [(p.batch, p.seq) for p in r.sweep] == [(2, 8), (2, 16)]
     rows = list(csv.DictReader(r.to_csv().splitlines()))  # every shape's rows, not the last shape's alone
@@ -430,16 +431,25 @@ def test_deciding_phase_is_the_one_the_best_gains_in_and_only_where_measured():
 
 
 @pytest.mark.parametrize("kw, message", [
-    (dict(seq=5000), "seq 5000 (5000) is beyond the model's 4096 positions"),
-    (dict(seq=4096, mode="decode"), "seq 4096 plus the decoded token (4097) is beyond"),
-    (dict(seq=5000, mode="train"), "beyond the model's 4096 positions"),
+    (dict(seq=65), "seq 65 (65) is beyond the 64 positions of the model's position table"),
+    (dict(seq=64, mode="decode"), "seq 64 plus the decoded token (65) is beyond"),
+    (dict(seq=65, mode="train"), "beyond the 64 positions"),
+    (dict(seq=8, mode="generate", prompt_lens=(60,), new_tokens=5), "a prompt of 60 tokens plus 5 new ones (65)"),
     (dict(batch=1, seq=8, padding=True), "padding pads a prefill, decode or train batch of 2 or more"),
     (dict(batch=2, seq=8, padding=True, mode="generate"), "a generate's prompts are whole"),
 ])
 def test_workloads_the_model_cannot_take_are_refused_before_any_forward(kw, message):
-    m = tiny("llama", max_position_embeddings=4096)
+    m = tiny("gpt2")  # a learned table of 64 absolute positions: the 65th has no row
     with pytest.raises(ValueError, match=re.escape(message)):
         make_workload(m, **kw)
+
+
+def test_computed_positions_run_past_the_configs_maximum():
+    import numpy as np
+    m = tiny("llama", max_position_embeddings=16)  # rotary: no table to run out of
+    w = make_workload(m, batch=np.int64(1), seq=np.int64(32))  # numpy's integers are whole numbers too
+    with torch.no_grad():
+        assert w().logits.shape[1] == 32
 
 
 def test_encoder_decoder_generate_runs_from_the_decoders_start_token():
@@ -471,13 +481,13 @@ def test_cli_generate_train_and_sweep(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--mode", "generate", "--new-tokens", "0"], "at least 1"),
-    (["--mode", "generate", "--prompt-len", "4000", "--new-tokens", "200"], "beyond the model's"),
+    (["gpt2", "--mode", "generate", "--prompt-len", "1000", "--new-tokens", "200"], "beyond the 1024 positions"),
     (["bert-base", "--mode", "generate"], "cannot generate"),
     (["--backends", "prefil=math/decode=naive"], "unknown phase key"),
     (["--mode", "decode", "--seq", "8,16"], "a sweep"),
-    (["--seq", "5000"], "seq 5000 (5000) is beyond the model's 4096 positions"),
-    (["--seq", "16,5000"], "seq 5000 (5000) is beyond"),  # a sweep's every shape, before the first is measured
-    (["--mode", "train", "--seq", "5000"], "beyond the model's 4096 positions"),
+    (["gpt2", "--seq", "2000"], "seq 2000 (2000) is beyond the 1024 positions of the model's position table"),
+    (["gpt2", "--seq", "16,2000"], "seq 2000 (2000) is beyond"),  # every shape of a sweep, before the first runs
+    (["gpt2", "--mode", "train", "--seq", "2000"], "beyond the 1024 positions"),
     (["--padding", "--batch", "1"], "--padding needs a batch of 2 or more"),
     (["--padding", "--mode", "generate"], "a generate's prompts are whole"),
     (["--num-layers", "0"], "--num-layers must be at least 1"),
@@ -486,7 +496,7 @@ def test_cli_generate_train_and_sweep(tmp_path, capsys):
 def test_cli_bad_workload_input_is_one_line_and_exit_2(argv, message, capsys, monkeypatch):
     import attnswitch.profiling as profiling
     monkeypatch.setattr(profiling, "profile", lambda *a, **k: pytest.fail("no work before the input is checked"))
-    if argv[0] != "bert-base":
+    if argv[0] not in ("bert-base", "gpt2"):
         argv = ["tiny-llama", *argv]
     layers = [] if "--num-layers" in argv else ["--num-layers", "1"]
     assert cli.main(["compare", *argv, "--device", "cpu", *layers]) == 2
@@ -533,3 +543,15 @@ def test_plan_cache_growth_against_what_the_backend_kept(registered):
     expected_mb = 8 * len(kept)
     assert expected_mb >= 40
     assert expected_mb - 4 <= r["hoarder"].generate.plan_cache_host_mb <= expected_mb + 16
+
+
+def test_num_layers_where_layer_types_is_computed_and_where_there_are_two_stacks():
+    from transformers import BartConfig, JambaConfig
+
+    from attnswitch.models import _set_layers
+
+    jamba = JambaConfig(num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+                        expert_layer_offset=1, use_mamba_kernels=False)
+    assert _set_layers(jamba, 2) == ", first 2 of 4 layers" and len(jamba.layer_types) == 2  # a property: it follows
+    bart = BartConfig(encoder_layers=4, decoder_layers=3)
+    assert _set_layers(bart, 1) == ", first 1 of 3 layers" and (bart.encoder_layers, bart.decoder_layers) == (1, 1)

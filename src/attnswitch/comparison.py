@@ -105,7 +105,7 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
     one folder per shape under ``trace_dir``."""
     if mode not in ("prefill", "train"):
         raise ValueError(f"a sweep runs prefill or train steps, not {mode!r}")
-    shapes = list(dict.fromkeys(shapes))  # each shape once, in the order given
+    shapes = list(dict.fromkeys((int(b), int(s)) for b, s in shapes))  # each shape once, in the order given
     if not shapes:
         raise ValueError("a sweep needs at least one shape")
     # every shape's inputs made (and so checked) before any is measured

@@ -211,7 +211,8 @@ def _looks_like_hub_id(spec: str) -> bool:
     return len(parts) == 2 and all(parts) and not spec.startswith((".", "/"))
 
 
-_LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers")
+_LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers", "encoder_layers",
+                 "decoder_layers")
 
 
 def _set_layers(config, layers: int | None, grow: bool = False) -> str:
@@ -232,7 +233,9 @@ def _set_layers(config, layers: int | None, grow: bool = False) -> str:
         if isinstance(getattr(config, attr, None), int):
             setattr(config, attr, layers)
     types = getattr(config, "layer_types", None)
-    if isinstance(types, list) and types:  # one entry per layer (sliding or full attention), repeated as a pattern
+    if isinstance(types, list) and types and not isinstance(getattr(type(config), "layer_types", None), property):
+        # one entry per layer (sliding or full attention), repeated as a pattern; where the config computes it
+        # (a property: Jamba, Mamba), it follows the count by itself
         config.layer_types = [types[i % len(types)] for i in range(layers)]
     if layers == have:
         return ""

@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import inspect
 import itertools
+import operator
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +23,8 @@ import torch.nn as nn
 
 from .device import device_of
 
-__all__ = ["Workload", "Generation", "make_workload", "cache_kwarg", "task_of", "loss_of", "prompt_lengths",
-           "MODES", "CACHES"]
+__all__ = ["Workload", "Generation", "make_workload", "position_limit", "cache_kwarg", "task_of", "loss_of",
+           "prompt_lengths", "MODES", "CACHES"]
 
 #: what one step of a workload is
 MODES = ("prefill", "decode", "generate", "train")
@@ -236,12 +237,37 @@ def _check_generation(model: nn.Module, prompt_lens, new_tokens: int, cache: str
                      f"a prompt of {max(prompt_lens)} tokens plus {new_tokens} new ones")
 
 
-def _check_positions(model: nn.Module, tokens: int, what: str) -> None:
-    """``tokens`` positions within the model's (where its config states a limit)."""
+def position_limit(model: nn.Module) -> int | None:
+    """The positions a model can take at all: the size of its learned table of absolute positions (GPT-2's
+    ``wpe``, BERT's ``position_embeddings``; OPT's has two more rows), the config's stated maximum. None
+    where positions are computed (rotary, relative: they run past the maximum the model was trained to)."""
     config = model.config
     limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    if isinstance(limit, int) and tokens > limit:
-        raise ValueError(f"{what} ({tokens}) is beyond the model's {limit} positions")
+    if not isinstance(limit, int):
+        return None
+    tokens = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    for m in model.modules():
+        if isinstance(m, nn.Embedding) and m is not tokens and limit <= m.num_embeddings <= limit + 2:
+            return limit
+    return None
+
+
+def _whole(n) -> bool:
+    """An integer (numpy's too), not a bool."""
+    if isinstance(n, bool):
+        return False
+    try:
+        operator.index(n)
+    except TypeError:
+        return False
+    return True
+
+
+def _check_positions(model: nn.Module, tokens: int, what: str) -> None:
+    """``tokens`` positions within the model's table of positions, where it has one."""
+    limit = position_limit(model)
+    if limit is not None and tokens > limit:
+        raise ValueError(f"{what} ({tokens}) is beyond the {limit} positions of the model's position table")
 
 
 def _train_kwargs(model: nn.Module, kwargs: dict[str, Any], task: str) -> tuple[dict[str, Any], str]:
@@ -281,8 +307,9 @@ def make_workload(model: nn.Module, *, batch: int = 1, seq: int = 128, padding: 
     encoder's); ``mode="decode"`` is one new token against a KV cache of ``seq`` tokens;
     ``mode="generate"`` generates ``new_tokens`` tokens for prompts of ``prompt_lens`` tokens (default:
     five lengths around ``seq``); ``mode="train"`` is forward and backward of the loss on ``seq`` tokens."""
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in (batch, seq)):
+    if not all(_whole(n) and n >= 1 for n in (batch, seq)):
         raise ValueError(f"batch and seq must be positive whole numbers, got batch={batch!r}, seq={seq!r}")
+    batch, seq = int(batch), int(seq)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
     if padding and (mode == "generate" or batch < 2):
