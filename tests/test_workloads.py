@@ -394,6 +394,11 @@ def test_a_sweep_pads_when_asked_keeps_each_shapes_traces_and_measures_each_shap
     assert [rel for _, rel, _ in files] == ["batch2_seq8/trace_seer.json.gz", "batch2_seq16/trace_seer.json.gz"]
     assert all((tmp_path / "traces" / rel).exists() for _, rel, _ in files)  # neither overwrote the other
     assert len(r.save_traces(tmp_path / "copy")) == 2
+    # a sweep recorded when every shape wrote the same file: that file is the last shape's alone
+    import dataclasses
+    shared = dataclasses.replace(r, sweep=tuple(dataclasses.replace(p, backends=tuple(
+        dataclasses.replace(b, trace_path=files[-1][2]) for b in p.backends)) for p in r.sweep))
+    assert [rel for _, rel, _ in shared.trace_files()] == ["batch2_seq16/trace_seer.json.gz"]
 
 
 def test_ties_are_a_leading_run_of_the_ranking():

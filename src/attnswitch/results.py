@@ -304,8 +304,11 @@ class Report:
         """``(backend, path relative to the traces folder, recorded path)`` of every trace: a sweep's in
         one folder per shape (``SweepPoint.folder``), so that no shape's trace overwrites another's."""
         groups = [(p.folder + "/", p.backends) for p in self.sweep] if self.sweep else [("", self.backends)]
-        return [(b.backend, prefix + Path(src).name, src) for prefix, backends in groups for b in backends
-                for src in ([b.trace_path] if b.trace_path else []) + list(b.rank_trace_paths)]
+        files = [(b.backend, prefix + Path(src).name, src) for prefix, backends in groups for b in backends
+                 for src in ([b.trace_path] if b.trace_path else []) + list(b.rank_trace_paths)]
+        # a sweep recorded before each shape had its folder names one file for every shape: the last shape's
+        last = {src: i for i, (_, _, src) in enumerate(files)}
+        return [f for i, f in enumerate(files) if last[f[2]] == i]
 
     def save_traces(self, directory: str | Path) -> list[Path]:
         """Copy each backend's Perfetto-loadable trace into ``directory`` (``trace_files``' layout)."""
