@@ -4,7 +4,7 @@ and when it flips. Pure functions over results."""
 from __future__ import annotations
 
 from .backends import kernel_family
-from .results import BackendResult
+from .results import BackendResult, candidates
 
 __all__ = ["recommend", "recommend_sweep", "EAGER_NOTE"]
 
@@ -40,15 +40,15 @@ def recommend(results: list[BackendResult], ranking: list[str], workload: dict |
     """The choice for this workload, by how much it wins, near-ties within measured noise; for a
     generate workload also when the choice flips and which phase decided it."""
     by = {b.backend: b for b in results}
-    candidates = [n for n in ranking if n != "eager"]
-    if not candidates:
+    picks = candidates(ranking)
+    if not picks:
         if "eager" in ranking:
             return ("Only `eager` ran: the model's own attention is the reference the others are checked against, "
                     "never recommended; name the backends to choose among.")
         return "No backend ran these inputs with acceptable numerics; see the reasons in the report."
-    best = by[candidates[0]]
+    best = by[picks[0]]
     text = f"Use {_pick_text(best)}: {best.time_ms:.3f} ms {_unit(workload)}"
-    ties, beaten = _ties(best, [by[n] for n in candidates[1:]])
+    ties, beaten = _ties(best, [by[n] for n in picks[1:]])
     if beaten:
         nxt = beaten[0]
         text += (f", {nxt.time_ms / best.time_ms:.2f}x faster than the next" + (" beyond the noise" if ties else "")
@@ -58,7 +58,7 @@ def recommend(results: list[BackendResult], ranking: list[str], workload: dict |
         text += " Within measured noise of it: " + ", ".join(
             f"`{o.backend}` ({o.time_ms:.3f} ms)" for o in ties) + "; any of these is as good here."
     if best.generate is not None:
-        text += _generate_text(best, [by[n] for n in candidates[1:]], workload or {})
+        text += _generate_text(best, [by[n] for n in picks[1:]], workload or {})
     if best.train is not None and best.train.forward_ms is not None:
         text += f" Forward {best.train.forward_ms:.3f} ms, backward {best.train.backward_ms:.3f} ms."
     flagged = [b.backend for b in results if b.ok and ((b.numerics is not None and not b.numerics.ok)
@@ -115,7 +115,7 @@ def _deciding_phase(g, o: BackendResult, workload: dict) -> str:
 def _winners(point) -> tuple[str, ...]:
     """The fastest backend at one shape and those within measured noise of it."""
     by = {b.backend: b for b in point.backends}
-    ranked = [by[n] for n in point.ranking if n != "eager" and n in by]
+    ranked = [by[n] for n in candidates(point.ranking) if n in by]
     if not ranked:
         return ()
     best = ranked[0]

@@ -22,7 +22,7 @@ from . import render
 from .backends import resolve_name
 
 __all__ = ["SCHEMA_VERSION", "LayerStats", "DeviceStats", "TransferStats", "Numerics", "GenerateStats", "SlowCall",
-           "TrainStats", "BackendResult", "SweepPoint", "Report"]
+           "TrainStats", "BackendResult", "SweepPoint", "Report", "candidates"]
 
 #: 2 added devices, transfers, ranks and collectives (multi-GPU); 3 workloads: generate and train stats,
 #: a phase on layer rows, sweeps; older versions still load
@@ -195,6 +195,12 @@ class BackendResult:
         return self.status == "ok"
 
 
+def candidates(ranking) -> list[str]:
+    """The ranking without ``eager``: the model's own attention is ranked as the reference the others are
+    checked against, never picked."""
+    return [n for n in ranking if n != "eager"]
+
+
 @dataclass(frozen=True)
 class SweepPoint:
     """One shape of a sweep: every backend's result there (per-layer rows left to the full report)."""
@@ -203,6 +209,11 @@ class SweepPoint:
     seq: int
     backends: tuple[BackendResult, ...]
     ranking: tuple[str, ...] = ()
+
+    @property
+    def pick(self) -> str | None:
+        """The fastest candidate at this shape."""
+        return next(iter(candidates(self.ranking)), None)
 
     @property
     def folder(self) -> str:
@@ -263,6 +274,11 @@ class Report:
     @property
     def ok(self) -> list[BackendResult]:
         return [b for b in self.backends if b.ok]
+
+    @property
+    def pick(self) -> str | None:
+        """The fastest candidate (the recommendation's choice, before its numerics check)."""
+        return next(iter(candidates(self.ranking)), None)
 
     # -- files -----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

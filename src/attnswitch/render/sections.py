@@ -117,12 +117,7 @@ def _summary_kind(report, b) -> str:
         return "note"
     if b.numerics is not None and not b.numerics.ok:
         return "error"
-    return "strong" if b.backend == _best(report) else "plain"
-
-
-def _best(report) -> str | None:
-    """The fastest candidate (``eager``, the reference, is ranked but never the pick)."""
-    return next((n for n in report.ranking if n != "eager"), None)
+    return "strong" if b.backend == report.pick else "plain"
 
 
 _STEP = {"generate": ("time/workload ms", "host/workload ms", "the whole generate workload"),
@@ -435,7 +430,7 @@ def _sweep(report, opts: Options) -> Section | None:
     names = list(dict.fromkeys(b.backend for p in report.sweep for b in p.backends))
     rows = tuple((str(p.batch), str(p.seq), *(_ms(next((b.time_ms for b in p.backends if b.backend == n and b.ok),
                                                          None)) for n in names),
-                  next((n for n in p.ranking if n != "eager"), "-"))  # the pick, as the recommendation's
+                  p.pick or "-")
                  for p in report.sweep)
     table = Table("Sweep: time per step (ms)", ("batch", "seq", *names, "best"), rows, frozenset({"best"}))
     batches = list(dict.fromkeys(p.batch for p in report.sweep))
