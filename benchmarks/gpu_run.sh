@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED=1
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
-export PYTHONPATH=$PWD/src:$PWD:/tmp/site
+export PYTHONPATH=$PWD/src:$PWD:/tmp/site PATH=/tmp/site/bin:$PATH
 S=/tmp/stage; rm -rf $S; mkdir -p $S/run
 pack() { tar czf "$OUT/$1.tgz" -C "$S" "$1"; }
 parts=${PARTS:-tests,cpu,compare,bench,workloads}
@@ -30,7 +30,7 @@ fi
 timed_compare() {
   local name=$1; shift
   t0=$(date +%s.%N)
-  env "$@" timeout ${COMPARE_S:-150} python3 -m attnswitch compare --out $S/run/compare/$name > $S/run/compare/$name.txt \
+  env "$@" timeout ${COMPARE_S:-150} ${WRAP:-} python3 -m attnswitch compare --out $S/run/compare/$name > $S/run/compare/$name.txt \
     2> >(python3 -u -c "import sys, time; t0=float(sys.argv[1])
 for l in sys.stdin: print(f'{time.time()-t0:7.1f} {l}', end='', flush=True)" $t0 > $S/run/compare/$name.err)
   rc=$?; t1=$(date +%s.%N); sleep 1
@@ -42,7 +42,8 @@ if [[ $parts == *compare* ]]; then
   python3 -m attnswitch env > $S/run/compare/env.txt 2>&1
   python3 -c "import time; t=time.perf_counter(); import torch, transformers; print('import torch, transformers: %.1f s' % (time.perf_counter()-t))" >> $S/run/compare/env.txt
   # COMPARE_RUNS: fresh (empty compile caches, as on a new machine), warm (the same caches again: a user's
-  # second run), threads1 (empty caches, inductor compiling in this process instead of a worker pool)
+  # second run), threads1 (empty caches, inductor compiling in this process instead of a worker pool), pyspy (empty
+  # caches, sampled by py-spy where its wheel was carried), importtime (empty caches, python's -X importtime)
   c=/tmp/compile_caches
   for run in $(echo ${COMPARE_RUNS:-fresh} | tr , ' '); do
     case $run in
@@ -50,6 +51,10 @@ if [[ $parts == *compare* ]]; then
       warm) timed_compare warm TORCHINDUCTOR_CACHE_DIR=$c/inductor TRITON_CACHE_DIR=$c/triton ;;
       threads1) timed_compare threads1 TORCHINDUCTOR_CACHE_DIR=$c/t1/inductor TRITON_CACHE_DIR=$c/t1/triton \
                   TORCHINDUCTOR_COMPILE_THREADS=1 ;;
+      pyspy) rm -rf $c/ps; WRAP="py-spy record --idle --format raw -r 100 -o $S/run/compare/pyspy.txt --" \
+               timed_compare pyspy TORCHINDUCTOR_CACHE_DIR=$c/ps/inductor TRITON_CACHE_DIR=$c/ps/triton ;;
+      importtime) rm -rf $c/it; WRAP="env PYTHONPROFILEIMPORTTIME=1" \
+               timed_compare importtime TORCHINDUCTOR_CACHE_DIR=$c/it/inductor TRITON_CACHE_DIR=$c/it/triton ;;
     esac
   done
   grep -h -A3 "Recommendation" $S/run/compare/prefill.txt | head -8

@@ -296,6 +296,14 @@ def dispatch_overhead(device="cuda", n=2000):
                                      lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True, scale=0.125)),
         "transformers sdpa under sdpa_kernel": (lambda: sdpa_kernel(sdp), lambda: sdpa_attention_forward(
             mod, q, q, q, None, dropout=0.0, scaling=0.125)),
+        # the forced op's two calls into PyTorch, alone: its check, then the backend's ATen op
+        "PyTorch's check alone": (none, (lambda: torch._C._can_use_cudnn_attention(
+            torch.backends.cuda.SDPAParams(q, q, q, None, 0.0, True, False), False)) if cuda else
+            (lambda: torch._fused_sdp_choice(q, q, q, None, 0.0, True, scale=0.125, enable_gqa=False))),
+        "the backend's ATen op alone": (none, (lambda: torch._scaled_dot_product_cudnn_attention(
+            q, q, q, None, False, 0.0, True, False, scale=0.125)) if cuda else
+            (lambda: torch._scaled_dot_product_flash_attention_for_cpu(q, q, q, 0.0, True, scale=0.125))),
+        "transpose + contiguous alone": (none, lambda: q.transpose(1, 2).contiguous()),  # both entries end so
         "attnswitch forced op (backends.run)": (none, lambda: backends.run(
             name, backends.Call(q, q, q, None, 0.0, True, 0.125))),
         "attnswitch.attention (bare)": (none, lambda: attnswitch.attention(q, q, q, is_causal=True, scale=0.125,
