@@ -514,6 +514,8 @@ PARTS = {
     "post_experiment": lambda quick=False: attention_call(8, 16, 1024, 64, matmul_tflops=_matmul_rate()),
     "ceiling_shape": lambda quick=False: attention_call(4, 32, 4096, 128, n=30, matmul_tflops=_matmul_rate()),
     "switch_overhead": lambda quick=False: switch_overhead(),
+    "dispatch": lambda quick=False: {"dispatch_micro": dispatch_overhead(),
+                                     "dispatch_in_forward": dispatch_in_forward()},
     "profiler_fidelity": lambda quick=False: profiler_fidelity(),
     "posts_findings_per_layer": lambda quick=False: posts_findings_per_layer(),
     "flex_vs_fused": lambda quick=False: flex_vs_fused(rounds=2 if quick else 5),

@@ -149,3 +149,36 @@ def test_the_readmes_first_command_writes_only_where_git_ignores(tmp_path):
     written = [f"{out}report.json", f"{out}traces/trace_naive.json.gz", f"{out}command.txt"]
     ignored = subprocess.run(["git", "check-ignore", "--no-index", *written], cwd=root, capture_output=True, text=True)
     assert ignored.stdout.split() == written, f"{out} is not ignored by git: the first command leaves files behind"
+
+
+def test_the_command_compiles_in_process_and_exits_fast_once_everything_is_flushed(monkeypatch, capsys):
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    for var in ("TORCHELASTIC_RUN_ID", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    ended = []
+
+    def main():
+        print("the report")  # still buffered when main returns
+        return 1
+
+    def exit_now(code):
+        ended.append((code, capsys.readouterr().out))
+        raise SystemExit(code)
+
+    monkeypatch.setattr(cli, "main", main)
+    monkeypatch.setattr(cli.os, "_exit", exit_now)
+    with pytest.raises(SystemExit):
+        cli.run()
+    assert ended == [(1, "the report\n")]  # main's exit code, after its output was flushed
+    assert cli.os.environ["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "8")  # a user's own choice stands
+    monkeypatch.setenv("WORLD_SIZE", "2")  # under torchrun: a normal exit, process group and all
+    with pytest.raises(SystemExit) as e:
+        cli.run()
+    assert e.value.code == 1 and len(ended) == 1 and cli.os.environ["TORCHINDUCTOR_COMPILE_THREADS"] == "8"
+
+
+def test_python_dash_m_attnswitch_exits_with_mains_code_and_output(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "attnswitch", "check", "no/such/model"], capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path)
+    assert r.returncode == 2 and "error:" in r.stderr, r.stderr[-2000:]

@@ -165,3 +165,33 @@ def test_with_two_rounds_or_fewer_nothing_is_settled_and_the_report_does_not_say
     assert r.settings["settle"] is None
     assert all(len(b.time_samples_ms) == 4 for b in r.ok)
     assert "timed no further" not in r.to_markdown()
+
+
+def test_profile_hides_what_was_alive_before_from_the_collector_and_gives_it_back(monkeypatch):
+    import gc
+
+    from conftest import batch_for, tiny
+
+    import attnswitch
+    import attnswitch.profiling as profiling
+
+    seen = []
+    real = profiling.prepare_backend
+
+    def spy(*a, **k):
+        seen.append(gc.get_freeze_count())
+        return real(*a, **k)
+
+    monkeypatch.setattr(profiling, "prepare_backend", spy)
+    model = tiny("llama")
+    assert gc.get_freeze_count() == 0
+    attnswitch.profile(model, batch_for(model), backends=["naive"], warmup=0, iters=1, profile_steps=0)
+    assert seen and seen[0] > 0  # the model, torch and transformers were frozen while it measured
+    assert gc.get_freeze_count() == 0  # and given back to the collector
+    gc.freeze()  # a caller that froze its own objects keeps them frozen
+    try:
+        frozen = gc.get_freeze_count()
+        attnswitch.profile(model, batch_for(model), backends=["naive"], warmup=0, iters=1, profile_steps=0)
+        assert gc.get_freeze_count() > 0.9 * frozen  # still frozen (less what was freed meanwhile)
+    finally:
+        gc.unfreeze()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shlex
 import sys
 import time
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["main", "build_parser", "COMMANDS", "EXIT_OK", "EXIT_NOTHING_RAN", "EXIT_BAD_INPUT"]
+__all__ = ["main", "run", "build_parser", "COMMANDS", "EXIT_OK", "EXIT_NOTHING_RAN", "EXIT_BAD_INPUT"]
 
 EXIT_OK, EXIT_NOTHING_RAN, EXIT_BAD_INPUT = 0, 1, 2
 _DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's named maps
@@ -402,3 +403,25 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+def run() -> None:
+    """The ``attnswitch`` command itself (its console script and ``python -m attnswitch``): ``main`` in a
+    process of its own, so two process-wide choices are made for it here, not in ``main``:
+
+    - inductor compiles in this process (``TORCHINDUCTOR_COMPILE_THREADS=1`` unless set): ``flex`` compiles a
+      few kernels, and a pool of one worker per core costs more to start and to shut down than it saves
+      (an H200 ``compare``: flex's first forward 7.0 s against 8.0 s, exit 2.0 s against 3.0 s);
+    - once everything is written and flushed, the process ends without tearing the interpreter down
+      (``os._exit``): unloading torch's CUDA state takes seconds and there is nothing left to save.
+      Under ``torchrun`` it exits normally (the process group is taken down first).
+    """
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError):  # a reader that went away (``| head``) has all it wanted
+            stream.flush()
+    if "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ:
+        sys.exit(code)
+    os._exit(code)
+

@@ -233,7 +233,7 @@ def _run(name: str, call: Call, gqa: bool, lse: bool) -> tuple[torch.Tensor, tor
         out, logsumexp, *_ = torch._scaled_dot_product_flash_attention(_pad8(q), _pad8(k), _pad8(v), call.dropout,
                                                                         call.causal, False, scale=scale)
         return (out[..., :d] if out.shape[-1] != d else out), logsumexp
-    with_lse = lse or _grad(call)
+    with_lse = lse or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))  # _grad
     if name == "efficient":
         mask = _efficient_mask(mask, call) if mask is not None else None
         out, logsumexp, *_ = torch._scaled_dot_product_efficient_attention(q, k, v, mask, with_lse, call.dropout,
@@ -278,7 +278,7 @@ def forced(name: str, call: Call) -> tuple[torch.Tensor, torch.Tensor | None]:
         extra = _extra_reasons(name, call)
         if extra:
             raise unavailable(name, call, extra)
-    gqa = call.gqa
+    gqa = call.k.shape[1] != call.q.shape[1]  # call.gqa (once per attention call: no property frame)
     reasons = [] if _accepts(name, call, gqa) else eligibility(name, call, gqa)  # the reasons only where refused
     run_call = call
     if reasons:

@@ -10,6 +10,7 @@ other way, and a switch must never silently change nothing).
 
 from __future__ import annotations
 
+import functools
 import warnings
 from contextvars import ContextVar
 
@@ -39,6 +40,9 @@ def run_backend(name: str, call: Call):
 
 
 _RUNNERS = backends.registry.REGISTRY  # read per call (registering updates it in place)
+#: ``Call(...)`` without the Python frame of a named tuple's ``__new__``: every field, in order
+_new_call = functools.partial(tuple.__new__, Call)
+assert Call._fields[-1] == "where" and len(Call._fields) == 11, "_dispatch builds a Call of these 11 fields"
 
 
 # -- masks in the form each implementation takes ------------------------------------------------------
@@ -98,34 +102,6 @@ def _auto(module, query, key, value, mask, kwargs):
     return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
 
 
-def _run_selected(name, module, query, key, value, mask, kw: dict):
-    # The same reading of transformers' arguments as its sdpa function: causal only without a mask and
-    # for more than one query; k/v cropped for a prefill into an empty static cache. A sliding window is
-    # already in the mask (or needs none: every key is inside the window). ``kw`` as transformers passed
-    # it: this runs once per attention call, and each ``**`` costs host time.
-    get = kw.get
-    q_len = query.shape[2]
-    causal = _causal(module, query, mask, get("is_causal"))
-    position_bias = get("position_bias")
-    if causal and key.shape[2] > q_len:
-        key, value = key[:, :, :q_len], value[:, :, :q_len]
-        if position_bias is not None:
-            position_bias = position_bias[..., :q_len]
-    if position_bias is not None:
-        mask = position_bias_mask(position_bias, mask, causal, query, key)
-        causal = False
-    elif mask is not None and mask.dtype != torch.bool and mask.dtype != query.dtype:
-        mask = mask.to(query.dtype)
-    weights = bool(get("output_attentions", False))
-    if weights and name not in ("naive", "naive-inplace", "math"):
-        warnings.warn(f"the {name} backend cannot return attention weights; attentions will be None", stacklevel=4)
-    sinks = get("s_aux")
-    out, weights = run_backend(name, Call(query, key, value, mask, get("dropout", 0.0), causal, get("scaling"),
-                                          get("softcap"), sinks if sinks is not None else get("sinks"), weights,
-                                          module))
-    return out.transpose(1, 2).contiguous(), weights
-
-
 def _unselected(module, query, key, value, mask, kwargs):
     """What the model would have run: the registry's original for its config's key."""
     config = getattr(module, "config", None)
@@ -145,17 +121,42 @@ def _unselected(module, query, key, value, mask, kwargs):
     return fn(module, query, key, value, mask, **kwargs)
 
 
-def _dispatch(module, query, key, value, mask, kwargs: dict):
-    sel, _ = selection.selected(module)
+def _dispatch(module, query, key, value, mask, kw: dict):
+    sel = selection.selected(module)
     if sel is None:
-        return _unselected(module, query, key, value, mask, kwargs)
+        return _unselected(module, query, key, value, mask, kw)
     calls = _CALLS.get()
     if calls is not None:
         calls[0] += 1
     name = sel if sel.__class__ is str else selection.choose(sel, query.shape[2])
     if name in _SPECIAL:
-        return _special(name, module, query, key, value, mask, kwargs)
-    return _run_selected(name, module, query, key, value, mask, kwargs)
+        return _special(name, module, query, key, value, mask, kw)
+    # The same reading of transformers' arguments as its sdpa function: causal only without a mask and
+    # for more than one query; k/v cropped for a prefill into an empty static cache. A sliding window is
+    # already in the mask (or needs none: every key is inside the window). ``kw`` as transformers passed
+    # it. This runs once per attention call, and each Python call on the way costs host time: hence one
+    # function, and ``kw`` read as passed (each ``**`` costs too).
+    get = kw.get
+    q_len = query.shape[2]
+    causal = _causal(module, query, mask, get("is_causal"))
+    position_bias = get("position_bias")
+    if causal and key.shape[2] > q_len:
+        key, value = key[:, :, :q_len], value[:, :, :q_len]
+        if position_bias is not None:
+            position_bias = position_bias[..., :q_len]
+    if position_bias is not None:
+        mask = position_bias_mask(position_bias, mask, causal, query, key)
+        causal = False
+    elif mask is not None and mask.dtype != torch.bool and mask.dtype != query.dtype:
+        mask = mask.to(query.dtype)
+    weights = bool(get("output_attentions", False))
+    if weights and name not in ("naive", "naive-inplace", "math"):
+        warnings.warn(f"the {name} backend cannot return attention weights; attentions will be None", stacklevel=3)
+    sinks = get("s_aux")
+    out, weights = run_backend(name, _new_call((query, key, value, mask, get("dropout", 0.0), causal, get("scaling"),
+                                                get("softcap"), sinks if sinks is not None else get("sinks"),
+                                                weights, module)))
+    return out.transpose(1, 2).contiguous(), weights
 
 
 _SPECIAL = frozenset({"auto", *backends.MODEL_LEVEL})  # run through transformers' functions, with the module

@@ -22,7 +22,7 @@ import torch.nn as nn
 from ..backends.policy import Policy, Selection, choose, resolve_selection
 from ..sites import remember_paths
 from .interface import configs_of, require_interface
-from .leases import held
+from .leases import DEAD, LEASES, held
 
 __all__ = ["Policy", "Selection", "State", "STATE", "current", "ModelInfo", "register", "info_of", "selected",
            "selected_for_config", "resolve_selection", "choose", "PATCHED", "closed", "close"]
@@ -135,25 +135,32 @@ def register(model: nn.Module) -> ModelInfo:
     return _MODELS.setdefault(model, info)
 
 
-def selected(module) -> tuple[Selection | None, int | None]:
-    """The selection for an attention call of ``module`` in the calling context, and the owner it came
-    from: the innermost model-scoped context of a model owning the module, else the innermost global
-    context, else a patch."""
-    st = current()
-    owners = _owners(module)
-    if st.per_owner:
-        for t in owners:
-            sel = st.per_owner.get(t)
-            if sel is not None:
-                return sel, t
+def selected(module) -> Selection | None:
+    """The selection for an attention call of ``module`` in the calling context: the innermost
+    model-scoped context of a model owning the module, else the innermost global context, else a patch.
+    (Read once per attention call, so ``current``, ``held`` and ``_owners`` are written out here.)"""
+    st = STATE.get()
+    lease = st.lease
+    if lease is not None and (lease not in LEASES or lease in DEAD):
+        st = current()
+    per_owner = st.per_owner
+    if not per_owner:
+        if st.global_sel is not None or not PATCHED:
+            return st.global_sel
+    entry = _OWNERS.get(id(module))
+    if entry is None or entry[0]() is not module:
+        return st.global_sel
+    for t in entry[1]:
+        sel = per_owner.get(t)
+        if sel is not None:
+            return sel
     if st.global_sel is not None:
-        return st.global_sel, owners[0] if owners else None
-    if PATCHED:
-        for t in owners:
-            sel = PATCHED.get(t)
-            if sel is not None:
-                return sel, t
-    return None, None
+        return st.global_sel
+    for t in entry[1]:
+        sel = PATCHED.get(t)
+        if sel is not None:
+            return sel
+    return None
 
 
 def selected_for_config(config) -> Selection | None:

@@ -21,7 +21,7 @@ from ..dist import world
 from ..env import environment
 from ..hf import require_interface
 from ..results import Report
-from .capture import SETTLED, Target, prepare_backend, timed_rounds
+from .capture import SETTLED, Target, frozen_heap, prepare_backend, timed_rounds
 from .distributed import agree_ok, distribution_of, merged_report_backends
 from .summarize import with_timing
 from .trace import Trace
@@ -47,6 +47,31 @@ def _timed(t: Target, results: list, iters: int, rounds: int, progress, spent: d
     spent["timing rounds"] = time.perf_counter() - t0
     best = t.mode == "generate"  # a whole generate is host-bound: other load on the machine only slows it
     return [with_timing(r, samples[r.backend], best=best) if r.backend in samples else r for r in results]
+
+
+def _prepared(t: Target, names: list[str], progress, spent: dict, **kw) -> list:
+    """Every backend's cold step, host times and profiled pass (``prepare_backend``), in turn."""
+    # one step before any backend, so that the first backend is not charged for process-wide warm-up
+    # (CUDA context, cuBLAS handles, allocator growth). It runs the naive backend, which uses no SDPA
+    # kernel: each SDPA backend's own first call (cuDNN's plan building) stays cold.
+    with torch.no_grad(), t.switched("naive"):
+        t.fn(next(t.calls(1)))
+    results = []
+
+    def prepare(name):
+        progress(name)
+        t0 = time.perf_counter()
+        result = prepare_backend(t, name, **kw)
+        package = package_of(name)  # a third-party kernel: its distribution and version
+        results.append(dataclasses.replace(result, package=package) if package else result)
+        spent[name] = time.perf_counter() - t0
+
+    for name in names:
+        prepare(name)
+    pair = policy_candidate(results) if t.mode == "generate" else None
+    if pair is not None and pair not in names:  # the best prefill and the best decode backend, together
+        prepare(pair)
+    return results
 
 
 def _settle(t: Target, iters: int, rounds: int) -> float | None:
@@ -85,29 +110,13 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
         require_interface(t.model)
     names = parse_backends(backends, t.device)
     host_iters = host_iters or (iters if t.mode == "generate" else min(iters, 5))
-    # one step before any backend, so that the first backend is not charged for process-wide warm-up
-    # (CUDA context, cuBLAS handles, allocator growth). It runs the naive backend, which uses no SDPA
-    # kernel: each SDPA backend's own first call (cuDNN's plan building) stays cold.
-    with torch.no_grad(), t.switched("naive"):
-        t.fn(next(t.calls(1)))
     progress = progress or (lambda step: None)
-    results = []
-
-    def prepare(name):
-        progress(name)
-        t0 = time.perf_counter()
-        result = prepare_backend(t, name, warmup=warmup, iters=host_iters, trace_dir=trace_dir,
-                                 profile_steps=profile_steps)
-        package = package_of(name)  # a third-party kernel: its distribution and version
-        results.append(dataclasses.replace(result, package=package) if package else result)
-        spent[name] = time.perf_counter() - t0
-
-    for name in names:
-        prepare(name)
-    pair = policy_candidate(results) if t.mode == "generate" else None
-    if pair is not None and pair not in names:  # the best prefill and the best decode backend, together
-        prepare(pair)
-    results = _timed(t, results, iters, rounds, progress, spent)
+    t0 = time.perf_counter()
+    with frozen_heap():
+        spent["collecting garbage"] = time.perf_counter() - t0  # once, before everything alive is frozen
+        results = _prepared(t, names, progress, spent, warmup=warmup, iters=host_iters, trace_dir=trace_dir,
+                            profile_steps=profile_steps)
+        results = _timed(t, results, iters, rounds, progress, spent)
     if world() is not None:  # tensor parallelism: every rank's results, merged, on every rank
         results = merged_report_backends(results, trace_dir)
     spent["total"] = time.perf_counter() - t_start
