@@ -83,7 +83,7 @@ def _model_options(p: argparse.ArgumentParser) -> None:
 def _profile_options(iters: int) -> Callable[[argparse.ArgumentParser], None]:
     def add(p: argparse.ArgumentParser) -> None:
         _model_options(p)
-        p.add_argument("--warmup", type=int, default=None, help="steps before timing (default: 2; 1 for generate)")
+        p.add_argument("--warmup", type=int, default=None, help="steps after the cold one and before timing (default: 1)")
         p.add_argument("--iters", type=int, default=None,
                        help=f"timed steps per backend (default: {iters}; 5 for generate)")
         p.add_argument("--out", default=None, help="write report.json/.csv/.md/.html and traces here")
@@ -268,7 +268,7 @@ def _check(s: Session) -> int:
 
 def _steps(args, work) -> dict:
     generate = not isinstance(work, list) and work.mode == "generate"
-    return {"warmup": args.warmup if args.warmup is not None else (1 if generate else 2),
+    return {"warmup": args.warmup if args.warmup is not None else 1,
             "iters": args.iters if args.iters is not None else (5 if generate else args.default_iters)}
 
 

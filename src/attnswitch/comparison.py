@@ -64,7 +64,7 @@ def _with_grads(b: BackendResult, g) -> BackendResult:
 
 
 def compare(model: nn.Module, batch: Workload | dict[str, Any], *, backends: Iterable[str] | str | None = None,
-            warmup: int = 2, iters: int = 10, trace_dir=None, progress: Callable[[str], None] | None = None,
+            warmup: int = 1, iters: int = 10, trace_dir=None, progress: Callable[[str], None] | None = None,
             model_name: str = "", check_numerics: bool = True, command: str | None = None,
             rounds: int = 5, profile_steps: int = 1, host_iters: int | None = None) -> Report:
     """Profile every backend on the same workload, check numerics, rank by steady time per step, and

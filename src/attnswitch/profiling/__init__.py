@@ -81,14 +81,15 @@ def _settle(t: Target, iters: int, rounds: int) -> float | None:
 
 
 def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
-            backends: Iterable[str] | str | None = None, warmup: int = 2, iters: int = 5,
+            backends: Iterable[str] | str | None = None, warmup: int = 1, iters: int = 5,
             trace_dir: str | Path | None = None, progress: Callable[[str], None] | None = None,
             model_name: str = "", rounds: int = 5, profile_steps: int = 1, host_iters: int | None = None) -> Report:
     """Profile forwards of ``target`` under each backend; returns a ``Report``.
 
     ``target`` is a model (with ``batch``, a dict of forward arguments or a ``Workload``) or any
     callable (``profile(lambda: attnswitch.attention(q, k, v, is_causal=True))``), which runs under a
-    global ``backend()``. Every backend sees the same inputs and the same warm-up; the steady time per
+    global ``backend()``. Every backend sees the same inputs and the same warm-up (its first, cold step, which
+    the report keeps, then ``warmup`` more); the steady time per
     forward comes from ``iters`` unprofiled forwards per backend in ``rounds`` interleaved rounds; host time
     per step and per attention call, and peak memory, from ``host_iters`` more (default: ``iters``, at most
     5, for a generate workload ``iters``: its step latencies come from them); the per-layer counts from
