@@ -83,7 +83,8 @@ def _model_options(p: argparse.ArgumentParser) -> None:
 def _profile_options(iters: int) -> Callable[[argparse.ArgumentParser], None]:
     def add(p: argparse.ArgumentParser) -> None:
         _model_options(p)
-        p.add_argument("--warmup", type=int, default=None, help="steps after the cold one and before timing (default: 1)")
+        p.add_argument("--warmup", type=int, default=None,
+                       help="steps after the cold one and before timing (default: 1)")
         p.add_argument("--iters", type=int, default=None,
                        help=f"timed steps per backend (default: {iters}; 5 for generate)")
         p.add_argument("--out", default=None, help="write report.json/.csv/.md/.html and traces here")
