@@ -112,3 +112,55 @@ def test_a_kernel_that_refuses_while_running_is_reported_as_unavailable_with_its
         assert e.value.backend == "picky" and e.value.where == "model.layers.0.self_attn"
     finally:
         attnswitch.unregister_backend("picky")
+
+
+def _calls_to_forced(monkeypatch):
+    seen = []
+    real = sdpa.forced
+
+    def spy(name, call):
+        seen.append(name)
+        return real(name, call)
+
+    monkeypatch.setattr(sdpa, "forced", spy)
+    return seen
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2)])
+@pytest.mark.parametrize("grad", [False, True])
+def test_the_common_call_runs_pytorchs_check_and_op_in_one_step_and_equals_forced(monkeypatch, heads, grad):
+    """The runner of a forced backend takes the common call (no mask, softcap or sinks) straight to the
+    backend's op after PyTorch's check; its output is ``forced``'s exactly, its gradients too."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, heads[0], 16, 64, generator=g).requires_grad_(grad)
+    k, v = (torch.randn(2, heads[1], 16, 64, generator=g).requires_grad_(grad) for _ in range(2))
+    call = Call(q, k, v, None, 0.0, True, None)
+    run = attnswitch.backends.get("flash").run
+    seen = _calls_to_forced(monkeypatch)
+    with torch.profiler.profile() as prof:
+        out, weights = run(call)
+    assert seen == [] and weights is None  # the common call never reached forced
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in {e.name for e in prof.events()}
+    ref, _ = sdpa.forced("flash", call)
+    assert seen == ["flash"] and torch.equal(out, ref)
+    if grad:
+        got = torch.autograd.grad(out.sum(), (q, k, v))
+        want = torch.autograd.grad(ref.sum(), (q, k, v))
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_every_other_call_goes_to_forced_with_its_checks(monkeypatch):
+    q = torch.randn(1, 2, 8, 16)
+    mask = torch.ones(8, 8, dtype=torch.bool).tril()
+    seen = _calls_to_forced(monkeypatch)
+    for name in ("flash", "cudnn", "efficient"):
+        run = attnswitch.backends.get(name).run
+        if name == "flash":
+            out, _ = run(Call(q, q, q, mask))  # a mask: forced, which converts it as SDPA does
+            assert torch.allclose(out, F.scaled_dot_product_attention(q, q, q, attn_mask=mask), atol=1e-6)
+            with pytest.raises(attnswitch.BackendUnavailable, match="softcap"):
+                run(Call(q, q, q, softcap=30.0))
+        else:  # CPU tensors: PyTorch's reasons, from forced
+            with pytest.raises(attnswitch.BackendUnavailable, match="only on CUDA tensors"):
+                run(Call(q, q, q))
+    assert seen == ["flash", "flash", "cudnn", "efficient"]

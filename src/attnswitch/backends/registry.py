@@ -22,7 +22,7 @@ from ..errors import Refused
 from . import adapters, flex
 from .call import Call, note, repeat_kv, unavailable, validate
 from .naive import naive_attention
-from .sdpa import GPU_ONLY, forced, sdpa_auto
+from .sdpa import GPU_ONLY, runner, sdpa_auto
 
 __all__ = ["Backend", "REFERENCE", "MODEL_LEVEL", "REGISTRY", "get", "names", "resolve_name", "register_backend",
            "unregister_backend", "define_backend", "default_backends", "kernel_family", "KERNEL_OPS",
@@ -59,12 +59,12 @@ _FIRST = [
             functools.partial(naive_attention, inplace=False)),
     Backend("naive-inplace", "the same with masked_fill_ (no Memcpy)",
             functools.partial(naive_attention, inplace=True)),
-    Backend("math", "SDPA's math backend (its own ATen op)", functools.partial(forced, "math")),
-    Backend("efficient", "SDPA's memory-efficient (CUTLASS) kernel", functools.partial(forced, "efficient"),
+    Backend("math", "SDPA's math backend (its own ATen op)", runner("math")),
+    Backend("efficient", "SDPA's memory-efficient (CUTLASS) kernel", runner("efficient"),
             devices=frozenset({"cuda"})),
     Backend("flash", "SDPA's FlashAttention-2 kernel (on CPUs, its flash kernel for CPUs)",
-            functools.partial(forced, "flash")),
-    Backend("cudnn", "SDPA's cuDNN kernel", functools.partial(forced, "cudnn"), devices=frozenset({"cuda"})),
+            runner("flash")),
+    Backend("cudnn", "SDPA's cuDNN kernel", runner("cudnn"), devices=frozenset({"cuda"})),
 ]
 # after flex and the adapters, which are registered below through register_backend's path
 _LAST = [

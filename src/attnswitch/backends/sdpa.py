@@ -13,6 +13,7 @@ or an ``sdpa_kernel`` context open in any thread); the forced backend is then re
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from .. import stderr
 from .call import Call, note, repeat_kv, unavailable, validate
 
-__all__ = ["forced", "sdpa_auto", "auto_reasons", "auto_choice", "eligibility", "GPU_ONLY", "FORCED"]
+__all__ = ["forced", "runner", "sdpa_auto", "auto_reasons", "auto_choice", "eligibility", "GPU_ONLY", "FORCED"]
 
 #: the backends attnswitch forces, and those PyTorch implements only for CUDA tensors
 FORCED = ("math", "efficient", "flash", "cudnn")
@@ -297,6 +298,58 @@ def forced(name: str, call: Call) -> tuple[torch.Tensor, torch.Tensor | None]:
     if call.sinks is not None:
         out = _with_sinks(out, second, call)
     return out, None
+
+
+# -- the common call first ----------------------------------------------------------------------------
+# Every attention call of a switched model runs ``Backend.run``, so its host time is paid per layer per
+# step (decode is host-bound). For the call most models make (no mask, no softcap or sinks, the head dim a
+# multiple of 8) each runner below does what ``forced`` does, PyTorch's check and then the backend's op, in
+# one Python frame; every other call, and any call the check refuses, goes to ``forced``.
+
+_GRAD_ON = torch.is_grad_enabled
+_CAN_CUDNN, _CAN_FLASH, _CAN_EFFICIENT = _CAN_USE["cudnn"], _CAN_USE["flash"], _CAN_USE["efficient"]
+_CUDNN_OP = torch._scaled_dot_product_cudnn_attention
+_EFFICIENT_OP = torch._scaled_dot_product_efficient_attention
+_FLASH_OP = torch._scaled_dot_product_flash_attention
+_CPU_FLASH_OP = torch._scaled_dot_product_flash_attention_for_cpu
+
+
+def _run_cudnn(call: Call):
+    q, k, v, mask, dropout, causal, scale, softcap, sinks, _, _ = call
+    if mask is None and softcap is None and sinks is None and q.is_cuda and \
+            _CAN_CUDNN(_SDPAParams(q, k, v, None, dropout, causal, k.shape[1] != q.shape[1]), False):
+        lse = _GRAD_ON() and (q.requires_grad or k.requires_grad or v.requires_grad)  # _grad(call)
+        return _CUDNN_OP(q, k, v, None, lse, dropout, causal, False, scale=scale)[0], None
+    return forced("cudnn", call)
+
+
+def _run_efficient(call: Call):
+    q, k, v, mask, dropout, causal, scale, softcap, sinks, _, _ = call
+    if mask is None and softcap is None and sinks is None and q.is_cuda and \
+            _CAN_EFFICIENT(_SDPAParams(q, k, v, None, dropout, causal, k.shape[1] != q.shape[1]), False):
+        lse = _GRAD_ON() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        return _EFFICIENT_OP(q, k, v, None, lse, dropout, causal, scale=scale)[0], None
+    return forced("efficient", call)
+
+
+def _run_flash(call: Call):
+    q, k, v, mask, dropout, causal, scale, softcap, sinks, _, _ = call
+    if mask is None and softcap is None and sinks is None:
+        gqa = k.shape[1] != q.shape[1]
+        if q.is_cuda:
+            if q.shape[-1] % 8 == 0 and _CAN_FLASH(_SDPAParams(q, k, v, None, dropout, causal, gqa), False):
+                return _FLASH_OP(q, k, v, dropout, causal, False, scale=scale)[0], None
+        elif q.is_cpu and _FLASH_ON() and _fused_choice(call, gqa) == 1:
+            return _CPU_FLASH_OP(q, k, v, dropout, causal, attn_mask=None, scale=scale)[0], None
+    return forced("flash", call)
+
+
+_RUNNERS = {"cudnn": _run_cudnn, "efficient": _run_efficient, "flash": _run_flash}
+
+
+def runner(name: str):
+    """``Backend.run`` of forced SDPA backend ``name``: ``forced(name, call)``, with the common call first."""
+    return _RUNNERS.get(name) or functools.partial(forced, name)
 
 
 def auto_reasons(softcap, sinks) -> list[str]:
