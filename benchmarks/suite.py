@@ -10,6 +10,7 @@ transformers versions and the exact command. Ratios are measured side by side in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -228,6 +229,41 @@ def switch_overhead(layers=16, seq=2048, batch=4, rounds=5, per_round=10, device
     return out
 
 
+def floor_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """The least a flag-free forced attention function does, as an entry of transformers' attention
+    interface: PyTorch's check, the backend's op (cuDNN on CUDA, flash on CPUs), transformers' layout; no
+    selection, no counting, no other argument read. The floor of attnswitch's design, in Python."""
+    causal = query.shape[2] > 1 and attention_mask is None
+    if query.is_cuda:
+        if not torch._C._can_use_cudnn_attention(torch.backends.cuda.SDPAParams(
+                query, key, value, attention_mask, dropout, causal, False), False):
+            raise RuntimeError("the floor runs only what cuDNN takes")
+        out = torch._scaled_dot_product_cudnn_attention(query, key, value, attention_mask, False, dropout, causal,
+                                                        False, scale=scaling)[0]
+    else:
+        out = torch._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout, causal,
+                                                                attn_mask=attention_mask, scale=scaling)[0]
+    return out.transpose(1, 2).contiguous(), None
+
+
+FLOOR_KEY = "attnswitch-benchmark-floor"
+
+
+@contextlib.contextmanager
+def _as_floor(model):
+    """``model`` running ``floor_attention`` through transformers' attention interface (SDPA's masks)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(FLOOR_KEY, floor_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(FLOOR_KEY, sdpa_mask)
+    old, model.config._attn_implementation_internal = model.config._attn_implementation_internal, FLOOR_KEY
+    try:
+        yield
+    finally:
+        model.config._attn_implementation_internal = old
+
+
 def dispatch_in_forward(device="cuda", layers=16, n=600):
     """Host µs added per attention call inside real forwards: a Llama small enough that its forward is
     host-bound (hidden 64, 8 tokens), under attnswitch's switch against transformers' sdpa under
@@ -245,6 +281,7 @@ def dispatch_in_forward(device="cuda", layers=16, n=600):
     ids = torch.randint(0, 128, (1, 8), device=device)
     name, sdp = ("cudnn", SDPBackend.CUDNN_ATTENTION) if cuda else ("flash", SDPBackend.FLASH_ATTENTION)
     variants = {"transformers sdpa under sdpa_kernel": lambda: sdpa_kernel(sdp),
+                "the floor (floor_attention as the model's attention function)": lambda: _as_floor(model),
                 "attnswitch, model-scoped": lambda: attnswitch.backend(name, model=model),
                 "attnswitch, global": lambda: attnswitch.backend(name)}
 
@@ -265,6 +302,8 @@ def dispatch_in_forward(device="cuda", layers=16, n=600):
             "interleaved": "forward by forward", "median_host_us_per_forward": med,
             "added_us_per_attention_call_model_scoped": (med["attnswitch, model-scoped"] - base) / layers,
             "added_us_per_attention_call_global": (med["attnswitch, global"] - base) / layers,
+            "floor_added_us_per_attention_call": (med["the floor (floor_attention as the model's attention function)"]
+                                                  - base) / layers,
             "target_added_us": 3.0}
 
 
@@ -291,19 +330,6 @@ def dispatch_overhead(device="cuda", n=2000):
     q = torch.randn(1, 4, 16, 64, device=device, dtype=dtype)
     name, sdp = ("cudnn", SDPBackend.CUDNN_ATTENTION) if cuda else ("flash", SDPBackend.FLASH_ATTENTION)
     none = contextlib.nullcontext
-    can_use, SDPAParams = torch._C._can_use_cudnn_attention, torch.backends.cuda.SDPAParams
-
-    def floor(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-        # the least a flag-free forced entry does: PyTorch's check, the backend's op, transformers' layout;
-        # no selection, no counting, no other argument read (the floor of attnswitch's design, in Python)
-        causal = query.shape[2] > 1 and attention_mask is None
-        if cuda and can_use(SDPAParams(query, key, value, attention_mask, dropout, causal, False), False):
-            out = torch._scaled_dot_product_cudnn_attention(query, key, value, attention_mask, False, dropout, causal,
-                                                            False, scale=scaling)[0]
-        else:
-            out = torch._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout, causal,
-                                                                    attn_mask=attention_mask, scale=scaling)[0]
-        return out.transpose(1, 2).contiguous(), None
     variants = {
         "F.sdpa under sdpa_kernel": (lambda: sdpa_kernel(sdp),
                                      lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True, scale=0.125)),
@@ -317,8 +343,8 @@ def dispatch_overhead(device="cuda", n=2000):
             q, q, q, None, False, 0.0, True, False, scale=0.125)) if cuda else
             (lambda: torch._scaled_dot_product_flash_attention_for_cpu(q, q, q, 0.0, True, scale=0.125))),
         "transpose + contiguous alone": (none, lambda: q.transpose(1, 2).contiguous()),  # both entries end so
-        "the floor: check, op and copy in one function": (none, lambda: floor(mod, q, q, q, None, dropout=0.0,
-                                                                                 scaling=0.125)),
+        "the floor: check, op and copy in one function": (none, lambda: floor_attention(mod, q, q, q, None,
+                                                                                           dropout=0.0, scaling=0.125)),
         "attnswitch forced op (backends.run)": (none, lambda: backends.run(
             name, backends.Call(q, q, q, None, 0.0, True, 0.125))),
         "attnswitch.attention (bare)": (none, lambda: attnswitch.attention(q, q, q, is_causal=True, scale=0.125,
