@@ -164,3 +164,13 @@ def test_every_other_call_goes_to_forced_with_its_checks(monkeypatch):
             with pytest.raises(attnswitch.BackendUnavailable, match="only on CUDA tensors"):
                 run(Call(q, q, q))
     assert seen == ["flash", "flash", "cudnn", "efficient"]
+
+
+@pytest.mark.parametrize("kv_heads", [3])
+@pytest.mark.parametrize("name", ["flash", "math"])
+def test_kv_heads_that_do_not_divide_q_heads_get_sdpas_error_not_a_run(name, kv_heads):
+    q, kv = torch.randn(2, 4, 5, 8), torch.randn(2, kv_heads, 5, 8)
+    with pytest.raises(RuntimeError, match="must divide"):
+        attnswitch.backends.get(name).run(Call(q, kv, kv))
+    with pytest.raises(RuntimeError):  # (SDPA's own words differ across versions)
+        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)

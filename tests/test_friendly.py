@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -176,9 +177,31 @@ def test_the_command_compiles_in_process_and_exits_fast_once_everything_is_flush
     with pytest.raises(SystemExit) as e:
         cli.run()
     assert e.value.code == 1 and len(ended) == 1 and cli.os.environ["TORCHINDUCTOR_COMPILE_THREADS"] == "8"
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.setattr(cli.sys, "getprofile", lambda: object())  # a profiler writes its results at exit
+    with pytest.raises(SystemExit) as e:
+        cli.run()
+    assert e.value.code == 1 and len(ended) == 1
+
+
+def test_a_profiler_around_the_command_still_gets_to_write_its_results(tmp_path):
+    out = tmp_path / "out.prof"
+    r = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(out), "-m", "attnswitch", "presets"],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0 and out.stat().st_size > 0, r.stderr[-2000:]
 
 
 def test_python_dash_m_attnswitch_exits_with_mains_code_and_output(tmp_path):
     r = subprocess.run([sys.executable, "-m", "attnswitch", "check", "no/such/model"], capture_output=True, text=True,
                        timeout=300, cwd=tmp_path)
     assert r.returncode == 2 and "error:" in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads C's stdio through the C library")
+def test_what_native_code_printed_is_not_lost_at_the_fast_exit():
+    code = ("import ctypes\nfrom attnswitch import cli\nlibc = ctypes.CDLL(None)\n"
+            "def main():\n    libc.printf(b'from C\\n')\n    print('from python')\n    return 3\n"
+            "cli.main = main\ncli.run()\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 3 and sorted(r.stdout.splitlines()) == ["from C", "from python"], (r.stdout, r.stderr)

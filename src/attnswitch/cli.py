@@ -413,16 +413,29 @@ def run() -> None:
     - inductor compiles in this process (``TORCHINDUCTOR_COMPILE_THREADS=1`` unless set): ``flex`` compiles a
       few kernels, and a pool of one worker per core costs more to start and to shut down than it saves
       (an H200 ``compare``: flex's first forward 7.0 s against 8.0 s, exit 2.0 s against 3.0 s);
-    - once everything is written and flushed, the process ends without tearing the interpreter down
-      (``os._exit``): unloading torch's CUDA state takes seconds and there is nothing left to save.
-      Under ``torchrun`` it exits normally (the process group is taken down first).
+    - once everything is written and flushed (Python's streams and C's), the process ends without tearing
+      the interpreter down (``os._exit``): unloading torch's CUDA state takes seconds and there is nothing
+      left to save. It exits normally where something may still save at exit: under ``torchrun`` (the
+      process group is taken down first), and under a profiler, tracer or coverage tool.
     """
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     code = main()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError):  # a reader that went away (``| head``) has all it wanted
-            stream.flush()
-    if "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ:
+    if "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ or _observed():
         sys.exit(code)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError):  # a stream that can no longer be written has nothing to give
+            stream.flush()
+    with contextlib.suppress(Exception):  # what native code printed (NCCL, cuDNN, Triton) into C's buffers
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
     os._exit(code)
 
+
+def _observed() -> bool:
+    """Whether a tool that writes its results at exit watches this process (cProfile, coverage, a tracer)."""
+    if sys.gettrace() is not None or sys.getprofile() is not None or "coverage" in sys.modules:
+        return True
+    monitoring = getattr(sys, "monitoring", None)  # from Python 3.12 cProfile and coverage may use it instead
+    return monitoring is not None and any(monitoring.get_tool(i) is not None for i in (
+        monitoring.DEBUGGER_ID, monitoring.COVERAGE_ID, monitoring.PROFILER_ID))

@@ -280,6 +280,8 @@ def forced(name: str, call: Call) -> tuple[torch.Tensor, torch.Tensor | None]:
         if extra:
             raise unavailable(name, call, extra)
     gqa = call.k.shape[1] != call.q.shape[1]  # call.gqa (once per attention call: no property frame)
+    if gqa and call.q.shape[1] % call.k.shape[1]:
+        validate(call)  # SDPA's own error: PyTorch's CPU check lets k/v heads that do not divide q's through
     reasons = [] if _accepts(name, call, gqa) else eligibility(name, call, gqa)  # the reasons only where refused
     run_call = call
     if reasons:
@@ -334,7 +336,7 @@ def _run_efficient(call: Call):
 
 def _run_flash(call: Call):
     q, k, v, mask, dropout, causal, scale, softcap, sinks, _, _ = call
-    if mask is None and softcap is None and sinks is None:
+    if mask is None and softcap is None and sinks is None and q.shape[1] % k.shape[1] == 0:
         gqa = k.shape[1] != q.shape[1]
         if q.is_cuda:
             if q.shape[-1] % 8 == 0 and _CAN_FLASH(_SDPAParams(q, k, v, None, dropout, causal, gqa), False):

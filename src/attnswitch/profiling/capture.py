@@ -195,8 +195,9 @@ def _event(cuda: bool):
 def frozen_heap():
     """Inside the block, a full collection scans only what was made inside it: everything alive at its
     start (torch, transformers, the model: millions of objects, a third of a second per collection on an
-    H200's host) is moved out of the collector's sight (``gc.freeze``) and back at the end. Left alone
-    where the caller froze objects itself."""
+    H200's host) is moved out of the collector's sight (``gc.freeze``) and back at the end (with anything
+    frozen inside the block: ``gc`` unfreezes all or nothing). Left alone where the caller froze objects
+    itself."""
     if gc.get_freeze_count():
         yield
         return
