@@ -181,18 +181,23 @@ def test_the_profiled_generate_has_a_phase_on_every_layer_row(gen_report):
 
 def test_new_key_lengths_costs_are_seen_and_the_recommendation_says_when_it_flips(registered):
     m = tiny("llama")
-    registered("planned", planned(0.04))
-    registered("steady", slow(0.01))
+    # sleeps far above the model's own compute, which a loaded machine slows several times over: a plan
+    # of 80 ms per new key length, against 2 x 20 ms per step for every step
+    registered("planned", planned(0.08))
+    registered("steady", slow(0.02))
     w = make_workload(m, batch=1, seq=10, mode="generate", new_tokens=NEW)
     r = compare(m, w, backends=["planned", "steady"], warmup=1, iters=2, rounds=1)
     g = r["planned"].generate
-    assert g.new_shape_step_ms > g.seen_shape_step_ms + 20  # 40 ms per new key length
+    assert g.new_shape_step_ms > g.seen_shape_step_ms + 40  # 80 ms per new key length
     assert g.slow_attn_calls >= NEW - 2 and all(c.kv_len for c in g.slow_calls)
     assert {c.layer for c in g.slow_calls} <= {"model.layers.0.self_attn", "model.layers.1.self_attn"}
     assert r.ranking[0] == "planned"  # once every length has been seen it runs without a plan cost
     text = r.recommendation
     assert "fastest once every length has been seen" in text and "`steady`" in text and "many new lengths" in text
-    assert "decided it" in text, text  # (the whole text where it fails: which phase, with what medians)
+    # which phase decided it, from the phases' medians (on a loaded machine they may not show the lead the
+    # workload's fastest runs show, and the text then says so): the rule is tested on fixed numbers in
+    # test_deciding_phase_is_the_one_the_best_gains_in_and_only_where_measured
+    assert "decided it against" in text or "medians do not show its lead" in text, text
 
 
 def test_a_policy_per_phase_is_measured_when_prefill_and_decode_winners_differ(registered, spy):
