@@ -249,14 +249,18 @@ def floor_attention(module, query, key, value, attention_mask, dropout=0.0, scal
 FLOOR_KEY = "attnswitch-benchmark-floor"
 
 
-@contextlib.contextmanager
-def _as_floor(model):
-    """``model`` running ``floor_attention`` through transformers' attention interface (SDPA's masks)."""
+def _register_floor() -> None:
+    """``floor_attention`` in transformers' attention interface, with SDPA's masks (once per process)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     AttentionInterface.register(FLOOR_KEY, floor_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(FLOOR_KEY, sdpa_mask)
+
+
+@contextlib.contextmanager
+def _as_floor(model):
+    """``model`` running ``floor_attention`` (registered by ``_register_floor``) as its attention."""
     old, model.config._attn_implementation_internal = model.config._attn_implementation_internal, FLOOR_KEY
     try:
         yield
@@ -284,6 +288,8 @@ def dispatch_in_forward(device="cuda", layers=16, n=600):
                 "the floor (floor_attention as the model's attention function)": lambda: _as_floor(model),
                 "attnswitch, model-scoped": lambda: attnswitch.backend(name, model=model),
                 "attnswitch, global": lambda: attnswitch.backend(name)}
+
+    _register_floor()
 
     def fwd():
         with torch.no_grad():

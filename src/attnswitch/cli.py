@@ -402,10 +402,6 @@ def main(argv: list[str] | None = None) -> int:
             dist.destroy()
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
-
-
 def run() -> None:
     """The ``attnswitch`` command itself (its console script and ``python -m attnswitch``): ``main`` in a
     process of its own, so two process-wide choices are made for it here, not in ``main``:
@@ -439,3 +435,7 @@ def _observed() -> bool:
     monitoring = getattr(sys, "monitoring", None)  # from Python 3.12 cProfile and coverage may use it instead
     return monitoring is not None and any(monitoring.get_tool(i) is not None for i in (
         monitoring.DEBUGGER_ID, monitoring.COVERAGE_ID, monitoring.PROFILER_ID))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    run()

@@ -346,12 +346,12 @@ def _run_flash(call: Call):
     return forced("flash", call)
 
 
-_RUNNERS = {"cudnn": _run_cudnn, "efficient": _run_efficient, "flash": _run_flash}
+_COMMON_CALL_FIRST = {"cudnn": _run_cudnn, "efficient": _run_efficient, "flash": _run_flash}
 
 
 def runner(name: str):
     """``Backend.run`` of forced SDPA backend ``name``: ``forced(name, call)``, with the common call first."""
-    return _RUNNERS.get(name) or functools.partial(forced, name)
+    return _COMMON_CALL_FIRST.get(name) or functools.partial(forced, name)
 
 
 def auto_reasons(softcap, sinks) -> list[str]:

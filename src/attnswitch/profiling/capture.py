@@ -281,7 +281,7 @@ def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, prof
     return result
 
 
-def prepare_backend(target: Target, name: str, *, warmup: int = 3, iters: int = 5,
+def prepare_backend(target: Target, name: str, *, warmup: int = 1, iters: int = 5,
                     trace_dir: str | Path | None = None, profile_steps: int = 1) -> BackendResult:
     """Everything but the GPU timing of one backend: the cold step, warm-up, host time per step and
     per attention call (the device idle before each step, so no wait for earlier work is counted), peak
