@@ -313,11 +313,24 @@ def dispatch_in_forward(device="cuda", layers=16, n=600):
             "target_added_us": 3.0}
 
 
+@contextlib.contextmanager
+def _in_forward(switch, model):
+    """Inside ``switch``, the attention calls as those of a forward of ``model`` (what ``guarded_call``
+    sets up around it)."""
+    from attnswitch.hf import dispatch
+
+    with switch:
+        token = dispatch._FORWARD.set(dispatch.new_forward(model))
+        try:
+            yield
+        finally:
+            dispatch._FORWARD.reset(token)
+
+
 def dispatch_overhead(device="cuda", n=2000):
     """Host µs per attention call, the device idle before each call, on inputs small enough that the
     call's host work dominates: each layer of attnswitch's path against transformers' sdpa function
     and bare F.scaled_dot_product_attention under torch's sdpa_kernel, interleaved call by call."""
-    import contextlib
 
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -336,6 +349,10 @@ def dispatch_overhead(device="cuda", n=2000):
     q = torch.randn(1, 4, 16, 64, device=device, dtype=dtype)
     name, sdp = ("cudnn", SDPBackend.CUDNN_ATTENTION) if cuda else ("flash", SDPBackend.FLASH_ATTENTION)
     none = contextlib.nullcontext
+
+    def entry():
+        return dispatch.attention_forward(mod, q, q, q, None, dropout=0.0, scaling=0.125)
+
     variants = {
         "F.sdpa under sdpa_kernel": (lambda: sdpa_kernel(sdp),
                                      lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True, scale=0.125)),
@@ -355,11 +372,11 @@ def dispatch_overhead(device="cuda", n=2000):
             name, backends.Call(q, q, q, None, 0.0, True, 0.125))),
         "attnswitch.attention (bare)": (none, lambda: attnswitch.attention(q, q, q, is_causal=True, scale=0.125,
                                                                           backend=name)),
-        "attnswitch entry, model-scoped": (lambda: attnswitch.backend(name, model=model),
-                                           lambda: dispatch.attention_forward(mod, q, q, q, None, dropout=0.0,
-                                                                              scaling=0.125)),
-        "attnswitch entry, global": (lambda: attnswitch.backend(name), lambda: dispatch.attention_forward(
-            mod, q, q, q, None, dropout=0.0, scaling=0.125)),
+        # as inside a forward of the model: the forward's selection read at its start (guarded_call)
+        "attnswitch entry, model-scoped": (lambda: _in_forward(attnswitch.backend(name, model=model), model), entry),
+        "attnswitch entry, global": (lambda: _in_forward(attnswitch.backend(name), model), entry),
+        # a call outside a forward of its model: the selection asked for per call, the general path
+        "attnswitch entry outside a forward (general path)": (lambda: attnswitch.backend(name, model=model), entry),
     }
     # the variants take turns call by call (each inside its own context, entered and left outside the
     # timing): a slow spell of the host (other load, seconds long on a shared machine) falls on all alike

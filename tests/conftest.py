@@ -151,19 +151,32 @@ def world(model=None):
 
 
 class Spy:
-    """Records (thread, backend, call site) of every attention call a switch runs."""
+    """Records (thread, backend, call site) of every attention call a switch runs: those through
+    ``run_backend`` and the common calls a forward takes straight to a backend's op."""
 
     def __init__(self):
         import threading
         self.calls, self._lock, self._threading = [], threading.Lock(), threading
 
-    def __call__(self, orig):
+    def _record(self, name, where):
         from attnswitch.sites import site_name
+        with self._lock:
+            self.calls.append((self._threading.get_ident(), name, site_name(where)))
 
+    def __call__(self, orig):
         def record(name, call):
-            with self._lock:
-                self.calls.append((self._threading.get_ident(), name, site_name(call.where)))
+            self._record(name, call.where)
             return orig(name, call)
+        return record
+
+    def common(self, name, op):
+        import sys
+
+        def record(q, k, v, dropout, causal, scale):
+            out = op(q, k, v, dropout, causal, scale)
+            if out is not None:  # (None: refused, and the call goes on to run_backend)
+                self._record(name, sys._getframe(1).f_locals["module"])  # the module of dispatch._common
+            return out
         return record
 
     @property
@@ -176,6 +189,7 @@ def spy(monkeypatch):
     from attnswitch.hf import dispatch
     s = Spy()
     monkeypatch.setattr(dispatch, "run_backend", s(dispatch.run_backend))
+    monkeypatch.setattr(dispatch, "COMMON_OPS", {n: s.common(n, op) for n, op in dispatch.COMMON_OPS.items()})
     return s
 
 

@@ -202,7 +202,11 @@ def test_out_of_memory_on_one_backend_is_recorded_and_the_others_run(monkeypatch
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
         return real(name, call)
 
+    def oom(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+
     monkeypatch.setattr(dispatch, "run_backend", oom_for_flash)
+    monkeypatch.setattr(dispatch, "COMMON_OPS", {**dispatch.COMMON_OPS, "flash": oom})  # the common call's path
     r = attnswitch.compare(m, w, backends=["flash", "math", "naive"], warmup=0, iters=2, rounds=1)
     assert r["flash"].status == "failed" and "out of memory" in r["flash"].reasons[0]
     assert r["math"].ok and r["naive"].ok and "flash" not in r.ranking

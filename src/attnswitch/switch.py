@@ -69,7 +69,9 @@ class backend:
         if self._info is None:
             state = State(self.selection, parent=parent, lease=lease)
         else:
-            state = State(parent.global_sel, {**parent.per_owner, self._info.token: self.selection}, parent, lease)
+            token = self._info.token  # last: the innermost model-scoped context wins for modules two models own
+            per_owner = {t: sel for t, sel in parent.per_owner.items() if t != token} | {token: self.selection}
+            state = State(parent.global_sel, per_owner, parent, lease)
         try:
             with install.interrupts_deferred():
                 # a context dropped without an exit (an interrupt at the entry of __exit__) still lets go

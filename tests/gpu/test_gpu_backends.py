@@ -246,3 +246,38 @@ def test_the_common_call_takes_one_step_to_the_same_op_and_output_as_forced(monk
     got = torch.autograd.grad(out.float().sum(), (q, k, v))
     want = torch.autograd.grad(ref.float().sum(), (q, k, v))  # (backward kernels may sum in any order)
     assert all(torch.allclose(a.float(), b.float(), rtol=2e-2, atol=2e-2) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("name", ["efficient", "cudnn", "flash"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_a_forwards_common_call_runs_the_forced_kernel_with_the_general_paths_output(monkeypatch, name, kind):
+    """A forward's common calls (no padding) go straight to the backend's op: the forced kernel ran, SDPA's
+    dispatching op did not, and logits and gradients equal those of the general path (``run_backend``)."""
+    from attnswitch.hf import dispatch
+
+    m = cuda_model(kind, head_dim=64)
+    b = to_cuda(batch_for(m, pad=False, seq=64))
+    common, general = [], []
+    real_op, real_run = dispatch.COMMON_OPS[name], dispatch.run_backend
+
+    def step():
+        m.zero_grad(set_to_none=True)
+        with attnswitch.backend(name, model=m):
+            out = output_of(m(**b))
+        out.float().square().mean().backward()
+        return out, [p.grad.clone() for p in m.parameters() if p.grad is not None]
+
+    monkeypatch.setattr(dispatch, "run_backend", lambda n, c: general.append(n) or real_run(n, c))
+    monkeypatch.setitem(dispatch.COMMON_OPS, name, lambda *a: (out := real_op(*a)) is not None and
+                        common.append(name) or out)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got, got_grads = step()
+    ops = {e.name for e in prof.events()}
+    layers = m.config.num_hidden_layers
+    assert common == [name] * layers and general == []
+    assert CUDA_OPS[name] in ops and "aten::scaled_dot_product_attention" not in ops
+    monkeypatch.setattr(dispatch, "COMMON_OPS", {})  # the general path
+    want, want_grads = step()
+    assert general == [name] * layers
+    assert torch.equal(got, want)
+    assert all(torch.allclose(a.float(), c.float(), rtol=2e-2, atol=2e-2) for a, c in zip(got_grads, want_grads))

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from .. import stderr
 from .call import Call, note, repeat_kv, unavailable, validate
 
-__all__ = ["forced", "runner", "sdpa_auto", "auto_reasons", "auto_choice", "eligibility", "GPU_ONLY", "FORCED"]
+__all__ = ["forced", "runner", "COMMON_OPS", "common_call", "sdpa_auto", "auto_reasons", "auto_choice",
+           "eligibility", "GPU_ONLY", "FORCED"]
 
 #: the backends attnswitch forces, and those PyTorch implements only for CUDA tensors
 FORCED = ("math", "efficient", "flash", "cudnn")
@@ -303,10 +304,11 @@ def forced(name: str, call: Call) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 # -- the common call first ----------------------------------------------------------------------------
-# Every attention call of a switched model runs ``Backend.run``, so its host time is paid per layer per
-# step (decode is host-bound). For the call most models make (no mask, no softcap or sinks, the head dim a
-# multiple of 8) each runner below does what ``forced`` does, PyTorch's check and then the backend's op, in
-# one Python frame; every other call, and any call the check refuses, goes to ``forced``.
+# Every attention call of a switched model pays its host time per layer per step (decode is host-bound).
+# For the call most models make (no mask, no softcap or sinks, the head dim a multiple of 8) the backend's
+# common op below does what ``forced`` does, PyTorch's check and then the backend's op, in one Python
+# frame; it returns None where the check refuses, and the caller goes to ``forced`` (which says why, or
+# lays the inputs out so that the backend takes them).
 
 _GRAD_ON = torch.is_grad_enabled
 _CAN_CUDNN, _CAN_FLASH, _CAN_EFFICIENT = _CAN_USE["cudnn"], _CAN_USE["flash"], _CAN_USE["efficient"]
@@ -314,44 +316,71 @@ _CUDNN_OP = torch._scaled_dot_product_cudnn_attention
 _EFFICIENT_OP = torch._scaled_dot_product_efficient_attention
 _FLASH_OP = torch._scaled_dot_product_flash_attention
 _CPU_FLASH_OP = torch._scaled_dot_product_flash_attention_for_cpu
+_FUSED_CHOICE = torch._fused_sdp_choice
 
 
-def _run_cudnn(call: Call):
-    q, k, v, mask, dropout, causal, scale, softcap, sinks, _, _ = call
-    if mask is None and softcap is None and sinks is None and q.is_cuda and \
-            _CAN_CUDNN(_SDPAParams(q, k, v, None, dropout, causal, k.shape[1] != q.shape[1]), False):
+def _cudnn_common(q, k, v, dropout, causal, scale, gqa):
+    if q.is_cuda and _CAN_CUDNN(_SDPAParams(q, k, v, None, dropout, causal, gqa), False):
         lse = _GRAD_ON() and (q.requires_grad or k.requires_grad or v.requires_grad)  # _grad(call)
-        return _CUDNN_OP(q, k, v, None, lse, dropout, causal, False, scale=scale)[0], None
-    return forced("cudnn", call)
+        return _CUDNN_OP(q, k, v, None, lse, dropout, causal, False, scale=scale)[0]
+    return None
 
 
-def _run_efficient(call: Call):
-    q, k, v, mask, dropout, causal, scale, softcap, sinks, _, _ = call
-    if mask is None and softcap is None and sinks is None and q.is_cuda and \
-            _CAN_EFFICIENT(_SDPAParams(q, k, v, None, dropout, causal, k.shape[1] != q.shape[1]), False):
+def _efficient_common(q, k, v, dropout, causal, scale, gqa):
+    if q.is_cuda and _CAN_EFFICIENT(_SDPAParams(q, k, v, None, dropout, causal, gqa), False):
         lse = _GRAD_ON() and (q.requires_grad or k.requires_grad or v.requires_grad)
-        return _EFFICIENT_OP(q, k, v, None, lse, dropout, causal, scale=scale)[0], None
-    return forced("efficient", call)
+        return _EFFICIENT_OP(q, k, v, None, lse, dropout, causal, scale=scale)[0]
+    return None
 
 
-def _run_flash(call: Call):
-    q, k, v, mask, dropout, causal, scale, softcap, sinks, _, _ = call
-    if mask is None and softcap is None and sinks is None and q.shape[1] % k.shape[1] == 0:
-        gqa = k.shape[1] != q.shape[1]
-        if q.is_cuda:
-            if q.shape[-1] % 8 == 0 and _CAN_FLASH(_SDPAParams(q, k, v, None, dropout, causal, gqa), False):
-                return _FLASH_OP(q, k, v, dropout, causal, False, scale=scale)[0], None
-        elif q.is_cpu and _FLASH_ON() and _fused_choice(call, gqa) == 1:
-            return _CPU_FLASH_OP(q, k, v, dropout, causal, attn_mask=None, scale=scale)[0], None
-    return forced("flash", call)
+def _flash_common(q, k, v, dropout, causal, scale, gqa):
+    if q.is_cuda:
+        if _CAN_FLASH(_SDPAParams(q, k, v, None, dropout, causal, gqa), False):
+            return _FLASH_OP(q, k, v, dropout, causal, False, scale=scale)[0]
+    elif q.is_cpu and _FLASH_ON():  # SDPA's own choice decides on CPUs, as in forced (_accepts)
+        try:
+            ok = _FUSED_CHOICE(q, k, v, None, dropout, causal, scale=scale, enable_gqa=gqa) == 1
+        except RuntimeError:
+            return None
+        if ok:
+            return _CPU_FLASH_OP(q, k, v, dropout, causal, attn_mask=None, scale=scale)[0]
+    return None
 
 
-_COMMON_CALL_FIRST = {"cudnn": _run_cudnn, "efficient": _run_efficient, "flash": _run_flash}
+#: backend -> its op for the common call, ``op(q, k, v, dropout, causal, scale, gqa)`` -> the output
+#: ``[b, h, s, d]``, or None where PyTorch's check refuses (then ``forced``). The common call: no mask,
+#: softcap or sinks; k/v heads that divide q's (``gqa``: fewer); a head dim that is a multiple of 8.
+COMMON_OPS = {"cudnn": _cudnn_common, "efficient": _efficient_common, "flash": _flash_common}
+
+
+def common_call(q, k, mask, softcap, sinks) -> bool | None:
+    """Whether a call is the common one: ``gqa`` (False or True) where it is, else None."""
+    if mask is not None or softcap is not None or sinks is not None:
+        return None
+    qs, ks = q.shape, k.shape
+    if qs[1] % ks[1] or qs[-1] % 8:
+        return None
+    return ks[1] != qs[1]
+
+
+def _common_first(name: str):
+    op = COMMON_OPS[name]
+
+    def run(call: Call):
+        q, k, v, mask, dropout, causal, scale, softcap, sinks, _, _ = call
+        gqa = common_call(q, k, mask, softcap, sinks)
+        if gqa is not None:
+            out = op(q, k, v, dropout, causal, scale, gqa)
+            if out is not None:
+                return out, None
+        return forced(name, call)
+    run.__name__ = run.__qualname__ = f"run_{name}"
+    return run
 
 
 def runner(name: str):
-    """``Backend.run`` of forced SDPA backend ``name``: ``forced(name, call)``, with the common call first."""
-    return _COMMON_CALL_FIRST.get(name) or functools.partial(forced, name)
+    """``Backend.run`` of forced backend ``name``: ``forced(name, call)``, the common call first."""
+    return _common_first(name) if name in COMMON_OPS else functools.partial(forced, name)
 
 
 def auto_reasons(softcap, sinks) -> list[str]:

@@ -1,11 +1,14 @@
 """The functions attnswitch writes into transformers' registries, and the per-forward guard.
 
-Each entry asks the calling context which backend is selected for the calling module (``selection``);
-with none selected (another thread, another model, outside any context) it runs exactly what the
-registry held before, so an override is invisible to code that did not ask for it. Every forward of a
-selected model counts the attention calls that went through the selected backend: a forward that made
-none, while the model has attention layers, raises ``UnsupportedModel`` (it computed attention some
-other way, and a switch must never silently change nothing).
+A forward of a selected model reads its selection once, at its start (``Forward``); each attention
+call of a module that model alone owns takes it from there, while the calling context's selection is
+the one the forward started in. Every other call asks the calling context which backend is selected
+for the calling module (``selection``); with none selected (another thread, another model, outside
+any context) it runs exactly what the registry held before, so an override is invisible to code that
+did not ask for it. Every forward of a selected model counts the attention calls that went through the
+selected backend: a forward that made none, while the model has attention layers, raises
+``UnsupportedModel`` (it computed attention some other way, and a switch must never silently change
+nothing).
 """
 
 from __future__ import annotations
@@ -21,20 +24,33 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from .. import backends, instrument
 from ..backends import REFERENCE, Call
 from ..backends.naive import causal_mask
-from ..backends.sdpa import auto_reasons
+from ..backends.sdpa import COMMON_OPS, auto_reasons
 from ..errors import BackendUnavailable, UnsupportedModel
 from ..sites import module_path, site_name
 from . import registries, selection
 from .interface import attention_modules, expects_attention, model_eager_function
 
-__all__ = ["attention_forward", "mask_forward", "guarded_call", "run_backend", "ENTRIES"]
+__all__ = ["attention_forward", "mask_forward", "guarded_call", "new_forward", "run_backend", "Forward",
+           "ENTRIES"]
 
-#: attention calls through a selected backend in the forward running in this context (None: no forward)
-_CALLS: ContextVar[list | None] = ContextVar("attnswitch_calls", default=None)
+
+class Forward:
+    """A forward of a selected model: the state it started in, the ids of the modules its model alone
+    owns (a live set), the model's selection, the backend's common op (None: every call takes the
+    general path), and the attention calls that went through the selection so far."""
+
+    __slots__ = ("state", "sole", "sel", "op", "calls")
+
+    def __init__(self, state, sole: set, sel, op):
+        self.state, self.sole, self.sel, self.op, self.calls = state, sole, sel, op, 0
+
+
+#: the forward of a selected model running in this context (None: none)
+_FORWARD: ContextVar[Forward | None] = ContextVar("attnswitch_forward", default=None)
 
 
 def run_backend(name: str, call: Call):
-    """Run one attention call with backend ``name`` (the one place every switched call passes)."""
+    """Run one attention call with backend ``name`` (every switched call but the common one passes here)."""
     runner = _RUNNERS.get(name)
     return (runner if runner is not None else backends.get(name)).run(call)  # get(): aliases, the clear error
 
@@ -121,21 +137,29 @@ def _unselected(module, query, key, value, mask, kwargs):
     return fn(module, query, key, value, mask, **kwargs)
 
 
-def _dispatch(module, query, key, value, mask, kw: dict):
-    sel = selection.selected(module)
+#: transformers' arguments that make a call other than the common one (where present and not None)
+_RARE = frozenset({"position_bias", "softcap", "s_aux", "sinks", "output_attentions"})
+
+
+def _rare(kw: dict) -> bool:
+    get = kw.get
+    return (get("position_bias") is not None or get("softcap") is not None or get("s_aux") is not None or
+            get("sinks") is not None or bool(get("output_attentions")))
+
+
+def _dispatch(sel, module, query, key, value, mask, kw: dict):
     if sel is None:
         return _unselected(module, query, key, value, mask, kw)
-    calls = _CALLS.get()
-    if calls is not None:
-        calls[0] += 1
+    fwd = _FORWARD.get()
+    if fwd is not None:
+        fwd.calls += 1
     name = sel if sel.__class__ is str else selection.choose(sel, query.shape[2])
     if name in _SPECIAL:
         return _special(name, module, query, key, value, mask, kw)
     # The same reading of transformers' arguments as its sdpa function: causal only without a mask and
     # for more than one query; k/v cropped for a prefill into an empty static cache. A sliding window is
     # already in the mask (or needs none: every key is inside the window). ``kw`` as transformers passed
-    # it. This runs once per attention call, and each Python call on the way costs host time: hence one
-    # function, and ``kw`` read as passed (each ``**`` costs too).
+    # it (each ``**`` costs host time, and this runs per attention call).
     get = kw.get
     q_len = query.shape[2]
     causal = _causal(module, query, mask, get("is_causal"))
@@ -169,14 +193,50 @@ def _special(name, module, query, key, value, mask, kwargs):
 
 
 def attention_forward(module, query, key, value, attention_mask, **kwargs):
-    """Entry for ``ALL_ATTENTION_FUNCTIONS``: the selected backend, else what the registry held."""
-    m = _MEASURE()
-    if m is not None:
-        return instrument.call(m, module_path(module), key.shape[2], _dispatch, module, query, key, value,
-                               attention_mask, kwargs)
-    return _dispatch(module, query, key, value, attention_mask, kwargs)
+    """Entry for ``ALL_ATTENTION_FUNCTIONS``: the selected backend, else what the registry held.
+
+    The common call of a forward's own module (no mask, position bias, softcap, sinks or weights wanted;
+    k/v heads that divide q's; a head dim that is a multiple of 8) goes straight to the backend's op
+    (``COMMON_OPS``), read as ``_dispatch`` reads transformers' arguments; everything else, and any call
+    the op's check refuses, goes to ``_dispatch``. This runs per layer per step, and each line costs host
+    time: tensor shapes are read once, and nothing is called that the call does not need."""
+    fwd = _FORWARD_GET()
+    if _MEASURE() is not None:
+        return _measured(module, query, key, value, attention_mask, kwargs)
+    if fwd is None or id(module) not in fwd.sole or _STATE_GET() is not fwd.state:
+        return _dispatch(selection.selected(module), module, query, key, value, attention_mask, kwargs)
+    op = fwd.op
+    if op is not None and attention_mask is None and (_RARE.isdisjoint(kwargs) or not _rare(kwargs)):
+        qs, ks = query.shape, key.shape
+        if not (qs[1] % ks[1] or qs[-1] % 8):
+            get = kwargs.get
+            q_len = qs[2]
+            causal = get("is_causal")
+            if causal is None:
+                causal = getattr(module, "is_causal", True)
+            causal = q_len > 1 and bool(causal)
+            if causal and ks[2] > q_len:
+                key, value = key[:, :, :q_len], value[:, :, :q_len]
+            out = op(query, key, value, get("dropout", 0.0), causal, get("scaling"), ks[1] != qs[1])
+            if out is not None:
+                fwd.calls += 1
+                return out.transpose(1, 2).contiguous(), None
+    return _dispatch(fwd.sel, module, query, key, value, attention_mask, kwargs)
 
 
+def _measured(module, query, key, value, mask, kwargs):
+    """The call as ``attention_forward`` makes it, measured (a profiler range, host time) by the calling
+    context's measurement."""
+    token = instrument.MEASURE.set(None)
+    try:
+        return instrument.call(token.old_value, module_path(module), key.shape[2],
+                               lambda: attention_forward(module, query, key, value, mask, **kwargs))
+    finally:
+        instrument.MEASURE.reset(token)
+
+
+_FORWARD_GET = _FORWARD.get
+_STATE_GET = selection.STATE.get
 _MEASURE = instrument.MEASURE.get
 
 
@@ -196,29 +256,28 @@ def mask_forward(*args, config=None, **kwargs):
 
 # -- the per-forward guard --------------------------------------------------------------------------
 
-def _forward_selected(model) -> bool:
-    st = selection.current()
-    if st.global_sel is not None:
-        return True
-    info = selection.info_of(model)
-    if info is None:
-        return False
-    return info.token in st.per_owner or info.token in selection.PATCHED
+def new_forward(model: nn.Module) -> Forward | None:
+    """What a forward of ``model`` starting now in the calling context runs with; None: not selected."""
+    found = selection.for_forward(model)
+    if found is None:
+        return None
+    state, info, sel = found
+    return Forward(state, info.sole, sel, COMMON_OPS.get(sel) if sel.__class__ is str else None)
 
 
 def guarded_call(self: nn.Module, *args, **kwargs):
-    """``PreTrainedModel.__call__`` while any switch is active: counts the forward's attention calls."""
+    """``PreTrainedModel.__call__`` while any switch is active: reads the model's selection for the
+    forward and counts the forward's attention calls."""
     call = registries.original_call() or nn.Module.__call__
-    if _CALLS.get() is not None or not _forward_selected(self):
+    fwd = None if _FORWARD.get() is not None else new_forward(self)
+    if fwd is None:
         return call(self, *args, **kwargs)  # a forward inside a counted one, or not switched
-    selection.register(self)  # module paths for errors and reports, under a global switch too
-    calls = [0]
-    token = _CALLS.set(calls)
+    token = _FORWARD.set(fwd)
     try:
         out = call(self, *args, **kwargs)
     finally:
-        _CALLS.reset(token)
-    if calls[0] == 0 and expects_attention(self):
+        _FORWARD.reset(token)
+    if fwd.calls == 0 and expects_attention(self):
         raise UnsupportedModel(
             f"{type(self).__name__} ran a forward under an attnswitch backend without one attention call through "
             f"transformers' attention interface: it computed attention itself, so the switch changed nothing. "

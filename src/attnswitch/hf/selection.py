@@ -25,7 +25,7 @@ from .interface import configs_of, require_interface
 from .leases import DEAD, LEASES, held
 
 __all__ = ["Policy", "Selection", "State", "STATE", "current", "ModelInfo", "register", "info_of", "selected",
-           "selected_for_config", "resolve_selection", "choose", "PATCHED", "closed", "close"]
+           "for_forward", "selected_for_config", "resolve_selection", "choose", "PATCHED", "closed", "close"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,6 +33,7 @@ class State:
     """The calling context's selection: a global backend and per-model (owner token) ones."""
 
     global_sel: Selection | None = None
+    #: owner token -> selection, the innermost context's last
     per_owner: Mapping[int, Selection] = field(default_factory=lambda: types.MappingProxyType({}))
     parent: State | None = None
     lease: object = None  # the lease of the context that set it (None for the empty state)
@@ -74,6 +75,9 @@ class ModelInfo:
     token: int
     config_ids: frozenset[int]
     configs: tuple  # the configs themselves (owned by the model; they hold no reference back)
+    #: ids of the live modules this model alone owns: for them the model's selection is the module's
+    #: (kept exact as modules die or another model comes to own them too)
+    sole: set[int] = field(default_factory=set, compare=False, repr=False)
 
     def keys(self) -> frozenset[str]:
         """The attention implementations its configs name now."""
@@ -96,14 +100,27 @@ def _owners(module) -> tuple[int, ...]:
 
 
 def _forget(key: int, ref: weakref.ref) -> None:
+    # a weak reference's callback runs as the module is freed, before its id can be reused
     entry = _OWNERS.get(key)
     if entry is not None and entry[0] is ref:
         del _OWNERS[key]
+        for t in entry[1]:
+            info = _BY_TOKEN.get(t)
+            if info is not None:
+                info.sole.discard(key)
 
 
 def _own(module: nn.Module, owners: tuple[int, ...]) -> None:
+    """Record ``owners`` (those still alive: a registration that was interrupted leaves a dead token) as
+    the module's, and whether one model alone owns it."""
     key = id(module)
-    _OWNERS[key] = (weakref.ref(module, lambda ref, key=key: _forget(key, ref)), owners)
+    infos = [info for t in owners if (info := _BY_TOKEN.get(t)) is not None]
+    _OWNERS[key] = (weakref.ref(module, lambda ref, key=key: _forget(key, ref)), tuple(i.token for i in infos))
+    for info in infos:
+        if len(infos) == 1:
+            info.sole.add(key)
+        else:
+            info.sole.discard(key)
 
 
 def _module(model) -> nn.Module:
@@ -127,11 +144,11 @@ def register(model: nn.Module) -> ModelInfo:
     configs = tuple(configs_of(model))
     info = ModelInfo(next(_TOKENS), frozenset(id(c) for c in configs), configs)
     remember_paths(model)
+    _BY_TOKEN[info.token] = info  # (weakly: dropped with info if interrupted before the end)
     for m in model.modules():
         owners = _owners(m)
         if info.token not in owners:
             _own(m, owners + (info.token,))
-    _BY_TOKEN[info.token] = info
     return _MODELS.setdefault(model, info)
 
 
@@ -150,17 +167,41 @@ def selected(module) -> Selection | None:
     entry = _OWNERS.get(id(module))
     if entry is None or entry[0]() is not module:
         return st.global_sel
-    for t in entry[1]:
-        sel = per_owner.get(t)
-        if sel is not None:
-            return sel
+    owners = entry[1]
+    if per_owner:
+        if len(owners) == 1:
+            sel = per_owner.get(owners[0])
+            if sel is not None:
+                return sel
+        else:  # a module of a model inside another: the innermost context (the last entered) first
+            for t in reversed(per_owner):
+                if t in owners:
+                    return per_owner[t]
     if st.global_sel is not None:
         return st.global_sel
-    for t in entry[1]:
+    for t in owners:
         sel = PATCHED.get(t)
         if sel is not None:
             return sel
     return None
+
+
+def for_forward(model: nn.Module) -> tuple[State, ModelInfo, Selection] | None:
+    """For a forward of ``model`` starting in the calling context: the state, the model's record and its
+    selection (what ``selected`` returns for the modules it alone owns); None where it is not selected.
+    A model first run under a global switch is registered here."""
+    st = current()
+    info = _MODELS.get(model)
+    sel = None
+    if info is not None:
+        sel = st.per_owner.get(info.token)
+    if sel is None:
+        sel = st.global_sel
+    if sel is None and info is not None:
+        sel = PATCHED.get(info.token)
+    if sel is None:
+        return None
+    return st, (info or register(model)), sel
 
 
 def selected_for_config(config) -> Selection | None:

@@ -1,0 +1,186 @@
+"""The common call of a forward: straight to the backend's op, with the general path's output, for the
+modules the forward's model alone owns, in the state the forward started in."""
+
+import gc
+import threading
+
+import pytest
+import torch
+from conftest import batch_for, op_names, tiny
+
+import attnswitch
+from attnswitch import instrument
+from attnswitch.hf import dispatch, selection
+
+
+@pytest.fixture
+def llama():
+    return tiny("llama")  # 2 layers, 8 q / 2 kv heads, head dim 8
+
+
+class Paths:
+    """Counts the calls each path took: the common op (by backend) and ``run_backend`` (the general path)."""
+
+    def __init__(self, monkeypatch, common=True):
+        self.common, self.general = [], []
+        real_run = dispatch.run_backend
+
+        def run(name, call):
+            self.general.append(name)
+            return real_run(name, call)
+
+        def wrap(name, op):
+            def counted(*args):
+                out = op(*args)
+                if out is not None:
+                    self.common.append(name)
+                return out
+            return counted
+
+        monkeypatch.setattr(dispatch, "run_backend", run)
+        monkeypatch.setattr(dispatch, "COMMON_OPS", {n: wrap(n, op) for n, op in dispatch.COMMON_OPS.items()}
+                            if common else {})
+
+
+def _forward(model, batch, name, scoped=True, grad=False):
+    model.zero_grad(set_to_none=True)
+    with torch.set_grad_enabled(grad), attnswitch.backend(name, model=model if scoped else None):
+        logits = model(**batch).logits
+    if not grad:
+        return logits, None
+    logits.float().pow(2).mean().backward()
+    return logits, [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize("scoped", [True, False])
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_forwards_common_calls_go_straight_to_the_op_with_the_general_paths_output(llama, monkeypatch, grad,
+                                                                                       scoped):
+    b = batch_for(llama, pad=False)  # no padding: no mask, the common call
+    with monkeypatch.context() as mp:
+        general = Paths(mp, common=False)
+        want, want_grads = _forward(llama, b, "flash", scoped, grad)
+    assert general.general == ["flash", "flash"]
+    paths = Paths(monkeypatch)
+    got, got_grads = _forward(llama, b, "flash", scoped, grad)
+    assert paths.common == ["flash", "flash"] and paths.general == []  # both layers, no other path
+    assert torch.equal(got, want)
+    if grad:
+        assert len(got_grads) == len(want_grads) and all(torch.equal(a, c) for a, c in zip(got_grads, want_grads))
+
+
+def test_the_common_call_runs_the_forced_kernel(llama, monkeypatch):
+    paths = Paths(monkeypatch)
+    b = batch_for(llama, pad=False)
+    with torch.no_grad(), attnswitch.backend("flash", model=llama):
+        ops = op_names(lambda: llama(**b))
+    assert paths.common == ["flash", "flash"]
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops
+    assert "aten::scaled_dot_product_attention" not in ops  # SDPA's dispatching op reads the flags: never
+
+
+def test_masked_and_uncommon_calls_take_the_general_path(llama, monkeypatch):
+    paths = Paths(monkeypatch)
+    with torch.no_grad(), attnswitch.backend("flash", model=llama):
+        llama(**batch_for(llama, pad=True))  # padding: a mask
+        with pytest.warns(UserWarning, match="cannot return attention weights"):
+            llama(**batch_for(llama, pad=False), output_attentions=True)
+    assert paths.common == [] and paths.general == ["flash"] * 4
+    paths.general.clear()
+    with torch.no_grad(), attnswitch.backend("math", model=llama):  # a backend without a common op
+        llama(**batch_for(llama, pad=False))
+    assert paths.common == [] and paths.general == ["math", "math"]
+
+
+def test_a_context_entered_inside_a_forward_switches_the_calls_after_it(llama, monkeypatch):
+    paths = Paths(monkeypatch)
+    inner = attnswitch.backend("math", model=llama)
+    layer = llama.model.layers[1]
+
+    def enter(*args):
+        inner.__enter__()  # (a pre-hook's return value would replace the layer's inputs)
+
+    hooks = [layer.register_forward_pre_hook(enter),
+             layer.register_forward_hook(lambda *a: inner.__exit__(None, None, None))]
+    try:
+        with torch.no_grad(), attnswitch.backend("flash", model=llama):
+            llama(**batch_for(llama, pad=False))
+    finally:
+        for h in hooks:
+            h.remove()
+    assert paths.common == ["flash"] and paths.general == ["math"]
+
+
+def test_the_innermost_model_scoped_context_wins_for_a_model_inside_another(spy):
+    lm = tiny("llama")
+    b = batch_for(lm, pad=False)
+    for outer, inner, want in [(lm, lm.model, "math"), (lm.model, lm, "flash")]:
+        spy.calls.clear()
+        with torch.no_grad(), attnswitch.backend("flash" if outer is lm else "math", model=outer), \
+                attnswitch.backend("math" if inner is lm.model else "flash", model=inner):
+            lm(**b)
+        assert spy.names == [want, want], (type(outer).__name__, type(inner).__name__)
+
+
+def test_the_modules_one_model_alone_owns_are_tracked_as_they_come_and_go():
+    lm = tiny("llama")
+    info = selection.register(lm)
+    attn = lm.model.layers[0].self_attn
+    assert id(attn) in info.sole and id(lm) in info.sole
+    inner = selection.register(lm.model)  # now two models own the decoder's modules
+    assert id(attn) not in info.sole and id(attn) not in inner.sole and id(lm.lm_head) in info.sole
+    solo = tiny("llama")
+    solo_info = selection.register(solo)
+    old = solo.model.layers[0].self_attn
+    old_id = id(old)
+    assert old_id in solo_info.sole
+    solo.model.layers[0].self_attn = type(old)(solo.config, 0)  # replaced: the old module is freed
+    del old
+    gc.collect()
+    assert old_id not in solo_info.sole  # forgotten as it was freed (its id may now be the new module's)
+    assert id(solo.model.layers[0].self_attn) not in solo_info.sole  # registered modules only
+
+
+def test_a_measured_forward_takes_the_common_call_and_records_every_call(llama, monkeypatch):
+    paths = Paths(monkeypatch)
+    times = []
+    with torch.no_grad(), attnswitch.backend("flash", model=llama), instrument.measuring(annotate=True,
+                                                                                           host_times=times):
+        with torch.profiler.profile() as prof:
+            llama(**batch_for(llama, pad=False))
+    assert paths.common == ["flash", "flash"] and paths.general == []
+    assert [w for w, _, _ in times] == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
+    ranges = [e.name for e in prof.events() if e.name.startswith(instrument.ATTENTION_PREFIX)]
+    assert len(ranges) == 2
+
+
+def test_threads_each_take_their_own_common_call(llama, monkeypatch):
+    paths = Paths(monkeypatch)
+    b = batch_for(llama, pad=False)
+    seen, errors = {}, []
+    barrier = threading.Barrier(2)
+    real = dispatch.COMMON_OPS["flash"]
+
+    def thread_op(*args):
+        seen.setdefault(threading.get_ident(), []).append("flash")
+        return real(*args)
+
+    monkeypatch.setitem(dispatch.COMMON_OPS, "flash", thread_op)
+
+    def work(name):
+        try:
+            with torch.no_grad(), attnswitch.backend(name, model=llama):
+                barrier.wait()
+                for _ in range(5):
+                    llama(**b)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in ("flash", "math")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert [len(v) for v in seen.values()] == [10]  # one thread's calls, 2 layers x 5 forwards
+    assert paths.general == ["math"] * 10
