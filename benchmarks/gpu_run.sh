@@ -22,7 +22,7 @@ if [[ $parts == *tests* ]]; then
   echo "gpu tests rc=$?" | tee -a $S/run/gpu_tests.log; tail -n 4 $S/run/gpu_tests.log
 fi
 if [[ $parts == *cpu* ]]; then
-  timeout ${CPU_S:-120} python3 -m pytest tests -q -p no:cacheprovider --ignore=tests/gpu -n 12 > $S/run/cpu_tests_on_gpu_stack.log 2>&1
+  timeout ${CPU_S:-300} python3 -m pytest tests -q -rf -p no:cacheprovider -p no:benchmark --ignore=tests/gpu -n ${CPU_N:-6} > $S/run/cpu_tests_on_gpu_stack.log 2>&1
   echo "cpu tests rc=$?" | tee -a $S/run/cpu_tests_on_gpu_stack.log; tail -n 3 $S/run/cpu_tests_on_gpu_stack.log
 fi
 # one `attnswitch compare` of the default preset, its wall time measured outside and its stderr lines stamped

@@ -271,8 +271,8 @@ def _as_floor(model):
 def dispatch_in_forward(device="cuda", layers=16, n=600):
     """Host µs added per attention call inside real forwards: a Llama small enough that its forward is
     host-bound (hidden 64, 8 tokens), under attnswitch's switch against transformers' sdpa under
-    ``sdpa_kernel``, the same kernel either way, interleaved forward by forward (each in its own context,
-    entered outside the timing; the device idle before each). Unlike the isolated calls of
+    ``sdpa_kernel``, the same kernel either way, interleaved in blocks of forwards (``_in_blocks``; the
+    device idle before each). Unlike the isolated calls of
     ``dispatch_overhead``, the rest of the forward runs between two attention calls, as in a model."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from transformers import LlamaConfig, LlamaModel
@@ -294,23 +294,32 @@ def dispatch_in_forward(device="cuda", layers=16, n=600):
     def fwd():
         with torch.no_grad():
             model(input_ids=ids)
-    samples = {k: [] for k in variants}
-    for ctx in variants.values():
-        with ctx():
-            time_host(fwd, n=20, warmup=0)
-    for _ in range(n):
-        for k, ctx in variants.items():
-            with ctx():
-                samples[k].extend(time_host(fwd, n=1, warmup=0, sync_each=True))
+    samples = _in_blocks(variants, fwd, n, block=5)
     med = {k: _median(v) for k, v in samples.items()}
     base = med["transformers sdpa under sdpa_kernel"]
     return {"backend": name, "device": device, "layers": layers, "forwards_per_variant": n,
-            "interleaved": "forward by forward", "median_host_us_per_forward": med,
+            "interleaved": "in blocks of 5 forwards", "median_host_us_per_forward": med,
             "added_us_per_attention_call_model_scoped": (med["attnswitch, model-scoped"] - base) / layers,
             "added_us_per_attention_call_global": (med["attnswitch, global"] - base) / layers,
             "floor_added_us_per_attention_call": (med["the floor (floor_attention as the model's attention function)"]
                                                   - base) / layers,
             "target_added_us": 3.0}
+
+
+def _in_blocks(contexts: dict, fns, n: int, block: int) -> dict[str, list[float]]:
+    """``n`` host-time samples (µs, the device idle before each) of each variant, the variants taking turns
+    block by block: a slow spell of the host (other load, seconds long on a shared machine) falls on all
+    alike. Each block runs inside its variant's context (entered and left outside the timing) after one
+    untimed call: entering and leaving a context runs enough code to evict the call's own from the CPU's
+    caches, and timing the call right after would add that refill to every sample (several µs per call,
+    for attnswitch's switch more than for ``sdpa_kernel``), where a model's calls run in steady state."""
+    samples = {k: [] for k in contexts}
+    for _ in range(max(1, n // block)):
+        for k, ctx in contexts.items():
+            fn = fns[k] if isinstance(fns, dict) else fns
+            with ctx():
+                samples[k].extend(time_host(fn, n=block, warmup=1, sync_each=True))
+    return samples
 
 
 @contextlib.contextmanager
@@ -330,7 +339,8 @@ def _in_forward(switch, model):
 def dispatch_overhead(device="cuda", n=2000):
     """Host µs per attention call, the device idle before each call, on inputs small enough that the
     call's host work dominates: each layer of attnswitch's path against transformers' sdpa function
-    and bare F.scaled_dot_product_attention under torch's sdpa_kernel, interleaved call by call."""
+    and bare F.scaled_dot_product_attention under torch's sdpa_kernel, interleaved in blocks of calls
+    (``_in_blocks``)."""
 
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -378,19 +388,11 @@ def dispatch_overhead(device="cuda", n=2000):
         # a call outside a forward of its model: the selection asked for per call, the general path
         "attnswitch entry outside a forward (general path)": (lambda: attnswitch.backend(name, model=model), entry),
     }
-    # the variants take turns call by call (each inside its own context, entered and left outside the
-    # timing): a slow spell of the host (other load, seconds long on a shared machine) falls on all alike
-    samples = {k: [] for k in variants}
-    for ctx, fn in variants.values():
-        with ctx():
-            time_host(fn, n=20, warmup=0)
-    for _ in range(n):
-        for k, (ctx, fn) in variants.items():
-            with ctx():
-                samples[k].extend(time_host(fn, n=1, warmup=0, sync_each=True))
+    samples = _in_blocks({k: ctx for k, (ctx, _) in variants.items()}, {k: fn for k, (_, fn) in variants.items()}, n,
+                         block=20)
     res = {k: _median(v) for k, v in samples.items()}
     base = res["transformers sdpa under sdpa_kernel"]
-    return {"backend": name, "device": device, "calls_per_variant": n, "interleaved": "call by call",
+    return {"backend": name, "device": device, "calls_per_variant": n, "interleaved": "in blocks of 20 calls",
             "median_host_us": res,
             "added_us_model_scoped": res["attnswitch entry, model-scoped"] - base,
             "added_us_global": res["attnswitch entry, global"] - base,

@@ -172,8 +172,8 @@ class Spy:
     def common(self, name, op):
         import sys
 
-        def record(q, k, v, dropout, causal, scale):
-            out = op(q, k, v, dropout, causal, scale)
+        def record(*args):  # (q, k, v, dropout, causal, scale, gqa)
+            out = op(*args)
             if out is not None:  # (None: refused, and the call goes on to run_backend)
                 self._record(name, sys._getframe(1).f_locals["module"])  # the module of dispatch._common
             return out
