@@ -1,6 +1,7 @@
 """The common call of a forward: straight to the backend's op, with the general path's output, for the
 modules the forward's model alone owns, in the state the forward started in."""
 
+import contextvars
 import gc
 import threading
 
@@ -126,9 +127,10 @@ def test_the_modules_one_model_alone_owns_are_tracked_as_they_come_and_go():
     lm = tiny("llama")
     info = selection.register(lm)
     attn = lm.model.layers[0].self_attn
-    assert id(attn) in info.sole and id(lm) in info.sole
+    assert id(attn) in info.sole and id(lm) in info.sole and id(attn) in info.owned
     inner = selection.register(lm.model)  # now two models own the decoder's modules
     assert id(attn) not in info.sole and id(attn) not in inner.sole and id(lm.lm_head) in info.sole
+    assert id(attn) in info.owned and id(attn) in inner.owned
     solo = tiny("llama")
     solo_info = selection.register(solo)
     old = solo.model.layers[0].self_attn
@@ -137,8 +139,72 @@ def test_the_modules_one_model_alone_owns_are_tracked_as_they_come_and_go():
     solo.model.layers[0].self_attn = type(old)(solo.config, 0)  # replaced: the old module is freed
     del old
     gc.collect()
-    assert old_id not in solo_info.sole  # forgotten as it was freed (its id may now be the new module's)
-    assert id(solo.model.layers[0].self_attn) not in solo_info.sole  # registered modules only
+    assert old_id not in solo_info.sole and old_id not in solo_info.owned  # forgotten as it was freed
+    new_id = id(solo.model.layers[0].self_attn)  # (which may be the old one's id again)
+    assert new_id not in solo_info.sole and new_id not in solo_info.owned  # registered modules only
+
+
+def test_a_model_run_under_a_global_switch_keeps_the_common_call_for_modules_it_shares(monkeypatch):
+    lm = tiny("llama")
+    b = batch_for(lm, pad=False)
+    with torch.no_grad(), attnswitch.backend("flash"):
+        lm.model(input_ids=b["input_ids"])  # the inner model registered on its own: it shares every module
+        paths = Paths(monkeypatch)
+        lm(**b)
+    assert paths.common == ["flash", "flash"] and paths.general == []  # no other model has a selection here
+    paths.common.clear()
+    with torch.no_grad(), attnswitch.backend("flash", model=lm), attnswitch.backend("math", model=lm.model):
+        lm(**b)
+    assert paths.common == [] and paths.general == ["math", "math"]  # here one has: the general path decides
+
+
+def test_a_context_copied_during_a_forward_does_not_keep_its_selection(monkeypatch):
+    m, other = tiny("llama"), tiny("qwen2")
+    b = batch_for(m, pad=False)
+    with torch.no_grad():
+        want = {}
+        for name in ("flash", "math"):
+            with attnswitch.backend(name, model=m):
+                want[name] = m(**b).logits
+        attnswitch.patch(other, "math")  # keeps attnswitch's entries installed after m is unpatched
+        try:
+            attnswitch.patch(m, "flash")
+            copied = []
+            hook = m.model.layers[0].register_forward_pre_hook(
+                lambda *a: copied.append(contextvars.copy_context()) if not copied else None)
+            m(**b)
+            hook.remove()
+            attnswitch.patch(m, "math")  # the forward above has returned: a later one reads this
+            paths = Paths(monkeypatch)
+            out = copied[0].run(lambda: m(**b).logits)
+        finally:
+            attnswitch.unpatch(m)
+            attnswitch.unpatch(other)
+    assert torch.equal(out, want["math"]) and paths.general == ["math", "math"]
+
+
+def test_a_model_and_its_inner_model_registered_at_once_leave_no_module_in_both_sole_sets(monkeypatch):
+    m = tiny("llama")
+    attn = m.model.layers[0].self_attn
+    barrier, real = threading.Barrier(2, timeout=2), selection._own
+
+    def own(module, owners):  # both threads at the same module: the one registering second must see the first
+        if module is attn:
+            try:
+                barrier.wait()
+            except threading.BrokenBarrierError:
+                pass  # (registrations take turns: the other thread waits for this one)
+        return real(module, owners)
+
+    monkeypatch.setattr(selection, "_own", own)
+    threads = [threading.Thread(target=selection.register, args=(x,)) for x in (m, m.model)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    outer, inner = selection.info_of(m), selection.info_of(m.model)
+    assert sorted(selection._owners(attn)) == sorted((outer.token, inner.token))
+    assert id(attn) not in outer.sole and id(attn) not in inner.sole
 
 
 def test_a_measured_forward_takes_the_common_call_and_records_every_call(llama, monkeypatch):

@@ -14,9 +14,10 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 
-__all__ = ["settle", "try_locked", "interrupts_deferred"]
+__all__ = ["settle", "try_locked", "interrupts_deferred", "one_registration_at_a_time"]
 
 _LOCK = threading.Lock()
+_REGISTERING = threading.Lock()
 
 
 def settle(change: Callable[[], None]) -> None:
@@ -32,6 +33,13 @@ def settle(change: Callable[[], None]) -> None:
             pending = pending or e
     if pending is not None:
         raise pending
+
+
+def one_registration_at_a_time(register: Callable[[], object]):
+    """``register()`` under a lock of its own (a model's modules' owners are read, then written), here where
+    an interrupt cannot split the lock's release."""
+    with _REGISTERING:
+        return register()
 
 
 def try_locked(change: Callable[[], None]) -> bool:

@@ -35,14 +35,15 @@ __all__ = ["attention_forward", "mask_forward", "guarded_call", "new_forward", "
 
 
 class Forward:
-    """A forward of a selected model: the state it started in, the ids of the modules its model alone
-    owns (a live set), the model's selection, the backend's common op (None: every call takes the
-    general path), and the attention calls that went through the selection so far."""
+    """A forward of a selected model: the state it started in (None once it has returned: a context
+    copied during it may outlive it), the ids of the modules whose calls take the model's selection (a
+    live set, ``selection.for_forward``), the selection, the backend's common op (None: every call takes
+    the general path), and the attention calls that went through the selection so far."""
 
-    __slots__ = ("state", "sole", "sel", "op", "calls")
+    __slots__ = ("state", "modules", "sel", "op", "calls")
 
-    def __init__(self, state, sole: set, sel, op):
-        self.state, self.sole, self.sel, self.op, self.calls = state, sole, sel, op, 0
+    def __init__(self, state, modules: set, sel, op):
+        self.state, self.modules, self.sel, self.op, self.calls = state, modules, sel, op, 0
 
 
 #: the forward of a selected model running in this context (None: none)
@@ -151,7 +152,7 @@ def _dispatch(sel, module, query, key, value, mask, kw: dict):
     if sel is None:
         return _unselected(module, query, key, value, mask, kw)
     fwd = _FORWARD.get()
-    if fwd is not None:
+    if fwd is not None and fwd.state is not None:
         fwd.calls += 1
     name = sel if sel.__class__ is str else selection.choose(sel, query.shape[2])
     if name in _SPECIAL:
@@ -203,7 +204,7 @@ def attention_forward(module, query, key, value, attention_mask, **kwargs):
     fwd = _FORWARD_GET()
     if _MEASURE() is not None:
         return _measured(module, query, key, value, attention_mask, kwargs)
-    if fwd is None or id(module) not in fwd.sole or _STATE_GET() is not fwd.state:
+    if fwd is None or id(module) not in fwd.modules or _STATE_GET() is not fwd.state:
         return _dispatch(selection.selected(module), module, query, key, value, attention_mask, kwargs)
     op = fwd.op
     if op is not None and attention_mask is None and (_RARE.isdisjoint(kwargs) or not _rare(kwargs)):
@@ -261,21 +262,23 @@ def new_forward(model: nn.Module) -> Forward | None:
     found = selection.for_forward(model)
     if found is None:
         return None
-    state, info, sel = found
-    return Forward(state, info.sole, sel, COMMON_OPS.get(sel) if sel.__class__ is str else None)
+    state, sel, modules = found
+    return Forward(state, modules, sel, COMMON_OPS.get(sel) if sel.__class__ is str else None)
 
 
 def guarded_call(self: nn.Module, *args, **kwargs):
     """``PreTrainedModel.__call__`` while any switch is active: reads the model's selection for the
     forward and counts the forward's attention calls."""
     call = registries.original_call() or nn.Module.__call__
-    fwd = None if _FORWARD.get() is not None else new_forward(self)
+    outer = _FORWARD.get()
+    fwd = None if outer is not None and outer.state is not None else new_forward(self)
     if fwd is None:
         return call(self, *args, **kwargs)  # a forward inside a counted one, or not switched
     token = _FORWARD.set(fwd)
     try:
         out = call(self, *args, **kwargs)
     finally:
+        fwd.state = None  # finished, also for a context copied during it
         _FORWARD.reset(token)
     if fwd.calls == 0 and expects_attention(self):
         raise UnsupportedModel(

@@ -21,6 +21,7 @@ import torch.nn as nn
 
 from ..backends.policy import Policy, Selection, choose, resolve_selection
 from ..sites import remember_paths
+from . import critical
 from .interface import configs_of, require_interface
 from .leases import DEAD, LEASES, held
 
@@ -75,8 +76,9 @@ class ModelInfo:
     token: int
     config_ids: frozenset[int]
     configs: tuple  # the configs themselves (owned by the model; they hold no reference back)
-    #: ids of the live modules this model alone owns: for them the model's selection is the module's
-    #: (kept exact as modules die or another model comes to own them too)
+    #: ids of the live modules it owns, and of those it alone owns (both shed a module's id as it is freed;
+    #: a module another model comes to own too leaves ``sole``, and stays out of it)
+    owned: set[int] = field(default_factory=set, compare=False, repr=False)
     sole: set[int] = field(default_factory=set, compare=False, repr=False)
 
     def keys(self) -> frozenset[str]:
@@ -107,6 +109,7 @@ def _forget(key: int, ref: weakref.ref) -> None:
         for t in entry[1]:
             info = _BY_TOKEN.get(t)
             if info is not None:
+                info.owned.discard(key)
                 info.sole.discard(key)
 
 
@@ -117,6 +120,7 @@ def _own(module: nn.Module, owners: tuple[int, ...]) -> None:
     infos = [info for t in owners if (info := _BY_TOKEN.get(t)) is not None]
     _OWNERS[key] = (weakref.ref(module, lambda ref, key=key: _forget(key, ref)), tuple(i.token for i in infos))
     for info in infos:
+        info.owned.add(key)
         if len(infos) == 1:
             info.sole.add(key)
         else:
@@ -141,6 +145,13 @@ def register(model: nn.Module) -> ModelInfo:
     if info is not None:
         return info
     require_interface(model)
+    return critical.one_registration_at_a_time(lambda: _register(model))
+
+
+def _register(model: nn.Module) -> ModelInfo:
+    info = _MODELS.get(model)
+    if info is not None:
+        return info
     configs = tuple(configs_of(model))
     info = ModelInfo(next(_TOKENS), frozenset(id(c) for c in configs), configs)
     remember_paths(model)
@@ -186,10 +197,12 @@ def selected(module) -> Selection | None:
     return None
 
 
-def for_forward(model: nn.Module) -> tuple[State, ModelInfo, Selection] | None:
-    """For a forward of ``model`` starting in the calling context: the state, the model's record and its
-    selection (what ``selected`` returns for the modules it alone owns); None where it is not selected.
-    A model first run under a global switch is registered here."""
+def for_forward(model: nn.Module) -> tuple[State, Selection, set[int]] | None:
+    """For a forward of ``model`` starting in the calling context: the state, the model's selection, and
+    the ids of the modules whose calls ``selected`` answers with it in this state (a live set): every module
+    the model owns where no other model has a selection of its own here (a model-scoped context or a
+    patch), else those it alone owns. None where the model is not selected. A model first run under a
+    global switch is registered here."""
     st = current()
     info = _MODELS.get(model)
     sel = None
@@ -201,7 +214,10 @@ def for_forward(model: nn.Module) -> tuple[State, ModelInfo, Selection] | None:
         sel = PATCHED.get(info.token)
     if sel is None:
         return None
-    return st, (info or register(model)), sel
+    info = info or register(model)
+    token = info.token
+    others = any(t != token for t in st.per_owner) or any(t != token for t in PATCHED)
+    return st, sel, (info.sole if others else info.owned)
 
 
 def selected_for_config(config) -> Selection | None:
