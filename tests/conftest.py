@@ -152,30 +152,33 @@ def world(model=None):
 
 class Spy:
     """Records (thread, backend, call site) of every attention call a switch runs: those through
-    ``run_backend`` and the common calls a forward takes straight to a backend's op."""
+    ``run_backend`` (the general path, their backends also in ``general``) and the common calls a forward
+    takes straight to a backend's op (also in ``common``)."""
 
     def __init__(self):
         import threading
         self.calls, self._lock, self._threading = [], threading.Lock(), threading
+        self.common, self.general = [], []
 
-    def _record(self, name, where):
+    def _record(self, name, where, path):
         from attnswitch.sites import site_name
         with self._lock:
             self.calls.append((self._threading.get_ident(), name, site_name(where)))
+            path.append(name)
 
     def __call__(self, orig):
         def record(name, call):
-            self._record(name, call.where)
+            self._record(name, call.where, self.general)
             return orig(name, call)
         return record
 
-    def common(self, name, op):
+    def common_op(self, name, op):
         import sys
 
         def record(*args):  # (q, k, v, dropout, causal, scale, gqa)
             out = op(*args)
             if out is not None:  # (None: refused, and the call goes on to run_backend)
-                self._record(name, sys._getframe(1).f_locals["module"])  # the module of dispatch._common
+                self._record(name, sys._getframe(1).f_locals["module"], self.common)  # attention_forward's
             return out
         return record
 
@@ -184,13 +187,20 @@ class Spy:
         return [n for _, n, _ in self.calls]
 
 
-@pytest.fixture
-def spy(monkeypatch):
+def spy_on(monkeypatch, common: bool = True) -> Spy:
+    """A ``Spy`` on every switched attention call; ``common=False``: no common op, every call takes the
+    general path."""
     from attnswitch.hf import dispatch
     s = Spy()
     monkeypatch.setattr(dispatch, "run_backend", s(dispatch.run_backend))
-    monkeypatch.setattr(dispatch, "COMMON_OPS", {n: s.common(n, op) for n, op in dispatch.COMMON_OPS.items()})
+    monkeypatch.setattr(dispatch, "COMMON_OPS", {n: s.common_op(n, op) for n, op in dispatch.COMMON_OPS.items()}
+                        if common else {})
     return s
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    return spy_on(monkeypatch)
 
 
 @pytest.fixture(scope="session")

@@ -7,40 +7,16 @@ import threading
 
 import pytest
 import torch
-from conftest import batch_for, op_names, tiny
+from conftest import batch_for, op_names, spy_on, tiny
 
 import attnswitch
 from attnswitch import instrument
-from attnswitch.hf import dispatch, selection
+from attnswitch.hf import selection
 
 
 @pytest.fixture
 def llama():
     return tiny("llama")  # 2 layers, 8 q / 2 kv heads, head dim 8
-
-
-class Paths:
-    """Counts the calls each path took: the common op (by backend) and ``run_backend`` (the general path)."""
-
-    def __init__(self, monkeypatch, common=True):
-        self.common, self.general = [], []
-        real_run = dispatch.run_backend
-
-        def run(name, call):
-            self.general.append(name)
-            return real_run(name, call)
-
-        def wrap(name, op):
-            def counted(*args):
-                out = op(*args)
-                if out is not None:
-                    self.common.append(name)
-                return out
-            return counted
-
-        monkeypatch.setattr(dispatch, "run_backend", run)
-        monkeypatch.setattr(dispatch, "COMMON_OPS", {n: wrap(n, op) for n, op in dispatch.COMMON_OPS.items()}
-                            if common else {})
 
 
 def _forward(model, batch, name, scoped=True, grad=False):
@@ -59,10 +35,10 @@ def test_a_forwards_common_calls_go_straight_to_the_op_with_the_general_paths_ou
                                                                                        scoped):
     b = batch_for(llama, pad=False)  # no padding: no mask, the common call
     with monkeypatch.context() as mp:
-        general = Paths(mp, common=False)
+        general = spy_on(mp, common=False)
         want, want_grads = _forward(llama, b, "flash", scoped, grad)
     assert general.general == ["flash", "flash"]
-    paths = Paths(monkeypatch)
+    paths = spy_on(monkeypatch)
     got, got_grads = _forward(llama, b, "flash", scoped, grad)
     assert paths.common == ["flash", "flash"] and paths.general == []  # both layers, no other path
     assert torch.equal(got, want)
@@ -71,7 +47,7 @@ def test_a_forwards_common_calls_go_straight_to_the_op_with_the_general_paths_ou
 
 
 def test_the_common_call_runs_the_forced_kernel(llama, monkeypatch):
-    paths = Paths(monkeypatch)
+    paths = spy_on(monkeypatch)
     b = batch_for(llama, pad=False)
     with torch.no_grad(), attnswitch.backend("flash", model=llama):
         ops = op_names(lambda: llama(**b))
@@ -81,7 +57,7 @@ def test_the_common_call_runs_the_forced_kernel(llama, monkeypatch):
 
 
 def test_masked_and_uncommon_calls_take_the_general_path(llama, monkeypatch):
-    paths = Paths(monkeypatch)
+    paths = spy_on(monkeypatch)
     with torch.no_grad(), attnswitch.backend("flash", model=llama):
         llama(**batch_for(llama, pad=True))  # padding: a mask
         with pytest.warns(UserWarning, match="cannot return attention weights"):
@@ -94,7 +70,7 @@ def test_masked_and_uncommon_calls_take_the_general_path(llama, monkeypatch):
 
 
 def test_a_context_entered_inside_a_forward_switches_the_calls_after_it(llama, monkeypatch):
-    paths = Paths(monkeypatch)
+    paths = spy_on(monkeypatch)
     inner = attnswitch.backend("math", model=llama)
     layer = llama.model.layers[1]
 
@@ -149,7 +125,7 @@ def test_a_model_run_under_a_global_switch_keeps_the_common_call_for_modules_it_
     b = batch_for(lm, pad=False)
     with torch.no_grad(), attnswitch.backend("flash"):
         lm.model(input_ids=b["input_ids"])  # the inner model registered on its own: it shares every module
-        paths = Paths(monkeypatch)
+        paths = spy_on(monkeypatch)
         lm(**b)
     assert paths.common == ["flash", "flash"] and paths.general == []  # no other model has a selection here
     paths.common.clear()
@@ -175,7 +151,7 @@ def test_a_context_copied_during_a_forward_does_not_keep_its_selection(monkeypat
             m(**b)
             hook.remove()
             attnswitch.patch(m, "math")  # the forward above has returned: a later one reads this
-            paths = Paths(monkeypatch)
+            paths = spy_on(monkeypatch)
             out = copied[0].run(lambda: m(**b).logits)
         finally:
             attnswitch.unpatch(m)
@@ -208,7 +184,7 @@ def test_a_model_and_its_inner_model_registered_at_once_leave_no_module_in_both_
 
 
 def test_a_measured_forward_takes_the_common_call_and_records_every_call(llama, monkeypatch):
-    paths = Paths(monkeypatch)
+    paths = spy_on(monkeypatch)
     times = []
     with torch.no_grad(), attnswitch.backend("flash", model=llama), instrument.measuring(annotate=True,
                                                                                            host_times=times):
@@ -221,17 +197,10 @@ def test_a_measured_forward_takes_the_common_call_and_records_every_call(llama, 
 
 
 def test_threads_each_take_their_own_common_call(llama, monkeypatch):
-    paths = Paths(monkeypatch)
+    paths = spy_on(monkeypatch)
     b = batch_for(llama, pad=False)
-    seen, errors = {}, []
+    errors = []
     barrier = threading.Barrier(2)
-    real = dispatch.COMMON_OPS["flash"]
-
-    def thread_op(*args):
-        seen.setdefault(threading.get_ident(), []).append("flash")
-        return real(*args)
-
-    monkeypatch.setitem(dispatch.COMMON_OPS, "flash", thread_op)
 
     def work(name):
         try:
@@ -248,5 +217,9 @@ def test_threads_each_take_their_own_common_call(llama, monkeypatch):
     for t in threads:
         t.join()
     assert not errors
+    seen = {}
+    for thread, name, _ in paths.calls:
+        if name == "flash":
+            seen.setdefault(thread, []).append(name)
     assert [len(v) for v in seen.values()] == [10]  # one thread's calls, 2 layers x 5 forwards
-    assert paths.general == ["math"] * 10
+    assert paths.common == ["flash"] * 10 and paths.general == ["math"] * 10
