@@ -148,10 +148,10 @@ def _rare(kw: dict) -> bool:
             get("sinks") is not None or bool(get("output_attentions")))
 
 
-def _dispatch(sel, module, query, key, value, mask, kw: dict):
+def _dispatch(sel, fwd: Forward | None, module, query, key, value, mask, kw: dict):
+    """One call with selection ``sel``, counted in ``fwd`` (the forward running in this context)."""
     if sel is None:
         return _unselected(module, query, key, value, mask, kw)
-    fwd = _FORWARD.get()
     if fwd is not None and fwd.state is not None:
         fwd.calls += 1
     name = sel if sel.__class__ is str else selection.choose(sel, query.shape[2])
@@ -205,7 +205,7 @@ def attention_forward(module, query, key, value, attention_mask, **kwargs):
     if _MEASURE() is not None:
         return _measured(module, query, key, value, attention_mask, kwargs)
     if fwd is None or id(module) not in fwd.modules or _STATE_GET() is not fwd.state:
-        return _dispatch(selection.selected(module), module, query, key, value, attention_mask, kwargs)
+        return _dispatch(selection.selected(module), fwd, module, query, key, value, attention_mask, kwargs)
     op = fwd.op
     if op is not None and attention_mask is None and (_RARE.isdisjoint(kwargs) or not _rare(kwargs)):
         qs, ks = query.shape, key.shape
@@ -222,7 +222,7 @@ def attention_forward(module, query, key, value, attention_mask, **kwargs):
             if out is not None:
                 fwd.calls += 1
                 return out.transpose(1, 2).contiguous(), None
-    return _dispatch(fwd.sel, module, query, key, value, attention_mask, kwargs)
+    return _dispatch(fwd.sel, fwd, module, query, key, value, attention_mask, kwargs)
 
 
 def _measured(module, query, key, value, mask, kwargs):
