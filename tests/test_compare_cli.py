@@ -11,7 +11,7 @@ from conftest import tiny
 
 import attnswitch
 from attnswitch.cli import main
-from attnswitch.comparison import rank, recommend
+from attnswitch.comparison import rank, recommend, verdict
 from attnswitch.hf import dispatch
 from attnswitch.models import PRESETS, load_model
 from attnswitch.numerics import numerics
@@ -25,7 +25,7 @@ def tiny_compare():
     w = make_workload(m, batch=2, seq=32, padding=True)
     t0 = time.perf_counter()
     r = attnswitch.compare(m, w, backends=["naive", "naive-inplace", "math", "flash", "cudnn"], warmup=1,
-                           iters=4, rounds=2)
+                           iters=4, rounds=2, time_budget_s=0)
     TINY_WALL_S.append(time.perf_counter() - t0)
     return r
 
@@ -46,13 +46,14 @@ def test_compare_ranks_checks_numerics_and_recommends(tiny_compare):
     r = tiny_compare
     assert r["cudnn"].status == "unavailable" and "cudnn" not in r.ranking
     assert set(r.ranking) == {"naive", "naive-inplace", "math", "flash"}
-    times = [r[n].time_ms for n in r.ranking]
-    assert times == sorted(times)
+    ratios = [r[n].margin.ratio for n in r.ranking]  # by the median paired ratio to the pick
+    assert ratios[0] == 1.0 and ratios[1:] == sorted(ratios[1:]) and r.pick == r.ranking[0]
     for n in r.ranking:
         assert r[n].numerics.ok and r[n].numerics.max_rel_err < 1e-4
         assert r[n].numerics.top1_agreement == 1.0
-        assert len(r[n].time_samples_ms) == 4
-    assert r.recommendation.startswith(f"Use `{r.ranking[0]}`")
+        assert len(r[n].time_samples_ms) == 4 and len(r[n].time_rounds_ms) == 2
+    # two rounds cannot tell backends apart at 95 %: whatever the times, the answer is a tie
+    assert r.ties == r.ranking and r.recommendation.startswith(f"Tie: `{r.pick}`")
     assert r.workload["mode"] == "prefill"
 
 
@@ -68,20 +69,29 @@ def test_a_backend_with_wrong_numerics_is_flagged_and_never_recommended(monkeypa
     monkeypatch.setattr(dispatch, "run_backend", corrupted)
     nums = numerics(m, w, ["naive", "math"])
     assert not nums["naive"].ok and nums["math"].ok
-    results = [BackendResult("naive", "ok", time_ms=1.0, numerics=nums["naive"]),
-               BackendResult("math", "ok", time_ms=2.0, numerics=nums["math"])]
+    rounds = ((1.0,),) * 6
+    results = [BackendResult("naive", "ok", time_ms=1.0, time_rounds_ms=rounds, numerics=nums["naive"]),
+               BackendResult("math", "ok", time_ms=2.0, time_rounds_ms=rounds, numerics=nums["math"])]
     assert rank(results) == ["math"]
-    text = recommend(results, rank(results))
+    text = recommend(results, verdict(results))
     assert text.startswith("Use `math`") and "numerics beyond tolerance: naive" in text
 
 
-def test_near_ties_within_noise_are_named():
-    results = [BackendResult("flash", "ok", time_ms=1.00, noise_pct=2.0),
-               BackendResult("cudnn", "ok", time_ms=1.01, noise_pct=2.0),
-               BackendResult("math", "ok", time_ms=3.0, noise_pct=1.0)]
-    text = recommend(results, rank(results))
-    assert "Within measured noise of it: `cudnn`" in text
-    assert "3.00x faster than the next beyond the noise, `math`" in text
+def test_ties_are_named_with_their_intervals_and_the_next_beaten_gets_its_margin():
+    def result(name, per_round):
+        return BackendResult(name, "ok", time_ms=sorted(per_round)[len(per_round) // 2],
+                             time_rounds_ms=tuple((x,) for x in per_round))
+    results = [result("flash", [1.00, 1.02, 0.99, 1.01, 1.00, 1.03]),
+               result("cudnn", [1.01, 1.00, 1.00, 1.02, 0.99, 1.04]),
+               result("math", [3.0, 3.1, 2.9, 3.0, 3.05, 3.0])]
+    text = recommend(results, verdict(results))
+    first, *reasons = text.splitlines()
+    assert first == "Tie: `flash` ≈ `cudnn` at 1.010 ms per forward, not told apart: any is as good here."
+    assert reasons[0] == "Not told apart from `flash`: `cudnn` 1.01x [0.98–1.01] of its time."
+    assert reasons[1] == "Slower: `math` 2.99x [2.91–3.05]."
+    assert reasons[2].startswith("Margins: the median ratio of its time to the pick's and its 95% interval, over 6 "
+                                 "paired rounds")
+    assert "beyond the noise" not in text
 
 
 def test_report_round_trips_through_json_csv_markdown(tiny_compare, tmp_path):
@@ -92,7 +102,7 @@ def test_report_round_trips_through_json_csv_markdown(tiny_compare, tmp_path):
     assert back["naive"].numerics == r["naive"].numerics
     assert back["naive"].layers == r["naive"].layers
     data = json.loads((tmp_path / "r.json").read_text())
-    assert data["schema_version"] == SCHEMA_VERSION == 3 and data["environment"]["torch"] == torch.__version__
+    assert data["schema_version"] == SCHEMA_VERSION == 4 and data["environment"]["torch"] == torch.__version__
     csv = r.to_csv()
     assert csv.splitlines()[0].startswith("backend,rank,status") and len(csv.splitlines()) == 6
     ranked = {row["rank"]: row["backend"] for row in DictReader(csv.splitlines()) if row["rank"]}

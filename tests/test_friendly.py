@@ -60,10 +60,12 @@ def test_bad_input_leaves_no_out_folder_behind(tmp_path, capsys):
 
 
 def test_eager_alone_is_said_to_be_no_candidate_not_a_failure():
+    from attnswitch.ranking import verdict
     from attnswitch.recommend import recommend
     from attnswitch.results import BackendResult
 
-    text = recommend([BackendResult("eager", "ok", time_ms=1.0)], ["eager"])
+    alone = [BackendResult("eager", "ok", time_ms=1.0)]
+    text = recommend(alone, verdict(alone))
     assert text.startswith("Only `eager` ran") and "acceptable numerics" not in text
 
 

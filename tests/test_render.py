@@ -170,7 +170,9 @@ def test_html_lists_refusals_with_pytorchs_reasons(cpu_report):
 def test_markdown_has_no_plots_but_everything_else(cpu_report):
     md = cpu_report.to_markdown()
     assert "## Summary" in md and "## Not run" in md and "## Environment" in md and "<svg" not in md
-    assert f"**Recommendation: Use `{cpu_report.ranking[0]}`:**" in md
+    head = cpu_report.recommendation.splitlines()[0]
+    assert f"**Recommendation: {head}**" in md and head.startswith(("Use `", "Tie: `"))
+    assert all(f"- {line}" in md for line in cpu_report.recommendation.splitlines()[1:])
     assert "(traces/" in md or not any(b.trace_path for b in cpu_report.backends)
 
 

@@ -1,5 +1,5 @@
-"""Timing rounds: settling far-behind backends, in step across ranks; the statistic of merged ranks; the
-command's own time account."""
+"""Timing rounds: adaptive rounds in step across ranks; the statistic of merged ranks; the command's own
+time account."""
 
 import contextlib
 import datetime
@@ -19,12 +19,17 @@ from attnswitch.results import BackendResult, GenerateStats
 
 
 class _FakeTarget:
-    """A Target whose steps take fixed (per backend) times, optionally with a collective per step."""
+    """A Target whose steps take fixed (per backend) times, or each backend's list of times in turn,
+    optionally with a collective per step; ``clock`` is the (fake) time the steps took."""
 
     def __init__(self, times: dict, collective=None):
         self.device = torch.device("cpu")
         self.mode = "prefill"
         self.times, self.collective, self.cur, self.ran = times, collective, None, []
+        self.now, self.turns = 0.0, {n: itertools.cycle(t if isinstance(t, list) else [t]) for n, t in times.items()}
+
+    def clock(self) -> float:
+        return self.now
 
     def context(self):
         return contextlib.nullcontext()
@@ -54,10 +59,12 @@ class _FakeTarget:
 
 def _fake_wall(target, c):
     target.fn(c)
-    return target.times[target.cur]
+    ms = next(target.turns[target.cur])
+    target.now += ms / 1e3
+    return ms
 
 
-# -- settling far-behind backends ---------------------------------------------------------------------
+# -- adaptive rounds, in step across ranks ------------------------------------------------------------
 
 def _rank_main(rank, port, times, queue):
     import torch.distributed as dist
@@ -67,9 +74,9 @@ def _rank_main(rank, port, times, queue):
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                                 timeout=datetime.timedelta(seconds=5))
         t = _FakeTarget(times, collective=lambda: dist.all_reduce(torch.zeros(1)))  # TP: a collective per forward
-        samples = timed_rounds(t, ["a", "b"], iters=5, rounds=5)
+        done = timed_rounds(t, ["a", "b"], iters=6, rounds=6, budget_s=0.5, clock=t.clock)
         dist.barrier()
-        queue.put((rank, {k: len(v) for k, v in samples.items()}))
+        queue.put((rank, {k: len(v.samples) for k, v in done.timings.items()}))
         dist.destroy_process_group()
     except Exception as e:
         queue.put((rank, f"{type(e).__name__}: {e}"))
@@ -81,14 +88,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_settle_under_tensor_parallelism_keeps_ranks_in_lockstep():
-    # tensor parallelism: a collective in every forward. Rank 0 measures `b` 1.24x behind `a`, rank 1
-    # 1.26x: were each rank to settle on its own samples, they would run different forwards and their
-    # collectives would no longer pair up (a hang; here a gloo timeout). They agree, and finish alike.
+def test_adaptive_rounds_under_tensor_parallelism_keep_ranks_in_lockstep():
+    # tensor parallelism: a collective in every forward. Rank 0 measures `b` as fast as `a` (equal: no more
+    # rounds), rank 1 cannot tell them apart (more rounds): were each rank to decide on its own samples,
+    # they would run different forwards and their collectives would no longer pair up (a hang; here a gloo
+    # timeout). They agree, go on together, and finish alike.
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, {"a": 10.0, "b": 12.4 if r == 0 else 12.6}, queue))
+    procs = [ctx.Process(target=_rank_main, args=(r, port, {"a": 10.0, "b": 10.0 if r == 0 else [9.0, 11.0]}, queue))
              for r in range(2)]
     for p in procs:
         p.start()
@@ -105,28 +113,32 @@ def test_settle_under_tensor_parallelism_keeps_ranks_in_lockstep():
         if p.is_alive():
             p.kill()
     assert got.get(0) == got.get(1) and isinstance(got.get(0), dict), got
+    assert got[0]["a"] > 6  # rank 1's doubt kept both ranks timing
 
 
 def test_timed_rounds_with_no_backend_returns_nothing(monkeypatch):
     # timed_rounds is public: no backend, no samples (and no error)
     monkeypatch.setattr(capture, "_timed_wall", _fake_wall)
-    assert timed_rounds(_FakeTarget({}), [], iters=4, rounds=4) == {}
+    done = timed_rounds(_FakeTarget({}), [], iters=4, rounds=4)
+    assert done.timings == {} and done.rounds == 0
 
 
 # -- the statistic of merged ranks -------------------------------------------------------------------
 
-def test_merged_ranks_of_a_generate_keep_the_fastest_sample():
-    # a generate is timed by its fastest sample on one rank, and by the fastest of the slowest rank's
-    # samples, step by step, when its ranks are merged (the report's note says so for both)
+def test_merged_ranks_take_the_slowest_rank_step_by_step_and_unit_by_unit():
+    # every step of a tensor-parallel job is as slow as its slowest rank: samples and paired units merged
+    # element by element; a generate's time is still the sum of each prompt's median over the rounds
+    from attnswitch.profiling.rounds import Timing
+
     per_rank = []
-    for samples in ([100.0, 150.0, 200.0, 120.0, 300.0], [101.0, 151.0, 201.0, 121.0, 301.0]):
+    for units in ([[100.0, 50.0], [150.0, 40.0], [90.0, 60.0]], [[101.0, 49.0], [149.0, 41.0], [91.0, 61.0]]):
         base = BackendResult("math", "ok", timer="wall-clock", generate=GenerateStats(tokens=100))
-        per_rank.append(with_timing(base, samples, best=True))
-    assert per_rank[0].time_ms == 100.0  # one rank: the fastest
+        per_rank.append(with_timing(base, Timing([sum(u) for u in units], units, per_prompt=True)))
+    assert per_rank[0].time_ms == 100.0 + 50.0  # each prompt's median, summed
     merged = merge_results(per_rank)
-    slowest_rank_per_step = [101.0, 151.0, 201.0, 121.0, 301.0]
-    assert merged.time_ms == min(slowest_rank_per_step), merged.time_ms
-    assert merged.generate.tokens_per_s == 100 / (101.0 / 1e3)
+    assert merged.time_rounds_ms == ((101.0, 50.0), (150.0, 41.0), (91.0, 61.0))
+    assert merged.time_ms == 101.0 + 50.0
+    assert merged.generate.tokens_per_s == 100 / (151.0 / 1e3)
 
 
 # -- the command's own time account -----------------------------------------------------------------
@@ -155,16 +167,17 @@ def test_cli_sweep_total_counts_every_shape(tmp_path, monkeypatch, capsys):
     assert spent["total"] >= 3.0, spent
 
 
-def test_with_two_rounds_or_fewer_nothing_is_settled_and_the_report_does_not_say_so():
+def test_the_report_says_how_many_rounds_ran_and_why_they_stopped():
     from conftest import batch_for, tiny
 
     from attnswitch.comparison import compare
 
     m = tiny("llama")
-    r = compare(m, batch_for(m), backends=["naive", "math"], warmup=0, iters=4, rounds=2, check_numerics=False)
-    assert r.settings["settle"] is None
-    assert all(len(b.time_samples_ms) == 4 for b in r.ok)
-    assert "timed no further" not in r.to_markdown()
+    r = compare(m, batch_for(m), backends=["naive", "math"], warmup=0, iters=4, rounds=2, time_budget_s=0,
+                check_numerics=False)
+    assert r.settings["host"]["rounds"] == 2 and r.settings["host"]["stopped"] == "fixed"
+    assert all(len(b.time_samples_ms) == 4 and len(b.time_rounds_ms) == 2 for b in r.ok)
+    assert "in 2 interleaved rounds (at least 2" in " ".join(r.to_markdown().split())
 
 
 def test_profile_hides_what_was_alive_before_from_the_collector_and_gives_it_back(monkeypatch):

@@ -128,7 +128,7 @@ def test_events_outside_any_module_are_kept():
 def cpu_report():
     m = tiny("llama")
     return attnswitch.profile(m, batch_for(m, pad=False), backends=["naive", "naive-inplace", "math", "flash"],
-                              warmup=1, iters=2)
+                              warmup=1, iters=2, time_budget_s=0)
 
 
 def test_cpu_profile_attributes_ops_to_layers(cpu_report):

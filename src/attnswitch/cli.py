@@ -86,7 +86,13 @@ def _profile_options(iters: int) -> Callable[[argparse.ArgumentParser], None]:
         p.add_argument("--warmup", type=int, default=None,
                        help="steps after the cold one and before timing (default: 1)")
         p.add_argument("--iters", type=int, default=None,
-                       help=f"timed steps per backend (default: {iters}; 5 for generate)")
+                       help=f"timed steps per backend in the first rounds (default: {iters}; 2 whole workloads for "
+                            "generate)")
+        p.add_argument("--rounds", type=int, default=None,
+                       help=f"interleaved rounds every backend is timed in (default: {min(iters, 6)}; 2 for generate)")
+        p.add_argument("--time-budget", type=float, default=None, metavar="S",
+                       help="seconds of more rounds for the backends still tied with the fastest (default: as long "
+                            "as the first rounds took; 0: no more rounds)")
         p.add_argument("--out", default=None, help="write report.json/.csv/.md/.html and traces here")
         p.add_argument("--unfold", action="store_true", help="one row per layer instead of folding repeated layers")
         p.add_argument("--layers", action="store_true", help="print the per-layer tables too")
@@ -95,7 +101,7 @@ def _profile_options(iters: int) -> Callable[[argparse.ArgumentParser], None]:
 
 
 def _compare_options(p: argparse.ArgumentParser) -> None:
-    _profile_options(10)(p)
+    _profile_options(12)(p)
     p.add_argument("--no-numerics", action="store_true", help="skip the comparison with eager float32")
 
 
@@ -125,6 +131,10 @@ def _check_options(args) -> None:
         raise ValueError("a sweep (--seq or --batch lists) is a `compare` of prefill or train steps")
     if getattr(args, "iters", None) is not None and args.iters < 1:
         raise ValueError(f"--iters must be at least 1, got {args.iters}")
+    if getattr(args, "rounds", None) is not None and args.rounds < 1:
+        raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
+    if getattr(args, "time_budget", None) is not None and not args.time_budget >= 0:
+        raise ValueError(f"--time-budget must be 0 or more seconds, got {args.time_budget}")
     if getattr(args, "warmup", None) is not None and args.warmup < 0:
         raise ValueError(f"--warmup must be 0 or more, got {args.warmup}")
     _check_out(getattr(args, "out", None))
@@ -270,7 +280,8 @@ def _check(s: Session) -> int:
 def _steps(args, work) -> dict:
     generate = not isinstance(work, list) and work.mode == "generate"
     return {"warmup": args.warmup if args.warmup is not None else 1,
-            "iters": args.iters if args.iters is not None else (5 if generate else args.default_iters)}
+            "iters": args.iters if args.iters is not None else (None if generate else args.default_iters),
+            "rounds": args.rounds, "time_budget_s": args.time_budget}
 
 
 @contextlib.contextmanager
@@ -340,7 +351,7 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "env": Command("GPU, driver, CUDA, cuDNN, torch, transformers; SDPA's auto pick", None, _env),
     "check": Command("which backends can run the inputs, and why not", _model_options, _check),
-    "profile": Command("the per-layer profile of each backend", _profile_options(5), _profile),
+    "profile": Command("the per-layer profile of each backend", _profile_options(6), _profile),
     "compare": Command("every backend ranked, numerics checked, with a recommendation", _compare_options, _compare),
     "presets": Command("list the built-in model presets", None, _presets),
 }
@@ -367,6 +378,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def prose_width(environ=None) -> int:
+    """Where prose wraps on an output that is not a terminal (a log, a pipe): ``COLUMNS`` where set, else
+    100 (tables keep their 120)."""
+    value = (os.environ if environ is None else environ).get("COLUMNS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else 100
+
+
 def _error(err, e: BaseException) -> None:
     from rich.text import Text
 
@@ -383,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     from . import dist
 
     quiet = not dist.is_main()  # under torchrun only rank 0 speaks (and writes)
-    out = Console(width=None if sys.stdout.isatty() else 200, quiet=quiet)
+    out = Console(width=None if sys.stdout.isatty() else prose_width(), quiet=quiet)
     err = Console(stderr=True, quiet=quiet)
     try:
         return COMMANDS[args.command].run(Session(args, argv, out, err, started))

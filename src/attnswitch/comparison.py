@@ -17,20 +17,12 @@ import torch.nn as nn
 
 from .numerics import REFERENCES, grad_numerics, numerics, token_agreement
 from .profiling import profile
+from .ranking import rank, ranked, verdict
 from .recommend import recommend, recommend_sweep
 from .results import BackendResult, Numerics, Report, SweepPoint
 from .workload import Workload, make_workload
 
-__all__ = ["compare", "compare_sweep", "rank", "recommend"]
-
-
-def rank(results: Iterable[BackendResult]) -> list[str]:
-    """Backends that ran with acceptable numerics (outputs, and gradients in a training step), fastest
-    first by steady time per step."""
-    def good(b):
-        return (b.ok and b.time_ms is not None and (b.numerics is None or b.numerics.ok)
-                and (b.train is None or b.train.grad_ok is not False))
-    return [b.backend for b in sorted(filter(good, results), key=lambda b: b.time_ms)]
+__all__ = ["compare", "compare_sweep", "rank", "verdict", "recommend"]
 
 
 def _with_numerics(results: list[BackendResult], workload: Workload, reference: str) -> list[BackendResult]:
@@ -64,17 +56,20 @@ def _with_grads(b: BackendResult, g) -> BackendResult:
 
 
 def compare(model: nn.Module, batch: Workload | dict[str, Any], *, backends: Iterable[str] | str | None = None,
-            warmup: int = 1, iters: int = 10, trace_dir=None, progress: Callable[[str], None] | None = None,
+            warmup: int = 1, iters: int | None = None, trace_dir=None, progress: Callable[[str], None] | None = None,
             model_name: str = "", check_numerics: bool = True, command: str | None = None,
-            rounds: int = 5, profile_steps: int = 1, host_iters: int | None = None) -> Report:
-    """Profile every backend on the same workload, check numerics, rank by steady time per step, and
-    recommend one. ``batch`` is a ``Workload`` (see ``workload.make_workload``: prefill, decode,
-    generate or train) or a dict of forward arguments."""
+            rounds: int | None = None, profile_steps: int = 1, host_iters: int | None = None,
+            time_budget_s: float | None = None) -> Report:
+    """Profile every backend on the same workload (``profile``: its ``iters``, ``rounds`` and
+    ``time_budget_s`` say how long each is timed), check numerics, rank by steady time per step with
+    each backend's margin against the pick (``ranking.verdict``), and recommend one, or the tie.
+    ``batch`` is a ``Workload`` (see ``workload.make_workload``: prefill, decode, generate or train) or
+    a dict of forward arguments."""
     if isinstance(batch, dict):
         batch = Workload.of(model, batch)
     report = profile(model, batch, backends=backends, warmup=warmup, iters=iters, trace_dir=trace_dir,
                      progress=progress, model_name=model_name, rounds=rounds, profile_steps=profile_steps,
-                     host_iters=host_iters)
+                     host_iters=host_iters, time_budget_s=time_budget_s)
     results = list(report.backends)
     settings = dict(report.settings)
     if check_numerics:
@@ -87,9 +82,10 @@ def compare(model: nn.Module, batch: Workload | dict[str, Any], *, backends: Ite
         spent["numerics"] = round(time.perf_counter() - t0, 3)
         spent["total"] = round(spent.get("total", 0) + spent["numerics"], 3)
         settings.update(numerics_reference=REFERENCES[reference], time_s=spent)
-    ranking = rank(results)
-    return dataclasses.replace(report, backends=tuple(results), ranking=tuple(ranking),
-                               recommendation=recommend(results, ranking, report.workload), command=command,
+    v = verdict(results, settings.get("host"))
+    results = ranked(results, v)
+    return dataclasses.replace(report, backends=tuple(results), ranking=v.order, ties=v.ties, cautions=v.cautions,
+                               recommendation=recommend(results, v, report.workload), command=command,
                                settings=settings)
 
 
@@ -111,7 +107,7 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
     # every shape's inputs made (and so checked) before any is measured
     works = [make_workload(model, batch=batch, seq=seq, mode=mode, padding=padding) for batch, seq in shapes]
     trace_dir = kw.pop("trace_dir", None)
-    points, last, spent = [], None, {}
+    points, last, spent, said = [], None, {}, []
     for (batch, seq), work in zip(shapes, works):
         if progress:
             progress(f"batch {batch}, seq {seq}")
@@ -119,10 +115,14 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
         last = compare(model, work, progress=progress,
                        trace_dir=None if trace_dir is None else Path(trace_dir) / point.folder, **kw)
         points.append(dataclasses.replace(point, backends=tuple(_compact(b) for b in last.backends),
-                                          ranking=last.ranking))
+                                          ranking=last.ranking, ties=last.ties))
+        said += last.cautions
         for k, v in last.settings.get("time_s", {}).items():  # the time account of every shape, summed
             spent[k] = round(spent.get(k, 0) + v, 3)
     description = f"sweep of {len(points)} shapes, {mode}" + (", padded" if padding else "")
     workload = {**last.workload, "description": description, "shapes": [[b, s] for b, s in shapes]}
-    return dataclasses.replace(last, sweep=tuple(points), workload=workload,
-                               settings={**last.settings, "time_s": spent}, recommendation=recommend_sweep(points))
+    cautions = tuple(dict.fromkeys(said))  # every shape's, once
+    return dataclasses.replace(last, sweep=tuple(points), workload=workload, cautions=cautions,
+                               settings={**last.settings, "time_s": spent},
+                               recommendation="\n".join([recommend_sweep(points), *cautions]))
+

@@ -1,99 +1,131 @@
-"""The recommendation: one or two sentences that name the choice, by how much it wins, what it assumes
-and when it flips. Pure functions over results."""
+"""The recommendation: the answer and its margin on the first line, then the reasons, one short line
+each. Pure functions over results and their ``ranking.Verdict``."""
 
 from __future__ import annotations
 
 from .backends import kernel_family
+from .ranking import Verdict
 from .results import BackendResult, candidates
+from .stats import LEVEL
 
-__all__ = ["recommend", "recommend_sweep", "EAGER_NOTE"]
+__all__ = ["recommend", "recommend_sweep", "EAGER_NOTE", "ANSWER_WIDTH"]
 
 #: why eager is ranked but never recommended
-EAGER_NOTE = ("`eager` (the model's own transformers attention) is ranked as the reference the others are "
-              "checked against, never recommended: it is the unfused baseline a backend replaces.")
+EAGER_NOTE = "`eager` (the model's own transformers attention) is the reference: ranked, never recommended."
+#: the answer line's most characters
+ANSWER_WIDTH = 120
+_LISTED = 4  # beaten backends named in the reasons
 
 
-def _pick_text(best: BackendResult) -> str:
-    if best.backend != "auto":
-        return f"`{best.backend}`"
-    fam = kernel_family(best.attn_ops)
-    return f"`auto` (SDPA's own choice, which ran {fam} here)" if fam else "`auto` (SDPA's own choice)"
+def _name(b: BackendResult) -> str:
+    if b.backend != "auto":
+        return f"`{b.backend}`"
+    fam = kernel_family(b.attn_ops)
+    return f"`auto` (ran {fam})" if fam else "`auto`"
 
 
 def _unit(workload: dict | None) -> str:
     mode = (workload or {}).get("mode")
-    return {"generate": "for the whole generate workload", "train": "per training step"}.get(mode, "per forward")
+    return {"generate": "per generate workload", "train": "per training step"}.get(mode, "per forward")
 
 
-def _ties(best: BackendResult, others: list[BackendResult]) -> tuple[list, list]:
-    """Of ``others`` (in ranking order), those within measured noise of ``best``: a leading run of them, so
-    that no backend is a tie while a faster one is beaten (a noisier, slower one is not closer)."""
-    ties = []
-    for o in others:
-        if (o.time_ms - best.time_ms) / best.time_ms * 100 > max(best.noise_pct or 0.0, o.noise_pct or 0.0, 1.0):
-            break
-        ties.append(o)
-    return ties, others[len(ties):]
+def _answer(by: dict[str, BackendResult], v: Verdict, workload: dict | None) -> str:
+    pick = by[v.pick]
+    t = f"{pick.time_ms:.3f} ms {_unit(workload)}"
+    if len(v.ties) > 1:
+        names = [_name(by[n]) for n in v.ties]
+        for shown in range(len(names), 0, -1):
+            more = len(names) - shown
+            text = (f"Tie: {' ≈ '.join(names[:shown])}" + (f" and {more} more" if more else "")
+                    + f" at {t}, not told apart: any is as good here.")
+            if len(text) <= ANSWER_WIDTH:
+                return text
+        return text
+    beaten = v.beaten
+    if not beaten:
+        return f"Use {_name(pick)}: {t}, the only backend here that ran with acceptable numerics."
+    m = v.margins.get(beaten[0])
+    margin = f", {m.text()} faster than `{beaten[0]}`" if m is not None else ""
+    return f"Use {_name(pick)}: {t}{margin}."
 
 
-def recommend(results: list[BackendResult], ranking: list[str], workload: dict | None = None) -> str:
-    """The choice for this workload, by how much it wins, near-ties within measured noise; for a
-    generate workload also when the choice flips and which phase decided it."""
-    by = {b.backend: b for b in results}
-    picks = candidates(ranking)
-    if not picks:
-        if "eager" in ranking:
-            return ("Only `eager` ran: the model's own attention is the reference the others are checked against, "
-                    "never recommended; name the backends to choose among.")
-        return "No backend ran these inputs with acceptable numerics; see the reasons in the report."
-    best = by[picks[0]]
-    text = f"Use {_pick_text(best)}: {best.time_ms:.3f} ms {_unit(workload)}"
-    ties, beaten = _ties(best, [by[n] for n in picks[1:]])
+def _reasons(by: dict[str, BackendResult], v: Verdict) -> list[str]:
+    lines = []
+    tied = [n for n in v.ties[1:] if n in v.margins]
+    if tied:
+        lines.append(f"Not told apart from `{v.pick}`: " + ", ".join(f"`{n}` {v.margins[n].text()}" for n in tied)
+                     + " of its time.")
+    beaten = [n for n in v.beaten if n in v.margins]
     if beaten:
-        nxt = beaten[0]
-        text += (f", {nxt.time_ms / best.time_ms:.2f}x faster than the next" + (" beyond the noise" if ties else "")
-                 + f", `{nxt.backend}` ({nxt.time_ms:.3f} ms)")
-    text += "."
-    if ties:
-        text += " Within measured noise of it: " + ", ".join(
-            f"`{o.backend}` ({o.time_ms:.3f} ms)" for o in ties) + "; any of these is as good here."
+        more = len(beaten) - _LISTED
+        lines.append("Slower: " + ", ".join(f"`{n}` {v.margins[n].text()}" for n in beaten[:_LISTED])
+                     + (f", and {more} more" if more > 0 else "") + ".")
+    margins = [v.margins[n] for n in candidates(v.order) if n in v.margins and n != v.pick]
+    if margins:
+        lo, hi = min(m.pairs for m in margins), max(m.pairs for m in margins)
+        pairs = f"{lo}" if lo == hi else f"{lo}–{hi}"
+        lines.append(f"Margins: the median ratio of its time to the pick's and its {LEVEL:.0%} interval, over {pairs} "
+                     "paired rounds; slower only where the interval excludes 1.")
+    elif len(v.ties) > 1:
+        lines.append("No paired rounds tell these backends apart: time them in more rounds for an answer.")
+    return lines
+
+
+def recommend(results: list[BackendResult], v: Verdict, workload: dict | None = None) -> str:
+    """The choice for this workload and its margin (the first line, at most ``ANSWER_WIDTH`` characters),
+    then why: the ties and the backends beaten with their intervals, what the choice assumes (a generate's
+    lengths, which phase decided it, what a new length costs), numerics, cautions, eager's place."""
+    by = {b.backend: b for b in results}
+    if v.pick is None:
+        if "eager" in v.order:
+            return ("Only `eager` ran: the model's own attention is the reference, never recommended.\n"
+                    "Name the backends to choose among.")
+        return "No backend ran these inputs with acceptable numerics.\nSee the reasons in the report."
+    best = by[v.pick]
+    lines = [_answer(by, v, workload), *_reasons(by, v)]
+    others = [by[n] for n in candidates(v.order) if n != v.pick]
     if best.generate is not None:
-        text += _generate_text(best, [by[n] for n in picks[1:]], workload or {})
+        lines += _generate_lines(best, others, workload or {})
     if best.train is not None and best.train.forward_ms is not None:
-        text += f" Forward {best.train.forward_ms:.3f} ms, backward {best.train.backward_ms:.3f} ms."
+        lines.append(f"Forward {best.train.forward_ms:.3f} ms, backward {best.train.backward_ms:.3f} ms.")
     flagged = [b.backend for b in results if b.ok and ((b.numerics is not None and not b.numerics.ok)
                                                        or (b.train is not None and b.train.grad_ok is False))]
     if flagged:
-        text += f" Not considered, numerics beyond tolerance: {', '.join(flagged)}."
+        lines.append(f"Not considered, numerics beyond tolerance: {', '.join(flagged)}.")
+    lines += list(v.cautions)
     if "eager" in by and by["eager"].ok:
-        text += " " + EAGER_NOTE
-    return text
+        lines.append(EAGER_NOTE)
+    return "\n".join(lines)
 
 
-def _generate_text(best: BackendResult, others: list[BackendResult], workload: dict) -> str:
+def _generate_lines(best: BackendResult, others: list[BackendResult], workload: dict) -> list[str]:
     g = best.generate
-    text = (" Assumes the deployed lengths are those measured (prompts of "
-            f"{', '.join(map(str, workload.get('prompt_lens', [])))} tokens, {workload.get('new_tokens')} new each)")
-    if others:
-        text += _deciding_phase(g, others[0], workload)
-    text += "."
+    lens = workload.get("prompt_lens", [])
+    span = f"{min(lens)}–{max(lens)}" if len(lens) > 1 else ", ".join(map(str, lens))
+    lines = [f"Assumes the deployed lengths are those measured: prompts of {span} tokens, "
+             f"{workload.get('new_tokens')} new each."]
+    if others and others[0].generate is not None:
+        phase = _deciding_phase(g, others[0], workload)
+        if phase:
+            lines.append(phase)
     penalty = (g.new_shape_step_ms or 0) - (g.seen_shape_step_ms or 0)
     # differences of decode steps below the workload's noise (at least 10 %) are not told as costs or flips
     margin = (g.seen_shape_step_ms or 0) * max(best.noise_pct or 0, 10.0) / 100
     if g.new_shape_step_ms is not None and g.seen_shape_step_ms is not None and penalty > margin:
         cheaper = [o for o in others if o.generate and o.generate.new_shape_step_ms is not None
                    and o.generate.new_shape_step_ms < g.new_shape_step_ms - margin]
-        text += (f" `{best.backend}` is fastest once every length has been seen; until then each new key length costs "
-                 f"{penalty:.3f} ms more per step")
+        text = (f"`{best.backend}` is fastest once every length has been seen; each new key length costs it "
+                f"{penalty:.3f} ms more per step")
         text += (f", so `{cheaper[0].backend}` ({cheaper[0].generate.new_shape_step_ms:.3f} ms per new-length step) "
                  "wins for workloads with many new lengths." if cheaper else ".")
-    return text
+        lines.append(text)
+    return lines
 
 
 def _deciding_phase(g, o: BackendResult, workload: dict) -> str:
     """Which phase gains the best backend most over the next one (time saved over the workload, from each
     phase's median); phases without measurements on both sides are left out, and no phase is said to
-    decide where the best gains in none (the ranking is by each workload's fastest run, not by these)."""
+    decide where the best gains in none."""
     n_gen = len(workload.get("prompt_lens", [])) or 1
     steps = n_gen * max(0, (workload.get("new_tokens") or 1) - 1)
     gains = {}
@@ -106,40 +138,33 @@ def _deciding_phase(g, o: BackendResult, workload: dict) -> str:
     told = ", ".join(f"{k} {v:+.1f} ms" for k, v in gains.items())
     phase, gain = max(gains.items(), key=lambda kv: kv[1])
     if gain <= 0 or sum(gains.values()) <= 0:
-        return (f"; against `{o.backend}` the phases' medians do not show its lead ({told} over the workload): "
-                "it is ranked by the whole workload's fastest run")
-    return (f"; {phase} decided it against `{o.backend}` (from each phase's median, over the workload: {told}; "
-            "the ranking itself is by the whole workload's fastest run)")
+        return f"Against `{o.backend}` the phases' medians do not show its lead ({told} over the workload)."
+    return f"{phase.capitalize()} decided it against `{o.backend}` (each phase's median, over the workload: {told})."
 
 
-def _winners(point) -> tuple[str, ...]:
-    """The fastest backend at one shape and those within measured noise of it."""
-    by = {b.backend: b for b in point.backends}
-    ranked = [by[n] for n in candidates(point.ranking) if n in by]
-    if not ranked:
-        return ()
-    best = ranked[0]
-    ties, _ = _ties(best, ranked[1:])
-    return (best.backend, *(t.backend for t in ties))
+def _ranges(points) -> list[list]:
+    """Consecutive lengths whose ties share a backend: ``[first, last, the backends tied at every one]``."""
+    ranges: list[list] = []
+    for p in points:
+        w = tuple(p.ties) or ((p.pick,) if p.pick else ())
+        common = tuple(n for n in ranges[-1][2] if n in w) if ranges else ()
+        if ranges and common:
+            ranges[-1][1], ranges[-1][2] = p, common
+        else:
+            ranges.append([p, p, w])
+    return ranges
 
 
 def recommend_sweep(points) -> str:
-    """The best backend per range of lengths (with those within noise of it), per batch size, and where
-    the ranking crosses over: where no backend of one range's best is among the next range's."""
+    """Per batch size, the best backend per range of lengths (the backends tied at every length of it,
+    as each length's own ranking says: the table's rule) and where the ranking crosses over."""
     batches = dict.fromkeys(p.batch for p in points)
-    texts = [_sweep_text(sorted((p for p in points if p.batch == b), key=lambda p: p.seq), b) for b in batches]
-    return " ".join(texts)
+    return "\n".join(_sweep_text(sorted((p for p in points if p.batch == b), key=lambda p: p.seq), b)
+                     for b in batches)
 
 
 def _sweep_text(points, batch: int) -> str:
-    ranges: list[list] = []
-    for p in points:
-        w = _winners(p)
-        if ranges and set(ranges[-1][2]) & set(w):
-            ranges[-1][1] = p
-            ranges[-1][2] = tuple(n for n in ranges[-1][2] if n in w) or w
-        else:
-            ranges.append([p, p, w])
+    ranges = _ranges(points)
     parts = []
     for first, last, w in ranges:
         span = f"seq {first.seq}" if first is last else f"seq {first.seq}–{last.seq}"

@@ -20,14 +20,16 @@ from typing import Any
 
 from . import render
 from .backends import resolve_name
+from .stats import Margin
 
-__all__ = ["SCHEMA_VERSION", "LayerStats", "DeviceStats", "TransferStats", "Numerics", "GenerateStats", "SlowCall",
-           "TrainStats", "BackendResult", "SweepPoint", "Report", "candidates"]
+__all__ = ["SCHEMA_VERSION", "Margin", "LayerStats", "DeviceStats", "TransferStats", "Numerics", "GenerateStats",
+           "SlowCall", "TrainStats", "BackendResult", "SweepPoint", "Report", "candidates"]
 
 #: 2 added devices, transfers, ranks and collectives (multi-GPU); 3 workloads: generate and train stats,
-#: a phase on layer rows, sweeps; older versions still load
-SCHEMA_VERSION = 3
-_READABLE = (1, 2, 3)
+#: a phase on layer rows, sweeps; 4 rounds paired by backend, margins with intervals, ties, cautions;
+#: older versions still load
+SCHEMA_VERSION = 4
+_READABLE = (1, 2, 3, 4)
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,8 @@ class GenerateStats:
     step_ms_p99: float | None = None
     step_host_ms: float | None = None  # host time of a decode forward (until it returns), median
     step_gpu_ms: float | None = None  # GPU time of a decode forward (CUDA events), median
+    steps_timed: int = 0  # decode steps the step figures above come from (every round's)
+    workload_wall_ms: float | None = None  # the whole workload's median wall time: a check on ``time_ms``
     tokens: int = 0  # new tokens the workload generates (every prompt, every sequence of the batch)
     tokens_per_s: float | None = None  # ``tokens`` over the workload's steady time (``time_ms``)
     cold_e2e_ms: float | None = None  # the first workload at these shapes (plans, compiles)
@@ -157,8 +161,11 @@ class BackendResult:
     timer: str = ""  # "cuda-events" or "wall-clock"
     time_ms: float | None = None  # median steady time per forward, unprofiled
     time_samples_ms: tuple[float, ...] = ()
+    time_rounds_ms: tuple[tuple[float, ...], ...] = ()  # per round, the units paired across backends
     noise_pct: float | None = None  # half the interquartile range over the median
-    host_ms: float | None = None  # median host time per forward (until the call returns)
+    margin: Margin | None = None  # against the pick: the median paired ratio and its interval
+    host_ms: float | None = None  # host time per forward (until the call returns), the median run's
+    host_attn_ms: float | None = None  # the attention calls' host time in that same run
     cold_host_ms: float | None = None  # the first forward of this backend at this shape
     attn_calls: float | None = None  # attention calls per forward
     attn_host_us: float | None = None  # median host time per attention call, steady
@@ -209,11 +216,12 @@ class SweepPoint:
     seq: int
     backends: tuple[BackendResult, ...]
     ranking: tuple[str, ...] = ()
+    ties: tuple[str, ...] = ()  # the pick and the candidates not told apart from it
 
     @property
     def pick(self) -> str | None:
         """The fastest candidate at this shape."""
-        return next(iter(candidates(self.ranking)), None)
+        return self.ties[0] if self.ties else next(iter(candidates(self.ranking)), None)
 
     @property
     def folder(self) -> str:
@@ -221,7 +229,8 @@ class SweepPoint:
         return f"batch{self.batch}_seq{self.seq}"
 
 
-_CSV_COLUMNS = ["backend", "rank", "status", "timer", "time_ms", "noise_pct", "host_ms", "cold_host_ms",
+_CSV_COLUMNS = ["backend", "rank", "status", "timer", "time_ms", "vs_pick", "vs_pick_low", "vs_pick_high", "noise_pct",
+                "host_ms", "host_attn_ms", "cold_host_ms",
                 "attn_host_us", "attn_cold_host_us", "peak_mem_mb", "kernels", "memcpys", "memsets",
                 "attn_kernels_per_call", "attn_memcpys_per_call", "attn_gpu_us_per_call", "profiled_gpu_busy_ms",
                 "profiled_gpu_span_ms", "max_rel_err", "top1_agreement", "ttft_ms", "step_ms_p50", "tokens_per_s",
@@ -234,6 +243,8 @@ _CSV_TRAIN = ("forward_ms", "backward_ms", "grad_max_rel_err")
 def _csv_row(b: BackendResult, ranking: tuple[str, ...]) -> list:
     d = {c: getattr(b, c, None) for c in _CSV_COLUMNS}
     d["rank"] = ranking.index(b.backend) + 1 if b.backend in ranking else None
+    m = b.margin
+    d["vs_pick"], d["vs_pick_low"], d["vs_pick_high"] = (m.ratio, m.low, m.high) if m else (None, None, None)
     d["max_rel_err"] = b.numerics.max_rel_err if b.numerics else None
     d["top1_agreement"] = b.numerics.top1_agreement if b.numerics else None
     for c in _CSV_GENERATE:
@@ -259,6 +270,8 @@ class Report:
     command: str | None = None
     distribution: dict | None = None  # how the model was spread: device_map or tensor parallelism
     sweep: tuple[SweepPoint, ...] = ()  # one point per shape of a sweep (the backends: the last shape's)
+    ties: tuple[str, ...] = ()  # the pick and the candidates its intervals do not tell apart from it
+    cautions: tuple[str, ...] = ()  # what makes the timings less trustworthy (a busy machine, ...)
     schema_version: int = SCHEMA_VERSION
 
     def __getitem__(self, name) -> BackendResult:
@@ -277,8 +290,8 @@ class Report:
 
     @property
     def pick(self) -> str | None:
-        """The fastest candidate (the recommendation's choice, before its numerics check)."""
-        return next(iter(candidates(self.ranking)), None)
+        """The fastest candidate (the recommendation's choice; with ties, the first of them)."""
+        return self.ties[0] if self.ties else next(iter(candidates(self.ranking)), None)
 
     # -- files -----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -21,8 +21,9 @@ from ..dist import world
 from ..env import environment
 from ..hf import require_interface
 from ..results import Report
-from .capture import SETTLED, Target, frozen_heap, prepare_backend, timed_rounds
+from .capture import Target, frozen_heap, prepare_backend, timed_rounds
 from .distributed import agree_ok, distribution_of, merged_report_backends
+from .host import probe
 from .summarize import with_timing
 from .trace import Trace
 from .workloads import policy_candidate
@@ -36,17 +37,22 @@ def _workload_info(t: Target) -> dict:
     return {**t.workload.describe(), "dtype": str(next(t.model.parameters()).dtype).replace("torch.", "")}
 
 
-def _timed(t: Target, results: list, iters: int, rounds: int, progress, spent: dict) -> list:
-    """Every backend that ran, timed in interleaved rounds (on every rank alike)."""
+def _timed(t: Target, results: list, iters: int, rounds: int, budget_s, progress, spent: dict, host: dict) -> list:
+    """Every backend that ran, timed in interleaved rounds (on every rank alike), with the machine's load
+    probed before and after (``host``)."""
     ok = agree_ok([r.backend for r in results if r.ok])
     if not ok:
         return results
     progress("timing (interleaved rounds)")
+    before = probe()
     t0 = time.perf_counter()
-    samples = timed_rounds(t, ok, iters=iters, rounds=rounds, settle=_settle(t, iters, rounds) is not None)
+    done = timed_rounds(t, ok, iters=iters, rounds=rounds, budget_s=budget_s)
     spent["timing rounds"] = time.perf_counter() - t0
-    best = t.mode == "generate"  # a whole generate is host-bound: other load on the machine only slows it
-    return [with_timing(r, samples[r.backend], best=best) if r.backend in samples else r for r in results]
+    after = probe()
+    host.update(cpus=before["cpus"], load_before=before["load"], load_after=after["load"],
+                probe_before_ms=before["probe_ms"], probe_after_ms=after["probe_ms"], rounds=done.rounds,
+                stopped=done.stopped)
+    return [with_timing(r, done.timings[r.backend]) if r.backend in done.timings else r for r in results]
 
 
 def _prepared(t: Target, names: list[str], progress, spent: dict, **kw) -> list:
@@ -74,55 +80,58 @@ def _prepared(t: Target, names: list[str], progress, spent: dict, **kw) -> list:
     return results
 
 
-def _settle(t: Target, iters: int, rounds: int) -> float | None:
-    """How far behind after two rounds a backend is timed no further (``SETTLED``); None where nothing is
-    settled: a host-bound generate (its noise is the machine's), or no rounds after the second."""
-    return SETTLED if t.mode != "generate" and min(rounds, iters) > 2 else None
-
-
 def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
-            backends: Iterable[str] | str | None = None, warmup: int = 1, iters: int = 5,
+            backends: Iterable[str] | str | None = None, warmup: int = 1, iters: int | None = None,
             trace_dir: str | Path | None = None, progress: Callable[[str], None] | None = None,
-            model_name: str = "", rounds: int = 5, profile_steps: int = 1, host_iters: int | None = None) -> Report:
+            model_name: str = "", rounds: int | None = None, profile_steps: int = 1, host_iters: int | None = None,
+            time_budget_s: float | None = None) -> Report:
     """Profile forwards of ``target`` under each backend; returns a ``Report``.
 
     ``target`` is a model (with ``batch``, a dict of forward arguments or a ``Workload``) or any
     callable (``profile(lambda: attnswitch.attention(q, k, v, is_causal=True))``), which runs under a
-    global ``backend()``. Every backend sees the same inputs and the same warm-up (its first, cold step, which
-    the report keeps, then ``warmup`` more); the steady time per
-    forward comes from ``iters`` unprofiled forwards per backend in ``rounds`` interleaved rounds; host time
-    per step and per attention call, and peak memory, from ``host_iters`` more (default: ``iters``, at most
-    5, for a generate workload ``iters``: its step latencies come from them); the per-layer counts from
-    ``profile_steps`` profiled ones (the counts are the same in every step). Backends that cannot run are in
-    the report with PyTorch's reasons. The report's ``settings["time_s"]`` says where attnswitch's own time went.
+    global ``backend()``. Every backend sees the same inputs and the same warm-up (its first, cold step,
+    which the report keeps, then ``warmup`` more). The steady time per step comes from ``iters``
+    unprofiled steps per backend in at least ``rounds`` interleaved rounds (default 12 in 6; a generate
+    workload: 2 whole workloads in 2, each prompt of each a paired unit), then more rounds for the backends
+    still tied with the fastest, for at most ``time_budget_s`` seconds (default: as long as the first
+    rounds; 0: none). Host time per step and per attention call, and peak memory, come from ``host_iters``
+    more steps (default: ``iters``, at most 5; a generate: 1); the per-layer counts from ``profile_steps``
+    profiled ones (the counts are the same in every step). Backends that cannot run are in the report with
+    PyTorch's reasons. The report's ``settings["time_s"]`` says where attnswitch's own time went, and
+    ``settings["host"]`` how busy the machine was around the timing.
 
     A model spread over GPUs by accelerate's ``device_map`` is profiled on all of them (per-GPU totals,
     copies between GPUs by layer boundary). Under ``torchrun`` with a tensor-parallel model, call it on
     every rank: each profiles its GPU and every rank gets the merged report (rank column, collectives
     per layer); with ``trace_dir`` only rank 0 writes, the other ranks' traces included.
     """
-    if warmup < 0 or iters < 1 or profile_steps < 0 or (host_iters is not None and host_iters < 1):
-        raise ValueError(f"need warmup >= 0, iters >= 1, host_iters >= 1 and profile_steps >= 0, got warmup={warmup}, "
-                         f"iters={iters}, host_iters={host_iters}, profile_steps={profile_steps}")
     t_start = time.perf_counter()
     spent: dict = {}
     t = Target.of(target, batch)
+    generate = t.mode == "generate"
+    iters = iters if iters is not None else (2 if generate else 12)
+    rounds = rounds if rounds is not None else min(iters, 2 if generate else 6)
+    host_iters = host_iters or (1 if generate else min(iters, 5))
+    if warmup < 0 or iters < 1 or rounds < 1 or profile_steps < 0 or host_iters < 1 or (time_budget_s or 0) < 0:
+        raise ValueError(f"need warmup >= 0, iters >= 1, rounds >= 1, host_iters >= 1, profile_steps >= 0 and "
+                         f"time_budget_s >= 0, got warmup={warmup}, iters={iters}, rounds={rounds}, "
+                         f"host_iters={host_iters}, profile_steps={profile_steps}, time_budget_s={time_budget_s}")
     if t.model is not None:
         require_interface(t.model)
     names = parse_backends(backends, t.device)
-    host_iters = host_iters or (iters if t.mode == "generate" else min(iters, 5))
     progress = progress or (lambda step: None)
+    host: dict = {}
     t0 = time.perf_counter()
     with frozen_heap():
         spent["collecting garbage"] = time.perf_counter() - t0  # once, before everything alive is frozen
         results = _prepared(t, names, progress, spent, warmup=warmup, iters=host_iters, trace_dir=trace_dir,
                             profile_steps=profile_steps)
-        results = _timed(t, results, iters, rounds, progress, spent)
+        results = _timed(t, results, iters, rounds, time_budget_s, progress, spent, host)
     if world() is not None:  # tensor parallelism: every rank's results, merged, on every rank
         results = merged_report_backends(results, trace_dir)
     spent["total"] = time.perf_counter() - t_start
     settings = dict(warmup=warmup, iters=iters, rounds=rounds, host_iters=host_iters, profile_steps=profile_steps,
-                    settle=_settle(t, iters, rounds), time_s={k: round(v, 3) for k, v in spent.items()})
+                    time_budget_s=time_budget_s, host=host, time_s={k: round(v, 3) for k, v in spent.items()})
     return Report(tuple(results), environment(t.device), _workload_info(t), settings,
                   model=_name(model_name, t, target), distribution=distribution_of(t.model))
 

@@ -39,11 +39,12 @@ from ..workload import Workload
 from .attribution import attribute
 from .clock import ForwardClock, annotate_phases
 from .occupancy import device_limits
+from .rounds import MAX_ROUNDS, STEP_FIGURES, Rounds, Timing, still_open
 from .summarize import backend_fields
 from .trace import Trace
-from .workloads import mode_fields
+from .workloads import mode_fields, prompt_units
 
-__all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "frozen_heap", "Target", "Profiled", "SETTLED"]
+__all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "frozen_heap", "Target", "Profiled"]
 
 
 try:  # a C++ range: about a tenth of record_function's host cost, which matters once per module call
@@ -264,9 +265,12 @@ def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, prof
         peaks = {d.index: torch.cuda.max_memory_allocated(d) / 2**20 for d in target.devices} if cuda else {}
         prof = _profiled(target, name, profile_steps, trace_dir) if profile_steps else None
     attn = [a for r in steady for a in r.attn]
+    # the host figures of one step, the median one, so that its attention calls and the rest add up to it
+    mid = sorted(steady, key=lambda r: r.host_s)[(len(steady) - 1) // 2]
     result = dict(
         backend=name, status="ok", notes=tuple(dict.fromkeys(n[2] for n in notes)),
-        timer="cuda-events" if cuda else "wall-clock", host_ms=median(r.host_s * 1e3 for r in steady),
+        timer="cuda-events" if cuda else "wall-clock", host_ms=mid.host_s * 1e3,
+        host_attn_ms=sum(a[1] for a in mid.attn) * 1e3,
         cold_host_ms=cold.host_s * 1e3, attn_calls=len(attn) / max(1, iters),
         attn_host_us=median(a[1] * 1e6 for a in attn),
         attn_cold_host_us=cold.attn[0][1] * 1e6 if cold.attn else None,  # the first call at this shape
@@ -303,49 +307,72 @@ def prepare_backend(target: Target, name: str, *, warmup: int = 1, iters: int = 
         return BackendResult(name, "failed", (f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",))
 
 
-#: after two rounds, a backend whose fastest step is this much slower than the slowest step of the fastest
-#: backend is settled (its rank cannot change) and timed no further
-SETTLED = 1.25
+def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 6, budget_s: float | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> Rounds:
+    """Steady time per step (ms) for each backend, unprofiled, in interleaved rounds so that drift (clocks,
+    temperature, other load) falls on every backend alike. On a GPU each step is timed with CUDA events,
+    on a CPU with the wall clock; a generate's forwards are clocked too (its units are per prompt).
+    Garbage is collected before each backend's turn in a round and never inside it (as ``timeit`` does).
 
-
-def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 5,
-                 settle: bool = True) -> dict[str, list[float]]:
-    """Steady time per forward (ms) for each backend, unprofiled, in ``rounds`` interleaved rounds so
-    that drift (clocks, temperature, other load) falls on every backend alike. On a GPU each forward
-    is timed with CUDA events, back to back; on a CPU with the wall clock. Garbage is collected before
-    each backend's turn in a round and never inside it (as ``timeit`` does): a collection of a large heap
-    lands at random in host-bound steps, a generate's above all. With ``settle``, a backend far behind
-    after two rounds (``SETTLED``) stops there, with the samples it has."""
-    cuda = target.device.type == "cuda"
+    Every backend runs ``rounds`` rounds (``iters`` steps in all). Then, unless ``budget_s`` is 0, rounds
+    go on for the backends whose interval against the fastest still holds 1 (``stats.paired_margin``)
+    until each is told apart, or is within ``stats.EQUIVALENT`` of it, or ``budget_s`` more seconds are
+    spent (default: as long as the first rounds took; ``MAX_ROUNDS`` rounds at most); a backend
+    decidedly slower than the fastest is timed no further. ``clock`` reads the budget's time. Under
+    ``torchrun`` every rank takes the same decisions (the union of what each keeps), so that their
+    forwards pair up."""
+    timed = _timed_on_gpus if target.device.type == "cuda" else _timed_wall
     rounds = max(1, min(rounds, iters))
     per_round = [iters // rounds + (1 if r < iters % rounds else 0) for r in range(rounds)]
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    active = list(names)
-    timed = _timed_on_gpus if cuda else _timed_wall
+    generate = target.mode == "generate"
+    timings = {n: Timing(per_prompt=generate, steps={k: [] for k in STEP_FIGURES} if generate else None)
+               for n in names}
+    active, t0, stopped, r, deadline = list(names), clock(), "fixed", 0, None
     with target.context():
-        for r, n_calls in enumerate(per_round):
+        while active:
+            n_calls = per_round[r] if r < rounds else max(1, per_round[-1])
             for name in active:
-                calls = target.calls(n_calls)
-                gc.collect(0)  # what the previous turn left (no collection ran in it, so all of it is young)
-                with target.switched(name), _no_gc():
-                    target.rewarm()  # after the other backends ran
-                    for _ in range(n_calls):
-                        samples[name].append(timed(target, next(calls)))
-            if settle and r == 1:
-                active = _contenders(samples, active)
-    return samples
+                _one_round(target, name, n_calls, timed, timings[name])
+            r += 1
+            if r < rounds:
+                continue
+            if budget_s == 0:
+                break
+            if deadline is None:  # the first rounds are done: the budget starts
+                deadline = clock() + (budget_s if budget_s is not None else clock() - t0)
+            active, stopped = still_open(timings, active, out_of_time=clock() >= deadline, capped=r >= MAX_ROUNDS)
+    return Rounds(timings, r, stopped, clock() - t0)
 
 
-def _contenders(samples: dict[str, list[float]], names: list[str]) -> list[str]:
-    """The backends still timed. Under ``torchrun`` a backend stays while any rank keeps it: every rank
-    must run the same forwards, or their collectives no longer pair up."""
-    if not names:
-        return names
-    worst_of_best = min(max(samples[n]) for n in names)
-    kept = {n for n in names if min(samples[n]) <= SETTLED * worst_of_best}
-    if dist.world() is not None:
-        kept = set().union(*dist.gather(sorted(kept)))
-    return [n for n in names if n in kept]
+def _one_round(target: Target, name: str, n_calls: int, timed: Callable, timing: Timing) -> None:
+    """One backend's turn in a round: the switch, one untimed step, ``n_calls`` timed ones."""
+    calls = target.calls(n_calls)
+    gc.collect(0)  # what the previous turn left (no collection ran in it, so all of it is young)
+    with target.switched(name), _no_gc():
+        target.rewarm()  # after the other backends ran
+        for _ in range(n_calls):
+            if timing.per_prompt:
+                _clocked_generate(target, next(calls), timed, timing)
+            else:
+                timing.samples.append(timed(target, next(calls)))
+    if not timing.per_prompt:
+        timing.units.append([median(timing.samples[-n_calls:])])
+
+
+def _clocked_generate(target: Target, c, timed: Callable, timing: Timing) -> None:
+    """A whole generate workload, timed as a step and clocked forward by forward: its per-prompt units
+    and decode-step figures (computed at once, so that no CUDA event outlives the step)."""
+    clock = ForwardClock(target.model, target.device.type == "cuda")
+    with clock:
+        ms = timed(target, c)
+        end = time.perf_counter()
+    target.sync()
+    units, figures = prompt_units(clock.forwards, end)
+    timing.samples.append(ms)
+    timing.units.append(units)
+    figures["wall"] = [ms]
+    for k, v in figures.items():
+        timing.steps[k].extend(v)
 
 
 def _timed_wall(target: Target, c) -> float:

@@ -17,6 +17,7 @@ import torch.nn as nn
 
 from ..dist import gather, world
 from ..results import BackendResult
+from .rounds import Timing
 from .summarize import with_timing
 
 __all__ = ["distribution_of", "agree_ok", "merge_results", "gather_traces", "merged_report_backends"]
@@ -91,7 +92,9 @@ def merge_results(per_rank: list[BackendResult]) -> BackendResult:
     total = lambda f: (sum(getattr(r, f) for r in per_rank)  # noqa: E731
                        if all(getattr(r, f) is not None for r in per_rank) else None)
     n = min(len(r.time_samples_ms) for r in per_rank)
-    samples = tuple(max(r.time_samples_ms[i] for r in per_rank) for i in range(n))
+    samples = [max(r.time_samples_ms[i] for r in per_rank) for i in range(n)]
+    n_rounds = min(len(r.time_rounds_ms) for r in per_rank)
+    units = [[max(xs) for xs in zip(*(r.time_rounds_ms[i] for r in per_rank))] for i in range(n_rounds)]
     devices = tuple(dataclasses.replace(d, time_ms=r.time_ms) for r in per_rank for d in r.devices)
     peaks = [r.peak_mem_mb for r in per_rank if r.peak_mem_mb is not None]
     spans = [r.profiled_gpu_span_ms for r in per_rank if r.profiled_gpu_span_ms is not None]
@@ -100,8 +103,8 @@ def merge_results(per_rank: list[BackendResult]) -> BackendResult:
         if r.attn_kernels_per_call != r0.attn_kernels_per_call:
             notes.append(f"rank {i} ran {r.attn_kernels_per_call} attention kernels per call, rank 0 "
                          f"{r0.attn_kernels_per_call}")
-    # a generate is timed by its fastest sample on one rank, and so merged (``profiling._timed``)
-    merged = with_timing(r0, list(samples), best=r0.generate is not None) if samples else r0
+    # each step (and each paired unit) is as slow as the slowest rank's; a generate's step figures are rank 0's
+    merged = with_timing(r0, Timing(samples, units, per_prompt=r0.generate is not None)) if samples else r0
     return dataclasses.replace(
         merged, notes=tuple(dict.fromkeys(notes)), kernels=total("kernels"), memcpys=total("memcpys"),
         memsets=total("memsets"), ops=total("ops"),

@@ -9,24 +9,38 @@ import re
 from ..backends import KERNEL_OPS
 from ..instrument import PHASE_PREFIX
 from ..results import BackendResult, DeviceStats, LayerStats, TransferStats
-from ..stats import median, noise_pct
+from ..stats import median, noise_pct, percentile
 from .attribution import device_totals, kernel_summaries, step_totals, transfers
 from .occupancy import DeviceLimits
+from .rounds import Timing
 from .trace import Trace
 
 __all__ = ["backend_fields", "layer_stats", "with_timing"]
 
 
-def with_timing(result: BackendResult, samples: list[float], best: bool = False) -> BackendResult:
-    """``result`` with its steady time per step: the median of ``samples`` (ms), or with ``best`` the
-    fastest (for host-bound steps, which other load on the machine only ever slows), and their noise; a
-    generate workload's tokens per second from it."""
-    t = min(samples) if best and samples else median(samples)
+def with_timing(result: BackendResult, timing: Timing) -> BackendResult:
+    """``result`` with its steady time per step from the timing rounds (``Timing.time_ms``), every sample
+    and their spread, the units its rounds are paired by; for a generate workload, the decode-step
+    figures of every round (time to first token, step percentiles, host and GPU time per step, the
+    whole workload's median as a check) and tokens per second."""
+    t = timing.time_ms()
     g = result.generate
+    if g is not None and timing.steps is not None:
+        st = timing.steps
+        g = dataclasses.replace(
+            g, ttft_ms=median(st["ttft"]) if st["ttft"] else g.ttft_ms,
+            step_ms_p50=percentile(st["interval"], 50) if st["interval"] else g.step_ms_p50,
+            step_ms_p90=percentile(st["interval"], 90) if st["interval"] else g.step_ms_p90,
+            step_ms_p99=percentile(st["interval"], 99) if st["interval"] else g.step_ms_p99,
+            step_host_ms=median(st["host"]) if st["host"] else g.step_host_ms,
+            step_gpu_ms=median(st["gpu"]) if st["gpu"] else g.step_gpu_ms,
+            workload_wall_ms=median(st["wall"]), steps_timed=len(st["interval"]))
     if g is not None and t:
         g = dataclasses.replace(g, tokens_per_s=g.tokens / (t / 1e3))
-    return dataclasses.replace(result, time_ms=t, time_samples_ms=tuple(samples), noise_pct=noise_pct(samples),
-                               generate=g)
+    units = tuple(tuple(u) for u in timing.units)
+    spread = [sum(u) for u in timing.units] if timing.per_prompt else timing.samples
+    return dataclasses.replace(result, time_ms=t, time_samples_ms=tuple(timing.samples), noise_pct=noise_pct(spread),
+                               time_rounds_ms=units, generate=g)
 
 
 def _counted(c) -> tuple[tuple[str, float], ...]:

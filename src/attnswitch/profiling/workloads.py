@@ -9,8 +9,8 @@ from __future__ import annotations
 from ..results import GenerateStats, SlowCall, TrainStats
 from ..stats import median, percentile
 
-__all__ = ["mode_fields", "generate_stats", "train_stats", "split_generates", "policy_candidate", "SLOW_FACTOR",
-           "SLOW_MIN_US"]
+__all__ = ["mode_fields", "generate_stats", "train_stats", "split_generates", "prompt_units", "policy_candidate",
+           "SLOW_FACTOR", "SLOW_MIN_US"]
 
 #: an attention call is slow when its host time is this many times the steady call's, and this much more
 SLOW_FACTOR = 4.0
@@ -43,6 +43,28 @@ def split_generates(forwards: list) -> list[list]:
 def _intervals_ms(gen: list) -> list[float]:
     # wall time between decode steps: generate waits for each token before the next forward starts
     return [(b.host_start - a.host_start) * 1e3 for a, b in zip(gen[1:], gen[2:])]
+
+
+def prompt_units(forwards: list, end_s: float) -> tuple[list[float], dict[str, list[float]]]:
+    """The forwards of one generate workload (clocked, ``end_s`` its host end) as per-prompt units (ms):
+    each prompt's time from its prefill to the next prompt's (the last: to ``end_s``), its decode steps
+    taken at their median, so that a step the machine delayed moves a median, not the unit; and the
+    figures of its decode steps: time to first token, steps (wall time between decode forwards), host
+    and GPU time per decode forward."""
+    gens = split_generates(forwards)
+    units: list[float] = []
+    figures: dict[str, list[float]] = {"ttft": [], "interval": [], "host": [], "gpu": []}
+    for i, gen in enumerate(gens):
+        stop = gens[i + 1][0].host_start if i + 1 < len(gens) else end_s
+        steps = _intervals_ms(gen)
+        span = (stop - gen[0].host_start) * 1e3
+        units.append(span - sum(steps) + len(steps) * median(steps) if steps else span)
+        if len(gen) > 1:
+            figures["ttft"].append((gen[1].host_start - gen[0].host_start) * 1e3)
+        figures["interval"] += steps
+        figures["host"] += [(f.host_end - f.host_start) * 1e3 for f in gen[1:]]
+        figures["gpu"] += [g for f in gen[1:] if (g := f.gpu_ms()) is not None]
+    return units, figures
 
 
 def _new_shape_steps(cold) -> tuple[list[float], list[float]]:

@@ -54,15 +54,16 @@ def _device_kinds(ok) -> tuple:
 
 def time_by_kind_chart(backends, step: str = "forward") -> Bars | None:
     """Device time per step (a ``forward``, a ``training step``: what the profiled pass ran once) split by
-    layer kind; on a CPU, the attention calls (of the forward) against the rest of the step."""
+    layer kind; on a CPU, one step's host time: its attention calls against the rest of it."""
     ok = [b for b in backends if b.ok]
     names = tuple(b.backend for b in ok)
     if any(b.profiled_gpu_busy_ms for b in ok):
         n_gpus = len({(d.rank, d.device) for b in ok for d in b.devices})
         y = f"GPU ms per {step}" + (f" (sum of {n_gpus} GPUs)" if n_gpus > 1 else "")
         return _kept(Bars(f"Time per {step}, by layer kind", names, _device_kinds(ok), y, stacked=True))
-    attn = [(b.attn_host_us or 0) * (b.attn_calls or 0) / 1e3 for b in ok]
-    rest = [max((b.time_ms or 0) - a, 0.0) for a, b in zip(attn, ok)]
+    # one measured step's own parts (its attention calls, the rest of it): never a part above its whole
+    attn = [b.host_attn_ms or 0.0 for b in ok]
+    rest = [max((b.host_ms or 0.0) - a, 0.0) for a, b in zip(attn, ok)]
     series = (("attention calls", tuple(attn)), (f"rest of the {step}", tuple(rest)))
     return _kept(Bars(f"Time per {step}: attention calls and the rest", names, series, f"ms per {step}",
                       stacked=True))

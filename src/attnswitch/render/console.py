@@ -13,7 +13,10 @@ import re
 from .document import Block, Callout, Figure, Heading, Section, Table, Text
 from .sections import sections
 
-__all__ = ["to_console", "to_text", "fit_header"]
+__all__ = ["to_console", "to_text", "fit_header", "TABLE_WIDTH"]
+
+#: the width every table fits (kept where the output is not a terminal and prose wraps narrower)
+TABLE_WIDTH = 120
 
 _STYLE = {"plain": "", "note": "dim", "strong": "bold", "error": "red"}  # of a text or a table row
 _SKIP = frozenset({"plots", "environment", "traces"})  # sections the page shows and a terminal does not
@@ -79,10 +82,14 @@ def _print(console, blocks: list[Block] | tuple[Block, ...]) -> None:
                 console.print(RichText(block.title, style="bold underline"))
             _print(console, block.blocks)
         elif isinstance(block, Table):
-            console.print(_table(block, styled=console.color_system is not None))  # plain text: no bold
+            # a table fits 120 columns; where the output is not a terminal (a log, a pipe), prose wraps at
+            # the console's width and a table keeps its 120
+            wide = None if console.is_terminal else max(console.width, TABLE_WIDTH)
+            console.print(_table(block, styled=console.color_system is not None), width=wide)  # plain: no bold
         elif isinstance(block, Callout):
-            text = RichText(f"{block.label}: {block.headline}" + (":" if block.detail else ""), style="bold")
-            console.print(text.append(f" {block.detail}" if block.detail else "", style=""))
+            console.print(RichText(f"{block.label}: {block.headline}", style="bold"))
+            for reason in block.reasons:
+                console.print(RichText(f"  {reason}"))
         elif isinstance(block, Heading):
             console.print(RichText(block.text, style="bold" if block.level == 1 else "bold underline"))
         elif isinstance(block, Text):

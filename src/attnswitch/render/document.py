@@ -31,11 +31,11 @@ class Text:
 
 @dataclass(frozen=True)
 class Callout:
-    """The answer a report gives (the recommendation): ``label: headline: detail``."""
+    """The answer a report gives (the recommendation): ``label: headline``, then its reasons, a line each."""
 
     label: str
     headline: str
-    detail: str = ""
+    reasons: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,8 @@ def figure_html(fig: Figure, salt: str) -> str:
 
 
 def _callout(c: Callout) -> str:
-    detail = f'<p class="detail">{_inline(c.detail)}</p>' if c.detail else ""
+    detail = ('<ul class="detail">' + "".join(f"<li>{_inline(r)}</li>" for r in c.reasons) + "</ul>"
+              if c.reasons else "")
     return (f'<div class="label">{html.escape(c.label)}</div><p class="headline">{_inline(c.headline)}</p>'
             f"{detail}")
 

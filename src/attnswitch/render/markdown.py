@@ -43,7 +43,9 @@ def _lines(blocks, level: int) -> list[str]:
         elif isinstance(block, Table):
             lines += _table(block)
         elif isinstance(block, Callout):
-            lines.append(f"**{block.label}: {block.headline}" + (f":** {block.detail}" if block.detail else "**"))
+            lines.append(f"**{block.label}: {block.headline}**")
+            if block.reasons:
+                lines += [""] + [f"- {r}" for r in block.reasons]
         elif isinstance(block, Text):
             lines.append(f"- {block.text}" if block.kind == "error" else block.text)
         else:  # a figure: drawn in the HTML page only

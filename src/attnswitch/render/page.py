@@ -21,7 +21,7 @@ code { font: 0.92em/1.3 ui-monospace, "DejaVu Sans Mono", monospace; background:
           border-radius: 4px; }
 .answer .label { font-size: 12px; text-transform: uppercase; letter-spacing: .06em; color: var(--muted); }
 .answer .headline { font-size: 22px; font-weight: 650; margin: 2px 0 4px; }
-.answer .detail { margin: 0; }
+.answer .detail { margin: 0; padding-left: 20px; }
 .scroll { overflow-x: auto; }
 table { border-collapse: collapse; font-size: 13px; margin: 4px 0; }
 caption { text-align: left; font-weight: 600; padding: 4px 0; }

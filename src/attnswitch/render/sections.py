@@ -23,7 +23,7 @@ COMM_NOTE = ("comm µs: the NCCL kernels' device time, which includes waiting fo
              "collective; GPU µs is the rest.")
 PERFETTO = "https://ui.perfetto.dev"
 
-_SUMMARY = ("backend", "time/fwd ms", "noise %", "host/fwd ms", "cold host ms", "host/attn µs", "kernels/fwd",
+_SUMMARY = ("backend", "time/fwd ms", "vs pick", "host/fwd ms", "cold host ms", "host/attn µs", "kernels/fwd",
             "memcpy/fwd", "kernels/attn", "memcpy/attn", "peak MB", "max rel err")
 _DEVICE = ("rank", "GPU", "kernels/fwd", "memcpy/fwd", "memset/fwd", "comm kernels/fwd", "GPU busy ms", "comm ms",
            "GPU span ms", "peak MB", "time/fwd ms")
@@ -101,12 +101,22 @@ def distribution_text(report) -> str | None:
 
 # -- tables -----------------------------------------------------------------------------------------
 
-def _summary_row(b) -> tuple[str, ...]:
+def _versus(report, b) -> str:
+    """The margin against the pick: ``pick``, ``≈ 1.01 [0.97–1.06]`` (tied), ``1.09 [1.05–1.13]``."""
+    m = getattr(b, "margin", None)
+    if b.backend == report.pick:
+        return "pick"
+    if m is None:
+        return "-"
+    return ("≈ " if b.backend in report.ties else "") + f"{m.ratio:.2f} [{m.low:.2f}–{m.high:.2f}]"
+
+
+def _summary_row(report, b) -> tuple[str, ...]:
     name = f"{b.backend} ({b.package})" if getattr(b, "package", None) else b.backend
     if not b.ok:
         return (name, b.status) + ("-",) * (len(_SUMMARY) - 2)
     num = b.numerics
-    return (name, _n(b.time_ms, 3), _n(b.noise_pct, 1), _n(b.host_ms, 2), _n(b.cold_host_ms, 1),
+    return (name, _n(b.time_ms, 3), _versus(report, b), _n(b.host_ms, 2), _n(b.cold_host_ms, 1),
             _n(b.attn_host_us, 1), _n(b.kernels), _n(b.memcpys), _n(b.attn_kernels_per_call),
             _n(b.attn_memcpys_per_call), _n(b.peak_mem_mb, 0),
             "-" if num is None else (f"{num.max_rel_err:.1e}" + ("" if num.ok else " over")))
@@ -117,7 +127,7 @@ def _summary_kind(report, b) -> str:
         return "note"
     if b.numerics is not None and not b.numerics.ok:
         return "error"
-    return "strong" if b.backend == report.pick else "plain"
+    return "strong" if b.backend in (report.ties or (report.pick,)) else "plain"
 
 
 _STEP = {"generate": ("time/workload ms", "host/workload ms", "the whole generate workload"),
@@ -143,7 +153,7 @@ def summary_table(report) -> Table:
     """One row per backend, fastest first; columns with no data on this device are left out."""
     backends = ordered(report)
     kinds = tuple(_summary_kind(report, b) for b in backends)
-    table = Table("", _headers(report), tuple(_summary_row(b) for b in backends), frozenset({"backend"}), kinds)
+    table = Table("", _headers(report), tuple(_summary_row(report, b) for b in backends), frozenset({"backend"}), kinds)
     return drop_empty_columns(table)
 
 
@@ -251,27 +261,33 @@ def environment_table(report) -> Table:
 def _recommendation(report, opts: Options) -> Section | None:
     if not report.recommendation:
         return None
-    head, sep, detail = report.recommendation.partition(": ")
-    callout = Callout("Recommendation", head, detail) if sep else Callout("Recommendation", report.recommendation)
+    head, *reasons = report.recommendation.splitlines()
+    callout = Callout("Recommendation", head, tuple(r for r in reasons if r.strip()))
     return Section("", (callout,), key="recommendation")
 
 
-def _summary(report, opts: Options) -> Section:
+def _timing_text(report, step: tuple[str, str, str]) -> str:
+    """How the time column was measured, and how to read the margins against the pick."""
     timer = next((b.timer for b in report.backends if b.timer), "")
-    mode = report.workload.get("mode")
-    step = _STEP.get(mode, ("time/fwd", "", "forwards"))
-    n, settle = report.settings.get("iters"), report.settings.get("settle")
-    if mode == "generate":
-        how = (f"the fastest of {n} unprofiled runs of {step[2]}, interleaved across backends ({timer}; a "
-               "host-bound workload, which other load on the machine only slows)")
+    st = report.settings
+    host = st.get("host") or {}
+    if report.workload.get("mode") == "generate":
+        how = (f"{step[0].split(' ')[0]}: each prompt's median over the rounds (its decode steps at their median), "
+               f"summed over prompts ({timer})")
     else:
-        how = f"median of {n} unprofiled {step[2]} ({timer}), in interleaved rounds" + (
-            f"; a backend more than {settle:g}x slower than the fastest after two rounds is timed no further"
-            if settle else "")
-    blocks: list[Block] = [summary_table(report),
-                           Text(f"{step[0].split(' ')[0]}: {how}; noise: half the interquartile range over the "
-                                f"median; counts from the profiler, {_COUNTED.get(mode, ('', 'per forward'))[1]}; "
-                                "/attn: per attention call (of the forward).", "note")]
+        how = f"{step[0].split(' ')[0]}: the median of unprofiled {step[2]} ({timer})"
+    rounds = host.get("rounds")
+    if rounds:
+        how += (f", in {rounds} interleaved rounds (at least {st.get('rounds')}; more for the backends still tied "
+                f"with the fastest, until told apart or out of time: {host.get('stopped')})")
+    return (how + ". vs pick: the median of the per-round ratios of its time to the pick's, with its 95 % interval; "
+            "≈ and bold: not told apart from the pick (the interval holds 1); counts from the profiler, "
+            f"{_COUNTED.get(report.workload.get('mode'), ('', 'per forward'))[1]}; /attn: per attention call.")
+
+
+def _summary(report, opts: Options) -> Section:
+    step = _STEP.get(report.workload.get("mode"), ("time/fwd", "", "forwards"))
+    blocks: list[Block] = [summary_table(report), Text(_timing_text(report, step), "note")]
     if distribution_text(report):
         blocks.append(Text(f"distribution: {distribution_text(report)}"))
     if report.sweep:
@@ -293,8 +309,8 @@ def _plots(report, opts: Options) -> Section | None:
     # its own section plots it step by step instead
     by_kind = None if mode == "generate" else charts.time_by_kind_chart(backends, step)
     plots = [
-        (by_kind, f"A CPU run has no device time: the attention calls' host time (median per call × calls) against "
-         f"the rest of the median {step}." if cpu else f"Device time per {step}, from the profiled pass.", None),
+        (by_kind, f"A CPU run has no device time: the host time of the median measured {step}, its attention "
+         "calls and the rest of it." if cpu else f"Device time per {step}, from the profiled pass.", None),
         (charts.attention_time_chart(backends), "The attention call's own kernels, from the profiled pass.",
          "No device time on this run (CPU): the host time per call below is the attention's time."),
         (charts.host_cost_chart(backends), "Host time until each attention call returns: the first call at this "
@@ -430,7 +446,7 @@ def _sweep(report, opts: Options) -> Section | None:
     names = list(dict.fromkeys(b.backend for p in report.sweep for b in p.backends))
     rows = tuple((str(p.batch), str(p.seq), *(_ms(next((b.time_ms for b in p.backends if b.backend == n and b.ok),
                                                          None)) for n in names),
-                  p.pick or "-")
+                  " ≈ ".join(p.ties) or p.pick or "-")
                  for p in report.sweep)
     table = Table("Sweep: time per step (ms)", ("batch", "seq", *names, "best"), rows, frozenset({"best"}))
     batches = list(dict.fromkeys(p.batch for p in report.sweep))

@@ -1,0 +1,174 @@
+"""The ranking against independent loops on a GPU: does ``compare`` say what a user's own loop measures,
+as fast as it should?
+
+``python -m benchmarks.ranking_check OUT [--only=generate,prefill,train]`` writes ``ranking_check.json``:
+
+- ``generate``: a Mistral-shaped 8-layer model, B4, prompts 368-400, 32 new tokens, six backends,
+  compared twice (wall time of each ``compare``, its order, its ties and margins), then an independent
+  ``model.generate()`` loop per backend (medians of 5 interleaved repeats);
+- ``prefill``: the default preset's prefill compare (wall time and answer);
+- ``train``: a Qwen3-shaped 6-layer model, B2 S2048: ``compare(mode="train")`` against an independent
+  training loop (forward with labels, backward, ``zero_grad(set_to_none=True)``; CUDA events per step,
+  medians of 3 rounds x 6 steps), with the forward and backward apart, per backend.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import attnswitch
+from attnswitch.comparison import compare
+from attnswitch.env import environment
+from attnswitch.models import load_model
+from attnswitch.stats import median
+from attnswitch.workload import make_workload
+
+from .workloads import independent_generate
+
+__all__ = ["generate_check", "prefill_check", "train_check", "independent_train", "main"]
+
+GENERATE_BACKENDS = ["auto", "flash", "cudnn", "naive-inplace", "math", "efficient"]
+TRAIN_BACKENDS = ["flash", "cudnn", "efficient", "math", "naive-inplace"]
+
+
+def _answer(report, wall_s: float) -> dict:
+    return {"wall_s": round(wall_s, 1), "order": list(report.ranking), "ties": list(report.ties),
+            "recommendation": report.recommendation, "time_s": report.settings.get("time_s"),
+            "host": report.settings.get("host"),
+            "backends": {b.backend: {"time_ms": b.time_ms, "noise_pct": b.noise_pct,
+                                     "margin": b.margin.text() if b.margin else None,
+                                     "rounds": len(b.time_rounds_ms), "samples": list(b.time_samples_ms),
+                                     "workload_wall_ms": b.generate.workload_wall_ms if b.generate else None}
+                         for b in report.backends}}
+
+
+def generate_check(out: Path) -> dict:
+    model, desc = load_model("mistral-7b", dtype="bf16", device="cuda", layers=8)
+    work = make_workload(model, batch=4, seq=384, mode="generate", new_tokens=32)
+    runs = []
+    for i in range(2):
+        t0 = time.perf_counter()
+        report = compare(model, work, backends=GENERATE_BACKENDS, model_name="mistral-7b (8 layers)")
+        runs.append(_answer(report, time.perf_counter() - t0))
+        report.to_json(out / f"generate_run{i + 1}.json")
+        print(f"generate compare {i + 1}: {runs[-1]['wall_s']} s, order {runs[-1]['order']}, ties {runs[-1]['ties']}",
+              flush=True)
+    independent = independent_generate(work, GENERATE_BACKENDS, repeats=5)
+    order = sorted(independent, key=lambda n: independent[n]["median_ms"])
+    del model
+    torch.cuda.empty_cache()
+    return {"model": desc, "prompt_lens": list(work.generation.prompt_lens), "runs": runs,
+            "independent_median_ms": {n: independent[n]["median_ms"] for n in order}, "independent": independent,
+            "same_order_twice": runs[0]["order"] == runs[1]["order"]}
+
+
+def prefill_check(out: Path) -> dict:
+    model, desc = load_model("llama-3.2-1b", dtype="bf16", device="cuda")
+    work = make_workload(model, batch=4, seq=2048)
+    t0 = time.perf_counter()
+    report = compare(model, work, model_name="llama-3.2-1b")
+    answer = _answer(report, time.perf_counter() - t0)
+    report.to_json(out / "prefill.json")
+    del model
+    torch.cuda.empty_cache()
+    return {"model": desc, **answer}
+
+
+def independent_train(model, ids, names, rounds=3, steps=6) -> dict:
+    """A user's training loop per backend, outside attnswitch's measurement: forward with labels, backward,
+    ``zero_grad(set_to_none=True)``; CUDA events around each step and around its forward; the backends
+    in turn in each round; garbage collected before each backend's turn, not inside it."""
+    model.train()
+    out: dict = {n: {"step": [], "forward": [], "backward": []} for n in names}
+    for name in names:  # warm
+        with attnswitch.backend(name, model=model):
+            for _ in range(2):
+                model(input_ids=ids, labels=ids).loss.backward()
+                model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    for _ in range(rounds):
+        for name in names:
+            gc.collect()
+            gc.disable()
+            try:
+                with attnswitch.backend(name, model=model):
+                    for _ in range(steps):
+                        a, b, c = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+                        a.record()
+                        loss = model(input_ids=ids, labels=ids).loss
+                        b.record()
+                        loss.backward()
+                        model.zero_grad(set_to_none=True)
+                        c.record()
+                        c.synchronize()
+                        out[name]["step"].append(a.elapsed_time(c))
+                        out[name]["forward"].append(a.elapsed_time(b))
+                        out[name]["backward"].append(b.elapsed_time(c))
+            finally:
+                gc.enable()
+    model.eval()
+    return {n: {k: median(v) for k, v in d.items()} for n, d in out.items()}
+
+
+def train_check(out: Path) -> dict:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_layers=6, num_attention_heads=16,
+                      num_key_value_heads=8, head_dim=128, vocab_size=32000, max_position_embeddings=4096)
+    model = Qwen3ForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    work = make_workload(model, batch=2, seq=2048, mode="train")
+    t0 = time.perf_counter()
+    report = compare(model, work, backends=TRAIN_BACKENDS, model_name="qwen3 (6 layers)")
+    answer = _answer(report, time.perf_counter() - t0)
+    report.to_json(out / "train.json")
+    ids = work.kwargs["input_ids"]
+    loop = independent_train(model, ids, TRAIN_BACKENDS)
+    rows = {}
+    for n in TRAIN_BACKENDS:
+        b = report[n]
+        if not b.ok:
+            continue
+        rows[n] = {"compare_step_ms": b.time_ms, "loop_step_ms": loop[n]["step"],
+                   "compare_over_loop": b.time_ms / loop[n]["step"],
+                   "compare_forward_ms": b.train.forward_ms, "loop_forward_ms": loop[n]["forward"],
+                   "compare_backward_ms": b.train.backward_ms, "loop_backward_ms": loop[n]["backward"]}
+        print(f"train {n}: compare {b.time_ms:.2f} ms, own loop {loop[n]['step']:.2f} ms "
+              f"({rows[n]['compare_over_loop']:.3f})", flush=True)
+    del model
+    torch.cuda.empty_cache()
+    return {"workload_kwargs": sorted(work.kwargs), **answer, "against_loop": rows,
+            "within_5pct": all(abs(r["compare_over_loop"] - 1) <= 0.05 for r in rows.values())}
+
+
+CHECKS = {"generate": generate_check, "prefill": prefill_check, "train": train_check}
+
+
+def main(argv=None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    only = next((a.split("=", 1)[1].split(",") for a in args if a.startswith("--only=")), list(CHECKS))
+    out = Path(next(a for a in args if not a.startswith("--")))
+    out.mkdir(parents=True, exist_ok=True)
+    results = {"environment": environment(), "command": "python -m benchmarks.ranking_check " + " ".join(args)}
+    for name in only:
+        t0 = time.perf_counter()
+        try:
+            results[name] = {"status": "ok", **CHECKS[name](out)}
+        except Exception as e:  # a check that breaks is recorded, the others still run
+            import traceback
+            results[name] = {"status": "failed", "error": f"{type(e).__name__}: {e}",
+                             "traceback": traceback.format_exc()}
+        results[name]["seconds"] = round(time.perf_counter() - t0, 1)
+        print(f"{name}: {results[name]['status']} in {results[name]['seconds']} s", flush=True)
+        (out / "ranking_check.json").write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

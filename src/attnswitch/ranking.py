@@ -1,0 +1,152 @@
+"""The ranking: which backend is fastest, by how much, and which cannot be told apart from it. One rule,
+read by the recommendation, the summary's bold row, a sweep's table and its text. Pure functions over
+results.
+
+Each backend's time is compared with the pick's round by round (``stats.paired_margin``): the median of
+the per-round ratios and its 95 % interval. A backend is beaten only where its interval excludes 1;
+the others are tied with the pick (not told apart), and are said to be so. An alias and the backend it
+ran (``auto`` that ran flash, and ``flash``) are one kernel: they are tied whatever their samples say,
+and samples that tell them apart are a caution (load), never a win.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from .backends import kernel_family
+from .results import BackendResult, Margin, candidates
+from .stats import paired_margin
+
+__all__ = ["Verdict", "verdict", "rank", "ranked", "busy_host", "BUSY_LOAD", "BUSY_SPREAD", "BUSY_DRIFT"]
+
+#: a fixed task's time varying by more than this (median over fastest, or after over before) on the host
+BUSY_SPREAD = 1.25
+BUSY_DRIFT = 1.25
+#: a load average this far above the number of CPUs (this process counts once)
+BUSY_LOAD = 0.5
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The ranking of one set of results: every backend that ran with acceptable numerics, by its
+    median ratio to the pick (``order``, eager included as the reference); the pick and the candidates
+    tied with it (``ties``, the pick first); each ranked backend's margin against the pick; cautions."""
+
+    order: tuple[str, ...]
+    ties: tuple[str, ...]
+    margins: Mapping[str, Margin]
+    cautions: tuple[str, ...] = ()
+
+    @property
+    def pick(self) -> str | None:
+        return self.ties[0] if self.ties else None
+
+    @property
+    def beaten(self) -> tuple[str, ...]:
+        """The candidates told apart from the pick (slower), in order."""
+        return tuple(n for n in candidates(self.order) if n not in self.ties)
+
+
+def _good(b: BackendResult) -> bool:
+    return (b.ok and b.time_ms is not None and (b.numerics is None or b.numerics.ok)
+            and (b.train is None or b.train.grad_ok is not False))
+
+
+def _margins(good: list[BackendResult], ref: BackendResult) -> dict[str, Margin]:
+    out = {}
+    for b in good:
+        m = paired_margin(b.time_rounds_ms, ref.time_rounds_ms, ref.backend) if b is not ref else None
+        if b is ref and ref.time_rounds_ms:
+            n = sum(len(u) for u in ref.time_rounds_ms)
+            m = Margin(ref.backend, 1.0, 1.0, 1.0, 1.0, n)
+        if m is not None:
+            out[b.backend] = m
+    return out
+
+
+def _aliases(by: dict[str, BackendResult]) -> dict[str, str]:
+    """``auto`` -> the forced backend it ran here, where both ran."""
+    auto = by.get("auto")
+    fam = kernel_family(auto.attn_ops + auto.attn_kernel_names) if auto is not None else None
+    return {"auto": fam} if fam and fam in by else {}
+
+
+def verdict(results: Iterable[BackendResult], host: Mapping | None = None) -> Verdict:
+    """Rank ``results`` (``host``: ``settings["host"]``, the load probes taken around the timing)."""
+    results = list(results)
+    good = sorted(filter(_good, results), key=lambda b: b.time_ms)
+    by = {b.backend: b for b in good}
+    cands = [b for b in good if b.backend in candidates([b.backend])]
+    if not cands:
+        return Verdict(tuple(b.backend for b in good), (), {}, busy_host(host, results))
+    pick = cands[0]
+    margins = _margins(good, pick)
+    for _ in range(len(cands)):  # the paired ratios may find a candidate faster than the pick: it is the pick
+        faster = [b for b in cands if b.backend in margins and margins[b.backend].high < 1.0]
+        if not faster:
+            break
+        pick = min(faster, key=lambda b: margins[b.backend].ratio)
+        margins = _margins(good, pick)
+    ratio = {b.backend: (margins[b.backend].ratio if b.backend in margins else b.time_ms / pick.time_ms)
+             for b in good}
+    order = tuple(sorted(by, key=lambda n: (n != pick.backend, ratio[n], by[n].time_ms)))
+    ties = [n for n in candidates(order) if n == pick.backend or not _told_apart(margins.get(n))]
+    cautions = list(busy_host(host, results))
+    for alias, target in _aliases(by).items():
+        if alias in ties or target in ties:
+            ties += [n for n in (alias, target) if n not in ties and n in candidates(order)]
+        m = paired_margin(by[alias].time_rounds_ms, by[target].time_rounds_ms, target)
+        if m is not None and m.decided and not m.equal:
+            cautions.append(f"`{alias}` ran {target}'s kernels, yet measured {m.text()} of `{target}`'s time: the "
+                            "machine's load changed between them (or their host paths differ); they are held tied.")
+    ties = [n for n in candidates(order) if n in ties]  # in ranking order, the pick first
+    return Verdict(order, tuple(ties), margins, tuple(cautions))
+
+
+def _told_apart(m: Margin | None) -> bool:
+    return m is not None and m.slower and not m.equal
+
+
+def rank(results: Iterable[BackendResult]) -> list[str]:
+    """Backends that ran with acceptable numerics (outputs, and gradients in a training step), fastest
+    first (``verdict(...).order``)."""
+    return list(verdict(results).order)
+
+
+def ranked(results: list[BackendResult], v: Verdict) -> list[BackendResult]:
+    """``results`` with each ranked backend's margin against the pick."""
+    return [dataclasses.replace(b, margin=v.margins.get(b.backend)) for b in results]
+
+
+def busy_host(host: Mapping | None, results: Iterable[BackendResult] = ()) -> tuple[str, ...]:
+    """A caution where the machine was busy while measuring, from the load probes around the timing
+    rounds (load average, a fixed task timed before and after) and, on a CPU, host times of the same
+    steps measured apart; empty where nothing says so."""
+    if not host:
+        return ()
+    said = []
+    cpus = host.get("cpus") or 1
+    loads = [x for x in (host.get("load_before"), host.get("load_after")) if x is not None]
+    if loads and max(loads) > cpus + BUSY_LOAD:
+        said.append(f"load average {max(loads):.1f} on {cpus} CPUs")
+    probes = [p for p in (host.get("probe_before_ms"), host.get("probe_after_ms")) if p]
+    spread = max((max(p) / min(p) for p in probes if min(p) > 0), default=1.0)
+    if spread > BUSY_SPREAD:
+        said.append(f"a fixed task's time varied {spread:.1f}x")
+    if len(probes) == 2:
+        drift = statistics.median(probes[1]) / statistics.median(probes[0])
+        if max(drift, 1 / drift) > BUSY_DRIFT:
+            said.append(f"it ran {drift:.2f}x as long after the timing as before")
+    apart = [(b.host_ms / b.time_ms, b.backend) for b in results
+             if b.ok and b.timer == "wall-clock" and b.host_ms and b.time_ms]
+    worst = max(apart, key=lambda x: max(x[0], 1 / x[0]), default=None)
+    if worst is not None and max(worst[0], 1 / worst[0]) > BUSY_DRIFT:
+        said.append(f"`{worst[1]}`'s step took {worst[0]:.2f}x as long when its host time was measured as in the "
+                    "timing rounds")
+    if not said:
+        return ()
+    return (f"The machine was busy while measuring ({'; '.join(said)}): intervals are wider and host times less "
+            "certain; rerun on an idle machine for a sharper answer.",)

@@ -1,0 +1,93 @@
+"""Host figures that add up: one measured step's attention calls and the rest are parts of that step's
+host time, and both agree with a clock of the test's own around the same step and the same calls."""
+
+import time
+
+import pytest
+from conftest import batch_for, tiny
+
+import attnswitch
+from attnswitch.profiling.clock import Forward
+from attnswitch.profiling.workloads import prompt_units
+from attnswitch.render import charts
+
+
+@pytest.fixture
+def clocked():
+    """A backend whose calls a clock of the test's own times, and the model's steps timed the same way."""
+    calls: list[float] = []
+
+    def own(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        import torch.nn.functional as F
+
+        t0 = time.perf_counter()
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                                             scale=scale, enable_gqa=enable_gqa)
+        calls.append(time.perf_counter() - t0)
+        return out
+
+    attnswitch.register_backend("own", own, gqa=True)
+    yield calls
+    attnswitch.unregister_backend("own")
+
+
+def test_a_steps_attention_calls_and_the_rest_are_parts_of_it_and_agree_with_an_outside_clock(clocked):
+    model = tiny("llama")
+    batch = batch_for(model, pad=False)
+    steps: list[float] = []
+    real = model.forward
+
+    def timed_forward(*a, **kw):  # the test's own clock, inside attnswitch's around the same step
+        t0 = time.perf_counter()
+        try:
+            return real(*a, **kw)
+        finally:
+            steps.append(time.perf_counter() - t0)
+
+    model.forward = timed_forward
+    r = attnswitch.profile(model, batch, backends=["own"], warmup=0, iters=1, host_iters=5, profile_steps=0,
+                           time_budget_s=0)
+    b = r["own"]
+    assert 0 < b.host_attn_ms <= b.host_ms
+    # the host steps are the 2nd..6th forwards (after the process's and the cold one); the reported step is
+    # one of them, whole: attnswitch's clock sits outside the test's, around the same forward
+    host_steps = sorted(steps[2:7])
+    mid = host_steps[2] * 1e3
+    assert mid <= b.host_ms <= mid + 1.0 + 0.05 * mid
+    assert len(clocked) == 2 * (len(steps) - 1)  # two layers; the process's first forward ran naive
+    # its attention calls: at least the backend's own time in them (they wrap it), within the step
+    assert b.host_attn_ms >= min(sum(clocked[i:i + 2]) for i in range(0, len(clocked), 2)) * 1e3
+
+
+def test_the_cpu_plot_never_shows_a_part_above_its_whole(clocked):
+    model = tiny("llama")
+    r = attnswitch.profile(model, batch_for(model, pad=False), backends=["own", "naive"], warmup=0, iters=2,
+                           host_iters=3, profile_steps=0, time_budget_s=0)
+    chart = charts.time_by_kind_chart(list(r.backends))
+    (_, attn), (_, rest) = chart.series
+    for b, a, x in zip(r.backends, attn, rest):
+        assert a + x == pytest.approx(b.host_ms) and a <= b.host_ms
+
+
+def _gen(t0: float, steps: list[float], q_len: int = 8) -> list[Forward]:
+    """Forwards of one generate starting at ``t0``: a prefill, then decode forwards ``steps`` seconds apart."""
+    fs = [Forward(q_len, t0, t0 + 0.001)]
+    t = t0 + 0.020  # 20 ms to the first token
+    for dt in steps:
+        fs.append(Forward(1, t, t + 0.0005))
+        t += dt
+    return fs
+
+
+def test_a_generates_prompt_units_take_its_decode_steps_at_their_median():
+    # two prompts; the first's third step was delayed 50 ms by the machine
+    first = _gen(0.0, [0.010, 0.010, 0.060, 0.010, 0.010])
+    second = _gen(1.0, [0.012] * 5)
+    units, figures = prompt_units(first + second, end_s=1.1)
+    # first: prefill start to the second prompt's start (1000 ms), its 4 decode intervals (90 ms) taken at their
+    # median (10 ms): 1000 - 90 + 40
+    assert units[0] == pytest.approx(950.0)
+    assert units[1] == pytest.approx(100.0)  # no interval delayed: as measured, to the workload's end
+    assert figures["ttft"] == pytest.approx([20.0, 20.0])
+    assert sorted(figures["interval"])[-1] == pytest.approx(60.0) and len(figures["interval"]) == 8
+    assert figures["host"] == pytest.approx([0.5] * 10) and figures["gpu"] == []
