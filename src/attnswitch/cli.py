@@ -92,7 +92,7 @@ def _profile_options(iters: int) -> Callable[[argparse.ArgumentParser], None]:
                        help=f"interleaved rounds every backend is timed in (default: {min(iters, 6)}; 2 for generate)")
         p.add_argument("--time-budget", type=float, default=None, metavar="S",
                        help="seconds of more rounds for the backends still tied with the fastest (default: as long "
-                            "as the first rounds took; 0: no more rounds)")
+                            "as the first rounds took, at most 30; 0: no more rounds)")
         p.add_argument("--out", default=None, help="write report.json/.csv/.md/.html and traces here")
         p.add_argument("--unfold", action="store_true", help="one row per layer instead of folding repeated layers")
         p.add_argument("--layers", action="store_true", help="print the per-layer tables too")

@@ -103,7 +103,18 @@ def verdict(results: Iterable[BackendResult], host: Mapping | None = None) -> Ve
             cautions.append(f"`{alias}` ran {target}'s kernels, yet measured {m.text()} of `{target}`'s time: the "
                             "machine's load changed between them (or their host paths differ); they are held tied.")
     ties = [n for n in candidates(order) if n in ties]  # in ranking order, the pick first
+    cautions += _unsteady(by[ties[0]])
     return Verdict(order, tuple(ties), margins, tuple(cautions))
+
+
+def _unsteady(b: BackendResult) -> list[str]:
+    """A generate ranked per step whose whole workloads took much longer: long stretches of slow steps
+    (another process, a collection) that a step's median does not see."""
+    g = b.generate
+    if g is None or not g.workload_wall_ms or not b.time_ms or g.workload_wall_ms <= BUSY_DRIFT * b.time_ms:
+        return []
+    return [f"`{b.backend}`'s whole workloads took {g.workload_wall_ms / b.time_ms:.2f}x its per-step time: its steps "
+            "were slowed for long stretches; rerun on an idle machine."]
 
 
 def _told_apart(m: Margin | None) -> bool:
@@ -139,13 +150,12 @@ def busy_host(host: Mapping | None, results: Iterable[BackendResult] = ()) -> tu
     if len(probes) == 2:
         drift = statistics.median(probes[1]) / statistics.median(probes[0])
         if max(drift, 1 / drift) > BUSY_DRIFT:
-            said.append(f"it ran {drift:.2f}x as long after the timing as before")
+            said.append(f"its time changed {max(drift, 1 / drift):.2f}x from before the timing to after it")
     apart = [(b.host_ms / b.time_ms, b.backend) for b in results
              if b.ok and b.timer == "wall-clock" and b.host_ms and b.time_ms]
     worst = max(apart, key=lambda x: max(x[0], 1 / x[0]), default=None)
     if worst is not None and max(worst[0], 1 / worst[0]) > BUSY_DRIFT:
-        said.append(f"`{worst[1]}`'s step took {worst[0]:.2f}x as long when its host time was measured as in the "
-                    "timing rounds")
+        said.append(f"`{worst[1]}`'s host time per step, measured apart, was {worst[0]:.2f}x its time in the rounds")
     if not said:
         return ()
     return (f"The machine was busy while measuring ({'; '.join(said)}): intervals are wider and host times less "

@@ -93,8 +93,8 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     which the report keeps, then ``warmup`` more). The steady time per step comes from ``iters``
     unprofiled steps per backend in at least ``rounds`` interleaved rounds (default 12 in 6; a generate
     workload: 2 whole workloads in 2, each prompt of each a paired unit), then more rounds for the backends
-    still tied with the fastest, for at most ``time_budget_s`` seconds (default: as long as the first
-    rounds; 0: none). Host time per step and per attention call, and peak memory, come from ``host_iters``
+    still tied with the fastest, for at most ``time_budget_s`` seconds (default: as long as the first rounds,
+    30 s at most; 0: none). Host time per step and per attention call, and peak memory, come from ``host_iters``
     more steps (default: ``iters``, at most 5; a generate: 1); the per-layer counts from ``profile_steps``
     profiled ones (the counts are the same in every step). Backends that cannot run are in the report with
     PyTorch's reasons. The report's ``settings["time_s"]`` says where attnswitch's own time went, and

@@ -307,6 +307,10 @@ def prepare_backend(target: Target, name: str, *, warmup: int = 1, iters: int = 
         return BackendResult(name, "failed", (f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",))
 
 
+#: the default budget of more rounds is the first rounds' time, at most this (a busy machine slows them)
+BUDGET_CAP_S = 30.0
+
+
 def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 6, budget_s: float | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> Rounds:
     """Steady time per step (ms) for each backend, unprofiled, in interleaved rounds so that drift (clocks,
@@ -317,7 +321,8 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
     Every backend runs ``rounds`` rounds (``iters`` steps in all). Then, unless ``budget_s`` is 0, rounds
     go on for the backends whose interval against the fastest still holds 1 (``stats.paired_margin``)
     until each is told apart, or is within ``stats.EQUIVALENT`` of it, or ``budget_s`` more seconds are
-    spent (default: as long as the first rounds took; ``MAX_ROUNDS`` rounds at most); a backend
+    spent (default: as long as the first rounds took, ``BUDGET_CAP_S`` at most; ``MAX_ROUNDS`` rounds at
+    most); a backend
     decidedly slower than the fastest is timed no further. ``clock`` reads the budget's time. Under
     ``torchrun`` every rank takes the same decisions (the union of what each keeps), so that their
     forwards pair up."""
@@ -339,7 +344,7 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
             if budget_s == 0:
                 break
             if deadline is None:  # the first rounds are done: the budget starts
-                deadline = clock() + (budget_s if budget_s is not None else clock() - t0)
+                deadline = clock() + (budget_s if budget_s is not None else min(clock() - t0, BUDGET_CAP_S))
             active, stopped = still_open(timings, active, out_of_time=clock() >= deadline, capped=r >= MAX_ROUNDS)
     return Rounds(timings, r, stopped, clock() - t0)
 
