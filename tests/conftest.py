@@ -222,3 +222,52 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+class FakeClock:
+    """A clock that moves only when a test says (``advance``): attnswitch's timing code reads it instead
+    of the wall clock, so that every time it reports is exactly the time the test injected."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def advance(self, ms: float) -> None:
+        self.now += ms / 1e3
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    """A ``FakeClock`` as the ``time`` of every module that times steps, forwards and attention calls."""
+    import types
+
+    from attnswitch import instrument
+    from attnswitch.profiling import capture, clock
+
+    c = FakeClock()
+    fake = types.SimpleNamespace(perf_counter=c.perf_counter)
+    for module in (capture, clock, instrument):
+        monkeypatch.setattr(module, "time", fake)
+    return c
+
+
+@pytest.fixture
+def timed_kernel(fake_clock):
+    """``add(name, ms(q, k))``: a backend (SDPA's math underneath) that takes ``ms(q, k)`` fake milliseconds
+    per call; unregistered after the test."""
+    import attnswitch
+
+    names = []
+
+    def add(name, ms):
+        def kernel(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+            fake_clock.advance(ms(q, k))
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                                                    scale=scale, enable_gqa=enable_gqa)
+        names.append(attnswitch.register_backend(name, kernel, gqa=True))
+        return name
+    yield add
+    for n in names:
+        attnswitch.unregister_backend(n)

@@ -15,14 +15,17 @@ from typing import Any
 
 import torch.nn as nn
 
+from .deploy import deploy_info
+from .lengths import Lengths
 from .numerics import REFERENCES, grad_numerics, numerics, token_agreement
 from .profiling import profile
 from .ranking import rank, ranked, verdict
 from .recommend import recommend, recommend_sweep
 from .results import BackendResult, Numerics, Report, SweepPoint
+from .serving import serving_estimate
 from .workload import Workload, make_workload
 
-__all__ = ["compare", "compare_sweep", "rank", "verdict", "recommend"]
+__all__ = ["compare", "compare_sweep", "sweep_choice", "rank", "verdict", "recommend"]
 
 
 def _with_numerics(results: list[BackendResult], workload: Workload, reference: str) -> list[BackendResult]:
@@ -84,34 +87,53 @@ def compare(model: nn.Module, batch: Workload | dict[str, Any], *, backends: Ite
         settings.update(numerics_reference=REFERENCES[reference], time_s=spent)
     v = verdict(results, settings.get("host"))
     results = ranked(results, v)
-    return dataclasses.replace(report, backends=tuple(results), ranking=v.order, ties=v.ties, cautions=v.cautions,
-                               recommendation=recommend(results, v, report.workload), command=command,
-                               settings=settings)
+    report = dataclasses.replace(report, backends=tuple(results), ranking=v.order, ties=v.ties, cautions=v.cautions,
+                                 recommendation=recommend(results, v, report.workload), command=command,
+                                 settings=settings)
+    return dataclasses.replace(report, deploy=deploy_info(report))
 
 
 def _compact(b: BackendResult) -> BackendResult:
     return dataclasses.replace(b, layers=(), devices=(), transfers=(), attn_kernel_details=())
 
 
-def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: str = "prefill",
-                  padding: bool = False, progress: Callable[[str], None] | None = None, **kw) -> Report:
-    """``compare`` at every ``(batch, seq)`` shape of ``mode`` (prefill or train): one report whose
-    ``sweep`` holds each shape's results, whose backends are the last shape's, and whose recommendation
-    names the best backend per range of lengths (per batch size) and where they cross over. Traces go to
-    one folder per shape under ``trace_dir``."""
-    if mode not in ("prefill", "train"):
-        raise ValueError(f"a sweep runs prefill or train steps, not {mode!r}")
-    shapes = list(dict.fromkeys((int(b), int(s)) for b, s in shapes))  # each shape once, in the order given
-    if not shapes:
+def _sweep_shapes(shapes, mode: str, new_tokens) -> list[tuple[int, int, int | None]]:
+    if mode not in ("prefill", "train", "generate"):
+        raise ValueError(f"a sweep runs prefill, train or generate steps, not {mode!r}")
+    news = [None] if mode != "generate" else ([new_tokens] if isinstance(new_tokens, int) else list(new_tokens or []))
+    if mode == "generate" and not news:
+        raise ValueError("a generate sweep needs new_tokens (an int or a list)")
+    if mode != "generate" and new_tokens is not None:
+        raise ValueError("new_tokens is a generate sweep's; a prefill or train sweep has none")
+    # each shape once, in the order given
+    out = list(dict.fromkeys((int(b), int(s), n) for b, s in shapes for n in news))
+    if not out:
         raise ValueError("a sweep needs at least one shape")
+    return out
+
+
+def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: str = "prefill",
+                  padding: bool = False, new_tokens: int | Iterable[int] | None = None, cache: str = "dynamic",
+                  lengths: Lengths | None = None, requests: int = 1000,
+                  progress: Callable[[str], None] | None = None, **kw) -> Report:
+    """``compare`` at every ``(batch, seq)`` shape of ``mode`` (prefill, train, or generate with ``seq`` the
+    prompt length and each of ``new_tokens``): one report whose ``sweep`` holds each shape's results, whose
+    backends are the last shape's, and whose recommendation names the best backend per range of lengths
+    (per batch size, and per number of new tokens) and where they cross over, by each shape's own ranking.
+    A generate sweep over the prompt lengths of a deployment (``lengths``, see ``lengths.read_lengths``)
+    also says which backend a run of ``requests`` requests is cheapest with and when that changes
+    (``serving.serving_estimate``; ``report.serving``). Traces go to one folder per shape under
+    ``trace_dir``."""
+    shapes3 = _sweep_shapes(shapes, mode, new_tokens)
     # every shape's inputs made (and so checked) before any is measured
-    works = [make_workload(model, batch=batch, seq=seq, mode=mode, padding=padding) for batch, seq in shapes]
+    works = [make_workload(model, batch=b, seq=s, mode=mode, padding=padding,
+                           **({"new_tokens": n, "cache": cache} if mode == "generate" else {})) for b, s, n in shapes3]
     trace_dir = kw.pop("trace_dir", None)
     points, last, spent, said = [], None, {}, []
-    for (batch, seq), work in zip(shapes, works):
+    for (batch, seq, new), work in zip(shapes3, works):
         if progress:
-            progress(f"batch {batch}, seq {seq}")
-        point = SweepPoint(batch, seq, ())
+            progress(f"batch {batch}, {'prompt' if new else 'seq'} {seq}" + (f", {new} new tokens" if new else ""))
+        point = SweepPoint(batch, seq, (), new_tokens=new)
         last = compare(model, work, progress=progress,
                        trace_dir=None if trace_dir is None else Path(trace_dir) / point.folder, **kw)
         points.append(dataclasses.replace(point, backends=tuple(_compact(b) for b in last.backends),
@@ -120,9 +142,40 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
         for k, v in last.settings.get("time_s", {}).items():  # the time account of every shape, summed
             spent[k] = round(spent.get(k, 0) + v, 3)
     description = f"sweep of {len(points)} shapes, {mode}" + (", padded" if padding else "")
-    workload = {**last.workload, "description": description, "shapes": [[b, s] for b, s in shapes]}
+    workload = {**last.workload, "description": description, "shapes": [[b, s] for b, s, _ in shapes3]}
+    if mode == "generate":
+        workload.update(new_tokens=sorted({n for _, _, n in shapes3}), prompt_lens=sorted({s for _, s, _ in shapes3}))
+    serving, lines = _serving(points, lengths, requests)
+    if lengths is not None:
+        workload["lengths_from"] = lengths.source or "given"
     cautions = tuple(dict.fromkeys(said))  # every shape's, once
-    return dataclasses.replace(last, sweep=tuple(points), workload=workload, cautions=cautions,
-                               settings={**last.settings, "time_s": spent},
-                               recommendation="\n".join([recommend_sweep(points), *cautions]))
+    report = dataclasses.replace(last, sweep=tuple(points), workload=workload, cautions=cautions, serving=serving,
+                                 settings={**last.settings, "time_s": spent},
+                                 recommendation="\n".join([recommend_sweep(points), *lines, *cautions]))
+    return dataclasses.replace(report, deploy=deploy_info(report, pick=sweep_choice(points, serving)))
 
+
+def _serving(points: list[SweepPoint], lengths: Lengths | None, requests: int) -> tuple[dict | None, list[str]]:
+    """The cost of a run of requests over ``lengths``, for the first batch size and number of new tokens."""
+    if lengths is None or not points or points[0].new_tokens is None:
+        return None, []
+    first = [p for p in points if (p.batch, p.new_tokens) == (points[0].batch, points[0].new_tokens)]
+    est = serving_estimate(first, lengths, requests, points[0].new_tokens)
+    if est is None:
+        return None, ["No backend ran at every measured length: no estimate for the length mix."]
+    return dataclasses.asdict(est), est.text()
+
+
+def sweep_choice(points: list[SweepPoint], serving: dict | None = None) -> str | None:
+    """The one backend to deploy over a sweep: the cheapest for the length mix where one was given, else
+    the candidate tied for the pick at the most lengths (the faster over all of them where that ties)."""
+    if serving:
+        return serving["pick"]
+    counts: dict[str, int] = {}
+    for p in points:
+        for n in p.ties or ((p.pick,) if p.pick else ()):
+            counts[n] = counts.get(n, 0) + 1
+    if not counts:
+        return None
+    total = {n: sum(b.time_ms for p in points for b in p.backends if b.backend == n and b.time_ms) for n in counts}
+    return min(counts, key=lambda n: (-counts[n], total[n]))

@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
 from .device import default_device
 
-__all__ = ["environment", "package_version"]
+__all__ = ["environment", "package_version", "relevant_env"]
+
+#: environment variables that change what attention (and the rest of a step) runs, or how fast
+_RELEVANT = re.compile(r"^(TORCH|PYTORCH|TORCHINDUCTOR|TORCHDYNAMO|CUDA|CUDNN|CUBLAS|NCCL|TRITON|NVIDIA_TF32|OMP_NUM_|"
+                       r"MKL_NUM_|HF_HUB_OFFLINE|TRANSFORMERS_OFFLINE)")
+_SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|KEY|CREDENTIAL", re.IGNORECASE)
+
+
+def relevant_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment variables set in this process that matter to what runs (never a secret)."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in sorted(environ.items()) if _RELEVANT.match(k) and not _SECRET.search(k)}
 
 
 def package_version(name: str) -> str | None:
@@ -49,6 +63,7 @@ def environment(device: torch.device | str | None = None) -> dict:
         "attnswitch": package_version("attnswitch"),
         "python": platform.python_version(),
         "cpu": platform.processor() or platform.machine(),
+        "env_vars": relevant_env(),
     }
     if torch.cuda.is_available() and dev.type == "cuda":
         p = torch.cuda.get_device_properties(dev)

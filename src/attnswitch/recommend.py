@@ -156,20 +156,23 @@ def _ranges(points) -> list[list]:
 
 
 def recommend_sweep(points) -> str:
-    """Per batch size, the best backend per range of lengths (the backends tied at every length of it,
-    as each length's own ranking says: the table's rule) and where the ranking crosses over."""
-    batches = dict.fromkeys(p.batch for p in points)
-    return "\n".join(_sweep_text(sorted((p for p in points if p.batch == b), key=lambda p: p.seq), b)
-                     for b in batches)
+    """Per batch size (and number of new tokens), the best backend per range of lengths (the backends
+    tied at every length of it, as each length's own ranking says: the table's rule) and where the
+    ranking crosses over."""
+    groups = dict.fromkeys((p.batch, getattr(p, "new_tokens", None)) for p in points)
+    return "\n".join(_sweep_text(sorted((p for p in points if (p.batch, getattr(p, "new_tokens", None)) == g),
+                                        key=lambda p: p.seq), *g) for g in groups)
 
 
-def _sweep_text(points, batch: int) -> str:
+def _sweep_text(points, batch: int, new_tokens: int | None = None) -> str:
     ranges = _ranges(points)
+    word = "prompt" if new_tokens else "seq"
     parts = []
     for first, last, w in ranges:
-        span = f"seq {first.seq}" if first is last else f"seq {first.seq}–{last.seq}"
+        span = f"{word} {first.seq}" if first is last else f"{word} {first.seq}–{last.seq}"
         parts.append(f"{span}: " + (" ≈ ".join(f"`{n}`" for n in w) if w else "no backend with acceptable numerics"))
-    text = f"Best per length at batch {batch}: " + "; ".join(parts)
-    crossings = [f"between seq {a[1].seq} and {b[0].seq}, `{b[2][0]}` overtakes `{a[2][0]}`"
+    at = f"batch {batch}" + (f", {new_tokens} new tokens" if new_tokens else "")
+    text = f"Best per length at {at}: " + "; ".join(parts)
+    crossings = [f"between {word} {a[1].seq} and {b[0].seq}, `{b[2][0]}` overtakes `{a[2][0]}`"
                  for a, b in zip(ranges, ranges[1:]) if a[2] and b[2]]
     return text + ("." if not crossings else ". Crossover " + "; ".join(crossings) + ".")

@@ -26,8 +26,8 @@ __all__ = ["SCHEMA_VERSION", "Margin", "LayerStats", "DeviceStats", "TransferSta
            "SlowCall", "TrainStats", "BackendResult", "SweepPoint", "Report", "candidates"]
 
 #: 2 added devices, transfers, ranks and collectives (multi-GPU); 3 workloads: generate and train stats,
-#: a phase on layer rows, sweeps; 4 rounds paired by backend, margins with intervals, ties, cautions;
-#: older versions still load
+#: a phase on layer rows, sweeps; 4 rounds paired by backend, margins with intervals, ties, cautions,
+#: generate sweeps, deploy and serving; older versions still load
 SCHEMA_VERSION = 4
 _READABLE = (1, 2, 3, 4)
 
@@ -213,10 +213,11 @@ class SweepPoint:
     """One shape of a sweep: every backend's result there (per-layer rows left to the full report)."""
 
     batch: int
-    seq: int
+    seq: int  # a generate sweep's: the prompt length (its prompts are spread around it)
     backends: tuple[BackendResult, ...]
     ranking: tuple[str, ...] = ()
     ties: tuple[str, ...] = ()  # the pick and the candidates not told apart from it
+    new_tokens: int | None = None  # a generate sweep's new tokens per prompt
 
     @property
     def pick(self) -> str | None:
@@ -226,7 +227,7 @@ class SweepPoint:
     @property
     def folder(self) -> str:
         """Where this shape's traces go, under the traces folder (each shape has its own)."""
-        return f"batch{self.batch}_seq{self.seq}"
+        return f"batch{self.batch}_seq{self.seq}" + (f"_new{self.new_tokens}" if self.new_tokens else "")
 
 
 _CSV_COLUMNS = ["backend", "rank", "status", "timer", "time_ms", "vs_pick", "vs_pick_low", "vs_pick_high", "noise_pct",
@@ -272,6 +273,8 @@ class Report:
     sweep: tuple[SweepPoint, ...] = ()  # one point per shape of a sweep (the backends: the last shape's)
     ties: tuple[str, ...] = ()  # the pick and the candidates its intervals do not tell apart from it
     cautions: tuple[str, ...] = ()  # what makes the timings less trustworthy (a busy machine, ...)
+    deploy: dict | None = None  # how to run the pick: snippets, environment, versions (``deploy.deploy_info``)
+    serving: dict | None = None  # a generate sweep over a length mix: the cost of a run of requests
     schema_version: int = SCHEMA_VERSION
 
     def __getitem__(self, name) -> BackendResult:

@@ -200,6 +200,14 @@ class Workload:
     def describe(self) -> dict[str, Any]:
         """The workload as a report records it."""
         d: dict[str, Any] = {"description": self.description, "mode": self.mode}
+        ids = (self.prompts[0] if self.prompts else self.kwargs).get("input_ids")
+        if isinstance(ids, torch.Tensor) and ids.dim() == 2:
+            d["batch"] = ids.shape[0]
+            cache = self.kwargs.get(cache_kwarg(self.model)) if self.mode == "decode" else None
+            if cache is not None and hasattr(cache, "get_seq_length"):  # a decode step: its key length
+                d["seq"] = int(cache.get_seq_length())
+            elif self.generation is None:  # (a generate's lengths are its prompts')
+                d["seq"] = ids.shape[1]
         if self.generation is not None:
             d.update(prompt_lens=list(self.generation.prompt_lens), new_tokens=self.generation.new_tokens,
                      cache=self.generation.cache)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import re
 
-from .document import Block, Callout, Figure, Heading, Section, Table, Text
+from .document import Block, Callout, Code, Figure, Heading, Section, Table, Text
 from .sections import sections
 
 __all__ = ["to_console", "to_text", "fit_header", "TABLE_WIDTH"]
@@ -94,6 +94,9 @@ def _print(console, blocks: list[Block] | tuple[Block, ...]) -> None:
             console.print(RichText(block.text, style="bold" if block.level == 1 else "bold underline"))
         elif isinstance(block, Text):
             console.print(RichText(block.text, style=_STYLE.get(block.kind, "")))
+        elif isinstance(block, Code):
+            for line in block.text.splitlines():
+                console.print(RichText("    " + line), soft_wrap=True)  # as it is: code is copied, never wrapped
         elif isinstance(block, Figure):
             continue
 

@@ -10,8 +10,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["Heading", "Text", "Callout", "Table", "Bars", "Lines", "Figure", "Section", "Block", "Chart", "EMPTY",
-           "drop_empty_columns", "has_data", "walk"]
+__all__ = ["Heading", "Text", "Code", "Callout", "Table", "Bars", "Lines", "Figure", "Section", "Block", "Chart",
+           "EMPTY", "drop_empty_columns", "has_data", "walk"]
 
 #: what a cell holds when there is nothing to show; a column of only these is left out
 EMPTY = frozenset({"-", ""})
@@ -27,6 +27,14 @@ class Heading:
 class Text:
     text: str
     kind: str = "plain"  # "plain", "note", "strong", "error" (a backend that did not run)
+
+
+@dataclass(frozen=True)
+class Code:
+    """Code to copy as it is (a snippet that runs)."""
+
+    text: str
+    language: str = "python"
 
 
 @dataclass(frozen=True)
@@ -101,7 +109,7 @@ class Section:
     open: bool = False
 
 
-Block = Heading | Text | Callout | Table | Figure | Section
+Block = Heading | Text | Code | Callout | Table | Figure | Section
 
 
 def _finite(v) -> bool:

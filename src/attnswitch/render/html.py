@@ -11,7 +11,7 @@ import math
 import re
 from pathlib import Path
 
-from .document import Bars, Block, Callout, Figure, Heading, Section, Table, Text
+from .document import Bars, Block, Callout, Code, Figure, Heading, Section, Table, Text
 from .page import CSS, SCRIPT
 from .plots import draw, svg
 from .sections import sections
@@ -96,6 +96,8 @@ def _blocks(blocks, counter: list[int]) -> str:
             out.append(f"<h{b.level + 1}>{html.escape(b.text)}</h{b.level + 1}>")
         elif isinstance(b, Text):
             out.append(f'<p class="{b.kind}">{_inline(b.text)}</p>')
+        elif isinstance(b, Code):
+            out.append(f'<pre class="code"><code>{html.escape(b.text)}</code></pre>')
     return "".join(out)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .document import Block, Callout, Heading, Section, Table, Text
+from .document import Block, Callout, Code, Heading, Section, Table, Text
 from .sections import sections
 
 __all__ = ["to_markdown"]
@@ -48,6 +48,8 @@ def _lines(blocks, level: int) -> list[str]:
                 lines += [""] + [f"- {r}" for r in block.reasons]
         elif isinstance(block, Text):
             lines.append(f"- {block.text}" if block.kind == "error" else block.text)
+        elif isinstance(block, Code):
+            lines += [f"```{block.language}", block.text, "```"]
         else:  # a figure: drawn in the HTML page only
             continue
         lines.append("")

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from . import charts
-from .document import Block, Callout, Figure, Heading, Section, Table, Text, drop_empty_columns
+from .document import Block, Callout, Code, Figure, Heading, Section, Table, Text, drop_empty_columns
 
 __all__ = ["sections", "Options", "BUILDERS", "title", "about", "summary_table", "layer_table", "device_table",
            "transfer_table", "environment_table", "fold", "distribution_text", "ordered", "COMM_NOTE", "PERFETTO"]
@@ -285,6 +285,27 @@ def _timing_text(report, step: tuple[str, str, str]) -> str:
             f"{_COUNTED.get(report.workload.get('mode'), ('', 'per forward'))[1]}; /attn: per attention call.")
 
 
+def _deploy(report, opts: Options) -> Section | None:
+    """How to run the pick in a serving process, what the measurement ran with, when to measure again."""
+    d = getattr(report, "deploy", None)
+    if not d:
+        return None
+    blocks: list[Block] = [Text(f"Run `{d['pick']}` with attnswitch in the serving process (with `model` in scope):"),
+                           Code(d["attnswitch"])]
+    if d.get("plain"):
+        blocks += [Text("Or with transformers and PyTorch alone:"), Code(d["plain"])]
+    if d.get("plain_loses"):
+        blocks.append(Text(("What that loses: " if d.get("plain") else "No transformers/PyTorch-only equivalent: ")
+                           + "; ".join(d["plain_loses"]) + ".", "note"))
+    env = d.get("env") or {}
+    blocks.append(Text("Measured with " + (", ".join(f"{k}={v}" for k, v in env.items()) if env else
+                                           "no environment variable that changes what runs")
+                       + "; " + ", ".join(f"{k} {v}" for k, v in d.get("versions", {}).items()) + ".", "note"))
+    if d.get("remeasure"):
+        blocks.append(Text("Measure again " + "; ".join(d["remeasure"]) + ".", "note"))
+    return Section("Deploy", tuple(blocks), key="deploy")
+
+
 def _summary(report, opts: Options) -> Section:
     step = _STEP.get(report.workload.get("mode"), ("time/fwd", "", "forwards"))
     blocks: list[Block] = [summary_table(report), Text(_timing_text(report, step), "note")]
@@ -447,18 +468,28 @@ def _sweep(report, opts: Options) -> Section | None:
     if not report.sweep:
         return None
     names = list(dict.fromkeys(b.backend for p in report.sweep for b in p.backends))
-    rows = tuple((str(p.batch), str(p.seq), *(_ms(next((b.time_ms for b in p.backends if b.backend == n and b.ok),
-                                                         None)) for n in names),
+    generate = any(getattr(p, "new_tokens", None) for p in report.sweep)
+    rows = tuple((str(p.batch), *((str(p.new_tokens),) if generate else ()), str(p.seq),
+                  *(_ms(next((b.time_ms for b in p.backends if b.backend == n and b.ok), None)) for n in names),
                   " ≈ ".join(p.ties) or p.pick or "-")
                  for p in report.sweep)
-    table = Table("Sweep: time per step (ms)", ("batch", "seq", *names, "best"), rows, frozenset({"best"}))
-    batches = list(dict.fromkeys(p.batch for p in report.sweep))
-    label = (lambda n, batch: n) if len(batches) == 1 else (lambda n, batch: f"{n}, batch {batch}")
-    series = {label(n, batch): [(p.seq, b.time_ms) for p in report.sweep if p.batch == batch for b in p.backends
-                                if b.backend == n and b.ok and b.time_ms] for batch in batches for n in names}
-    return Section("Sweep", (drop_empty_columns(table, keep=2),
-                             Figure(charts.sweep_chart({k: v for k, v in series.items() if v}),
-                                    "Time per step against sequence length (log-log).")), key="sweep")
+    heads = ("batch", "new", "prompt") if generate else ("batch", "seq")
+    table = Table("Sweep: time per " + ("generate workload" if generate else "step") + " (ms)",
+                  (*heads, *names, "best"), rows, frozenset({"best"}))
+    def group(p):
+        return p.batch, getattr(p, "new_tokens", None)
+    groups = list(dict.fromkeys(map(group, report.sweep)))
+
+    def label(n, g):
+        return n if len(groups) == 1 else f"{n}, batch {g[0]}" + (f", {g[1]} new" if g[1] else "")
+    series = {label(n, g): [(p.seq, b.time_ms) for p in report.sweep if group(p) == g for b in p.backends
+                            if b.backend == n and b.ok and b.time_ms] for g in groups for n in names}
+    x = "prompt length" if generate else "sequence length"
+    chart = charts.sweep_chart({k: v for k, v in series.items() if v}, x_label=x,
+                               title=f"Time per {'generate workload' if generate else 'forward'} against {x}")
+    return Section("Sweep", (drop_empty_columns(table, keep=len(heads)),
+                             Figure(chart, f"Time per step against {x} (log-log); best: the pick and the backends "
+                                           "not told apart from it at that length.")), key="sweep")
 
 
 def _own_time(report, opts: Options) -> Section | None:
@@ -471,9 +502,9 @@ def _own_time(report, opts: Options) -> Section | None:
 
 
 #: the sections of a report, in reading order
-BUILDERS: tuple[Callable[..., Section | None], ...] = (_recommendation, _summary, _generate, _train, _sweep, _plots,
-                                                       _layers, _not_run, _notes, _environment, _traces, _own_time,
-                                                       _reproduce)
+BUILDERS: tuple[Callable[..., Section | None], ...] = (_recommendation, _deploy, _summary, _generate, _train, _sweep,
+                                                       _plots, _layers, _not_run, _notes, _environment, _traces,
+                                                       _own_time, _reproduce)
 
 
 def sections(report, layers: bool = True, fold_layers: bool = True) -> list[Block]:

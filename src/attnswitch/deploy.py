@@ -1,0 +1,181 @@
+"""The answer in a form to ship: how to run the pick in a serving process, what the measurement ran with,
+and when to measure again (``deploy_info``, a report's ``deploy``); the policy file ``--out`` writes
+(``policy.json``), and ``load_policy``, which applies exactly what was measured.
+
+Pure over a report's fields, but for ``load_policy``, which reads a file and the running process's
+versions.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["deploy_info", "policy_document", "write_policy", "load_policy", "MeasuredPolicy", "POLICY_SCHEMA"]
+
+POLICY_SCHEMA = 1
+#: SDPA backend -> its ``SDPBackend`` member, for PyTorch's own ``sdpa_kernel``
+_SDP = {"math": "MATH", "efficient": "EFFICIENT_ATTENTION", "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
+#: attnswitch backend -> transformers' own ``attn_implementation`` running the same kernels
+_TRANSFORMERS = {"auto": "sdpa", "eager": "eager", "flex": "flex_attention", "fa2": "flash_attention_2",
+                 "fa3": "flash_attention_3"}
+#: the versions a measurement holds for (another one: measure again)
+_VERSIONS = ("gpu", "torch", "cuda", "cudnn", "transformers")
+
+
+def _selection_of(pick: str):
+    """``cudnn`` or ``{"prefill": "cudnn", "decode": "flash"}`` for a pick's name."""
+    if "=" not in pick:
+        return pick
+    parts = dict(p.split("=", 1) for p in pick.split("/"))
+    out: dict = {"prefill": parts["prefill"], "decode": parts["decode"]}
+    if "decode_max_query" in parts:
+        out["decode_max_query"] = int(parts["decode_max_query"])
+    return out
+
+
+def _attnswitch_snippet(sel) -> str:
+    return (f"import attnswitch\n\nattnswitch.patch(model, {sel!r})  # every thread, until attnswitch.unpatch(model)\n"
+            "# or exactly what was measured, with a warning where the versions differ:\n"
+            "# attnswitch.load_policy(\"policy.json\").apply(model)")
+
+
+def _plain_equivalent(sel) -> tuple[str | None, list[str]]:
+    """PyTorch's and transformers' own way to run the same kernels, and what it loses; None where none."""
+    if isinstance(sel, dict):
+        return None, ["a backend per phase: transformers and PyTorch choose one kernel for every call"]
+    if sel in _SDP:
+        code = ("import torch\nfrom torch.nn.attention import SDPBackend, sdpa_kernel\n\n"
+                "model.set_attn_implementation(\"sdpa\")\n"
+                f"with sdpa_kernel([SDPBackend.{_SDP[sel]}]):  # process-wide while open\n"
+                "    model.generate(**inputs)  # or model(**inputs)")
+        loses = ["the flags are process-wide: every thread and every model's SDPA calls are forced while it is open",
+                 "no layout change where the backend refuses the inputs as given (grouped k/v heads for "
+                 "efficient): SDPA raises 'No available kernel' instead",
+                 "under torch.compile the kernel is the one of the first compile, whatever the flags say later"]
+        return code, loses
+    if sel in _TRANSFORMERS:
+        return (f"model.set_attn_implementation({_TRANSFORMERS[sel]!r})",
+                [] if sel != "auto" else ["SDPA's own choice may change with the inputs, the GPU or PyTorch"])
+    return None, [f"`{sel}` is attnswitch's own: transformers has no attention implementation that runs it"]
+
+
+def _remeasure(report) -> list[str]:
+    env, work = report.environment, report.workload
+    out = []
+    if env.get("gpu"):
+        out.append(f"on another GPU than {env['gpu']}")
+    out.append(" or ".join(f"another {k} than {env[k]}" for k in ("torch", "cudnn", "transformers") if env.get(k)))
+    lens = work.get("prompt_lens") or ([work["seq"]] if "seq" in work else [])
+    if report.sweep:
+        lens = [p.seq for p in report.sweep]
+    if lens:
+        out.append(f"for lengths outside {min(lens)}–{max(lens)} tokens" if len(set(lens)) > 1 else
+                   f"for lengths other than {lens[0]} tokens")
+    if work.get("batch"):
+        out.append(f"for batch sizes other than {work['batch']}")
+    if work.get("dtype"):
+        out.append(f"in another dtype than {work['dtype']}")
+    return [x for x in out if x]
+
+
+def deploy_info(report, pick: str | None = None) -> dict | None:
+    """For the report's pick (or ``pick``: a sweep's one backend for every length): the attnswitch snippet
+    (runs as it is, with ``model`` in scope), the transformers/PyTorch-only equivalent where one exists and
+    what it loses, the environment variables the measurement ran with that matter, the versions, and when
+    to measure again. None without a pick."""
+    pick = pick or report.pick
+    if pick is None:
+        return None
+    sel = _selection_of(pick)
+    plain, loses = _plain_equivalent(sel)
+    env = report.environment
+    return {"pick": pick, "selection": sel, "attnswitch": _attnswitch_snippet(sel), "plain": plain,
+            "plain_loses": loses, "env": dict(env.get("env_vars") or {}),
+            "versions": {k: env.get(k) for k in (*_VERSIONS, "attnswitch") if env.get(k) is not None},
+            "remeasure": _remeasure(report), "ties": list(report.ties)}
+
+
+def policy_document(report) -> dict | None:
+    """What ``policy.json`` holds: the selection, the versions and environment it was measured with, the
+    workload (and lengths) it was measured on, and the tie it was picked from."""
+    info = report.deploy or deploy_info(report)
+    if info is None:
+        return None
+    return {"schema": POLICY_SCHEMA, "selection": info["selection"], "model": report.model,
+            "workload": {k: v for k, v in report.workload.items() if k != "description"},
+            "environment": {k: report.environment.get(k) for k in (*_VERSIONS, "attnswitch", "device")},
+            "env": info["env"], "ties": info["ties"], "recommendation": report.recommendation,
+            "command": report.command}
+
+
+def write_policy(report, path: str | Path) -> Path | None:
+    doc = policy_document(report)
+    if doc is None:
+        return None
+    Path(path).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    return Path(path)
+
+
+@dataclass(frozen=True)
+class MeasuredPolicy:
+    """A selection read back from ``policy.json``, with what it was measured on."""
+
+    selection: object  # a backend name or {"prefill": ..., "decode": ...}
+    environment: Mapping = field(default_factory=dict)
+    workload: Mapping = field(default_factory=dict)
+    source: str = ""
+
+    def apply(self, model):
+        """``attnswitch.patch(model, selection)``: every thread, until ``attnswitch.unpatch(model)``."""
+        from .switch import patch
+
+        return patch(model, self.selection)
+
+    def backend(self, model=None):
+        """``attnswitch.backend(selection, model=model)``: for a block."""
+        from .switch import backend
+
+        return backend(self.selection, model=model)
+
+
+_WARNED: set = set()
+
+
+def _mismatches(measured: Mapping) -> list[str]:
+    from .env import environment
+
+    device = measured.get("device")
+    here = environment(device if device in ("cpu", "cuda") else None)
+    return [f"{k} {measured[k]} (here {here.get(k)})" for k in _VERSIONS
+            if measured.get(k) is not None and str(measured.get(k)) != str(here.get(k))]
+
+
+def load_policy(path: str | Path) -> MeasuredPolicy:
+    """The policy ``compare --out`` wrote, to apply in a serving process. Warns once per file where it was
+    measured with other versions or on another GPU; raises ``ValueError`` (one line) for a file that is
+    not one, and for a backend this process cannot resolve."""
+    from .backends.policy import resolve_selection
+
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError(f"{path}: not a policy file (not JSON); `attnswitch compare --out DIR` writes "
+                         "DIR/policy.json") from None
+    if not isinstance(doc, dict) or doc.get("schema") != POLICY_SCHEMA or "selection" not in doc:
+        raise ValueError(f"{path}: not a policy file of schema {POLICY_SCHEMA} (it needs 'schema' and 'selection')")
+    resolve_selection(doc["selection"])  # an unknown backend: the registry's own error
+    policy = MeasuredPolicy(doc["selection"], doc.get("environment") or {}, doc.get("workload") or {}, str(path))
+    key = str(p.resolve())
+    differ = _mismatches(policy.environment)
+    if differ and key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(f"{path} was measured with {', '.join(differ)}: the pick may not hold here; measure again "
+                      "with `attnswitch compare`", stacklevel=2)
+    return policy

@@ -1,0 +1,120 @@
+"""What a run of requests costs each backend, for the prompt lengths a deployment sees: each backend's
+steady time per request at every length (between the measured lengths, linear), plus what it pays for each
+shape met for the first time (a plan or a compile: its new-length steps against its seen-length steps, as
+the first workload measured them, at the length where that was most: a later length may meet shapes an
+earlier one cached) times how many shapes a run of that many requests meets first
+(``Lengths.first_met``). Pure over a generate sweep's points.
+
+From the medians: the estimate says which backend a run is cheapest with and at how many requests that
+changes; the margins of each length's own ranking say how sure the steady part is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .lengths import Lengths
+from .results import candidates
+
+__all__ = ["Serving", "serving_estimate", "REQUEST_GRID"]
+
+#: the run lengths (requests) the pick is evaluated at, before the change points are narrowed down
+REQUEST_GRID = tuple(m * 10 ** e for e in range(8) for m in (1, 2, 5))
+
+
+@dataclass(frozen=True)
+class Serving:
+    """A run of ``requests`` requests of ``lengths``, ``new_tokens`` each: every candidate's expected time
+    per request, its cost per shape met first, the shapes such a run meets first, the pick, and where the
+    pick changes with the run's length (``(requests, from, to)``)."""
+
+    requests: int
+    new_tokens: int
+    per_request_ms: dict[str, float]
+    steady_ms: dict[str, float]
+    first_met_ms: dict[str, float]
+    first_met: float
+    pick: str
+    changes: tuple[tuple[int, str, str], ...] = ()
+    outside: tuple[int, ...] = ()  # lengths of the distribution outside the measured ones
+
+    def text(self) -> list[str]:
+        lines = [f"For {self.requests} requests of this length mix: `{self.pick}`, "
+                 f"{self.per_request_ms[self.pick]:.3f} ms per request ({self.first_met:.0f} shapes met first)."]
+        if self.first_met_ms.get(self.pick, 0) > 0:
+            lines.append(f"`{self.pick}` pays {self.first_met_ms[self.pick]:.3f} ms for each shape met first.")
+        for n, a, b in self.changes:
+            lines.append(f"From about {n} requests `{b}` is cheaper than `{a}`.")
+        if not self.changes:
+            lines.append("The pick is the same for any number of requests.")
+        if self.outside:
+            lines.append(f"Lengths {', '.join(map(str, self.outside[:5]))}"
+                         + (" and more" if len(self.outside) > 5 else "")
+                         + " lie outside the measured ones: their times are the nearest measured length's.")
+        return lines
+
+
+def _at(points: list[tuple[int, float]], n: int) -> float:
+    """Linear between the measured ``(length, ms)`` points; the nearest one's outside them."""
+    if n <= points[0][0]:
+        return points[0][1]
+    for (a, ta), (b, tb) in zip(points, points[1:]):
+        if n <= b:
+            return ta + (tb - ta) * (n - a) / (b - a)
+    return points[-1][1]
+
+
+def _per_prompt(b) -> float | None:
+    """One request's steady time at a point: the backend's time over its prompts."""
+    width = len(b.time_rounds_ms[0]) if b.time_rounds_ms else 0
+    return b.time_ms / width if b.time_ms and width else None
+
+
+def _costs(points, lengths: Lengths, new_tokens: int):
+    names = [n for n in candidates(points[0].ranking) if all(n in p.ranking for p in points)]
+    steady, first = {}, {}
+    for name in names:
+        per = sorted((p.seq, _per_prompt(next(b for b in p.backends if b.backend == name))) for p in points)
+        if any(t is None for _, t in per):
+            continue
+        steady[name] = sum(w * _at(per, n) for n, w in lengths.weights)
+        extra = [max(0.0, g.new_shape_step_ms - g.seen_shape_step_ms) for p in points for b in p.backends
+                 if b.backend == name and (g := b.generate) is not None
+                 and g.new_shape_step_ms is not None and g.seen_shape_step_ms is not None]
+        # where a shape is new to the process: a later length may meet shapes an earlier one's runs cached
+        first[name] = max(extra) if extra else 0.0
+    return steady, first
+
+
+def _cheapest(steady, first, lengths: Lengths, new_tokens: int, requests: int) -> tuple[str, dict]:
+    met = lengths.first_met(requests, new_tokens)
+    cost = {n: steady[n] + first[n] * met / requests for n in steady}
+    return min(cost, key=cost.get), cost
+
+
+def serving_estimate(points, lengths: Lengths, requests: int, new_tokens: int) -> Serving | None:
+    """The estimate over a generate sweep's ``points`` (each a prompt length, ``new_tokens`` each); None
+    where no backend ran at every length."""
+    if requests < 1:
+        raise ValueError(f"requests must be at least 1, got {requests}")
+    points = sorted(points, key=lambda p: p.seq)
+    if not points:
+        return None
+    steady, first = _costs(points, lengths, new_tokens)
+    if not steady:
+        return None
+    pick, cost = _cheapest(steady, first, lengths, new_tokens, requests)
+    changes, prev_n, prev = [], 1, _cheapest(steady, first, lengths, new_tokens, 1)[0]
+    for n in REQUEST_GRID[1:]:
+        now = _cheapest(steady, first, lengths, new_tokens, n)[0]
+        if now != prev:
+            lo, hi = prev_n, n  # the smallest run length with the new pick, by bisection
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if _cheapest(steady, first, lengths, new_tokens, mid)[0] == now else (mid, hi)
+            changes.append((hi, prev, now))
+        prev_n, prev = n, now
+    measured = (points[0].seq, points[-1].seq)
+    outside = tuple(n for n in lengths.lengths if not measured[0] <= n <= measured[1])
+    return Serving(requests, new_tokens, cost, steady, first, lengths.first_met(requests, new_tokens), pick,
+                   tuple(changes), outside)

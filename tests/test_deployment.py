@@ -1,0 +1,160 @@
+"""The answer for the lengths a deployment sees, in a form to ship: generate sweeps, a length mix read from a
+file and charged per shape met first, the deploy snippet (run), and the policy file read back. Times come
+from a fake clock (``conftest.fake_clock``): every figure here is exact."""
+
+import dataclasses
+import json
+import random
+import re
+import warnings
+
+import pytest
+import torch
+from conftest import tiny
+
+import attnswitch
+from attnswitch.comparison import compare_sweep, sweep_choice
+from attnswitch.deploy import load_policy, write_policy
+from attnswitch.lengths import Lengths, read_lengths
+from attnswitch.serving import serving_estimate
+
+LAYERS = 2
+
+
+def _sweep(model, lens, backends, new_tokens=4, **kw):
+    return compare_sweep(model, [(1, n) for n in lens], mode="generate", new_tokens=new_tokens, backends=backends,
+                         warmup=0, check_numerics=False, profile_steps=0, time_budget_s=0, **kw)
+
+
+def test_a_generate_sweep_names_each_ranges_best_and_the_crossover(timed_kernel):
+    # `short` is cheap per call but grows with the key length; `long` costs more per call and grows slower:
+    # short wins at short prompts, long at long ones
+    timed_kernel("short", lambda q, k: 2.0 + 0.2 * k.shape[2])
+    timed_kernel("long", lambda q, k: 6.0 + 0.05 * k.shape[2])
+    r = _sweep(tiny("llama"), [10, 60], ["short", "long"])
+    assert [(p.seq, p.new_tokens, p.ties) for p in r.sweep] == [(10, 4, ("short",)), (60, 4, ("long",))]
+    assert r.recommendation.splitlines()[0] == ("Best per length at batch 1, 4 new tokens: prompt 10: `short`; prompt "
+                                                "60: `long`. Crossover between prompt 10 and 60, `long` overtakes "
+                                                "`short`.")
+    assert r.workload["prompt_lens"] == [10, 60] and r.workload["new_tokens"] == [4]
+    assert [p.folder for p in r.sweep] == ["batch1_seq10_new4", "batch1_seq60_new4"]
+    table = r.to_markdown()
+    assert "| batch | new | prompt |" in table
+
+
+def test_first_met_is_the_expected_count_of_shapes_a_run_meets_first():
+    lengths = Lengths.of({10: 3, 12: 1})
+    rng = random.Random(0)
+    for requests in (1, 3, 20):
+        runs = []
+        for _ in range(4000):
+            seen = set()
+            for n in rng.choices([10, 12], weights=[3, 1], k=requests):
+                seen.add(("prefill", n))
+                seen.update(("decode", kv) for kv in range(n + 1, n + 4))
+            runs.append(len(seen))
+        assert lengths.first_met(requests, 4) == pytest.approx(sum(runs) / len(runs), rel=0.02)
+
+
+def test_a_length_mix_charges_each_shape_met_first_and_the_pick_changes_at_the_stated_run_length(timed_kernel,
+                                                                                                tmp_path):
+    # `planner` is faster per call but pays 50 ms the first time it meets a shape, as a plan cache would;
+    # `plain` pays nothing per shape
+    seen = set()
+
+    def planner(q, k):
+        shape = (q.shape[2], k.shape[2])
+        first = shape not in seen
+        seen.add(shape)
+        return 2.0 + (50.0 if first else 0.0)
+    timed_kernel("planner", planner)
+    timed_kernel("plain", lambda q, k: 3.0)
+    hist = tmp_path / "lengths.json"
+    hist.write_text(json.dumps({"10": 3, "12": 1}))
+    lengths = read_lengths(hist)
+    assert lengths.representative() == (10, 12)
+    few = _sweep(tiny("llama"), lengths.representative(), ["planner", "plain"], lengths=lengths, requests=5)
+    many = serving_estimate(few.sweep, lengths, 5000, 4)
+    s = few.serving
+    steady = {n: 4 * LAYERS * ms for n, ms in (("planner", 2.0), ("plain", 3.0))}  # 4 forwards a request
+    assert s["steady_ms"] == pytest.approx(steady) and s["first_met_ms"] == pytest.approx({"planner": 50.0,
+                                                                                        "plain": 0.0})
+    # the first run length at which the planner's steady lead pays for the shapes it meets first
+    flip = next(n for n in range(1, 10_000) if steady["planner"] + 50.0 * lengths.first_met(n, 4) / n < steady["plain"])
+    assert [tuple(c) for c in s["changes"]] == [(flip, "plain", "planner")]
+    assert s["pick"] == "plain" and many.pick == "planner" and many.changes == tuple(map(tuple, s["changes"]))
+    assert f"From about {flip} requests `planner` is cheaper than `plain`." in few.recommendation
+    assert few.deploy["pick"] == "plain" and sweep_choice(few.sweep, dataclasses.asdict(many)) == "planner"
+
+
+def test_the_deploy_snippet_runs_and_the_recommended_op_runs(cpu_report):
+    d = cpu_report.deploy
+    assert d["pick"] == cpu_report.pick and "attnswitch.patch(model" in d["attnswitch"]
+    model = tiny("llama")
+    batch = {"input_ids": torch.randint(0, 100, (2, 8))}
+    try:
+        exec(d["attnswitch"], {"model": model})  # the report's own text, as a user copies it
+        assert attnswitch.is_patched(model) == cpu_report.pick
+        with torch.profiler.profile() as prof, torch.no_grad():
+            model(**batch)
+    finally:
+        attnswitch.unpatch(model)
+    ops = {e.name for e in prof.events()}
+    expected = {"flash": "aten::_scaled_dot_product_flash_attention_for_cpu",
+                "math": "aten::_scaled_dot_product_attention_math", "naive": "aten::masked_fill"}[cpu_report.pick]
+    assert expected in ops
+    if d["plain"]:
+        assert "sdpa_kernel" in d["plain"] and d["plain_loses"]
+
+
+def test_a_policy_round_trips_and_warns_once_where_it_was_measured_elsewhere(cpu_report, tmp_path):
+    path = write_policy(cpu_report, tmp_path / "policy.json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # measured here: no warning
+        policy = load_policy(path)
+    assert policy.selection == cpu_report.pick and policy.environment["torch"] == torch.__version__
+    model = tiny("llama")
+    policy.apply(model)
+    try:
+        assert attnswitch.is_patched(model) == cpu_report.pick
+    finally:
+        attnswitch.unpatch(model)
+    doc = json.loads(path.read_text())
+    doc["environment"].update(torch="1.0.0", gpu="a GPU measured elsewhere")
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(doc))
+    with pytest.warns(UserWarning, match=r"measured with gpu a GPU measured elsewhere \(here None\), torch 1\.0\.0"):
+        load_policy(other)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_policy(other)  # once per file
+
+
+@pytest.mark.parametrize("text, message", [
+    ("512\nmany\n", ":2: expected one prompt length (a positive integer) a line, got 'many'"),
+    ("512\n0\n", ":2: expected one prompt length"),
+    ("{\"512\": 3,", "not valid JSON"),
+    ("{\"512\": -1}", "counts of 0 or more"),
+    ("[[512]]", "a JSON histogram is"),
+    ("# nothing\n\n", "no prompt lengths"),
+])
+def test_a_bad_lengths_file_is_one_clear_line(text, message, tmp_path):
+    p = tmp_path / "lens.txt"
+    p.write_text(text)
+    with pytest.raises(ValueError, match="lens.txt") as e:
+        read_lengths(p)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("not json", "not a policy file (not JSON)"),
+    ("{\"schema\": 9, \"selection\": \"flash\"}", "not a policy file of schema 1"),
+    ("{\"schema\": 1, \"selection\": \"flashy\"}", "unknown attention backend 'flashy'"),
+])
+def test_a_bad_policy_file_is_a_clear_exception(text, message, tmp_path):
+    p = tmp_path / "policy.json"
+    p.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_policy(p)
+    with pytest.raises(ValueError, match="cannot read it"):
+        load_policy(tmp_path / "missing.json")
