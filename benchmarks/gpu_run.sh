@@ -7,6 +7,8 @@
 #   bench      the benchmark suite's GPU parts (BENCH_ONLY narrows them)
 #   example    examples/bring_your_own_kernel.py: a Triton kernel registered and compared on the default preset
 #   workloads  generate, train, sweep and a recorded training trace (WORKLOADS narrows them)
+#   ranking    the ranking against independent loops: generate compared twice, prefill, train (RANKING narrows)
+#   gensweep   generate sweeps over prompt lengths of the 1B and 0.5B shapes (GENSWEEP narrows, GENSWEEP_LENS)
 set -u
 export PYTHONUNBUFFERED=1
 if [ -d .whl ]; then
@@ -74,5 +76,16 @@ if [[ $parts == *workloads* ]]; then
   mkdir -p $S/workloads
   timeout ${WORKLOADS_S:-420} python3 -m benchmarks.workloads $S/workloads ${WORKLOADS:+--only=$WORKLOADS} 2>&1 | tee $S/workloads/log.txt
   pack workloads
+fi
+if [[ $parts == *ranking* ]]; then
+  mkdir -p $S/ranking
+  timeout ${RANKING_S:-420} python3 -m benchmarks.ranking_check $S/ranking ${RANKING:+--only=$RANKING} 2>&1 | tee $S/ranking/log.txt
+  rm -f $S/ranking/*.json.gz; pack ranking
+fi
+if [[ $parts == *gensweep* ]]; then
+  mkdir -p $S/gensweep
+  timeout ${GENSWEEP_S:-360} python3 -m benchmarks.generate_sweep $S/gensweep ${GENSWEEP:+--only=$GENSWEEP} \
+    ${GENSWEEP_LENS:+--lens=$GENSWEEP_LENS} 2>&1 | tee $S/gensweep/log.txt
+  pack gensweep
 fi
 ls -la $OUT
