@@ -31,7 +31,7 @@ from . import registries, selection
 from .interface import attention_modules, expects_attention, model_eager_function
 
 __all__ = ["attention_forward", "mask_forward", "guarded_call", "new_forward", "run_backend", "Forward",
-           "ENTRIES"]
+           "ENTRIES", "traced_call"]
 
 
 class Forward:
@@ -266,9 +266,19 @@ def new_forward(model: nn.Module) -> Forward | None:
     return Forward(state, modules, sel, COMMON_OPS.get(sel) if sel.__class__ is str else None)
 
 
+def traced_call(model: nn.Module, args, kwargs):
+    """A forward inside ``torch.compile``'s trace (``hf.compiled`` has its twin, the one traced)."""
+    return (registries.original_call() or nn.Module.__call__)(model, *args, **kwargs)
+
+
+_COMPILING = torch.compiler.is_compiling
+
+
 def guarded_call(self: nn.Module, *args, **kwargs):
     """``PreTrainedModel.__call__`` while any switch is active: reads the model's selection for the
-    forward and counts the forward's attention calls."""
+    forward and counts the forward's attention calls (traced: the compiled code's guards read it)."""
+    if _COMPILING():
+        return traced_call(self, args, kwargs)
     call = registries.original_call() or nn.Module.__call__
     outer = _FORWARD.get()
     fwd = None if outer is not None and outer.state is not None else new_forward(self)
