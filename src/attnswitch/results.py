@@ -25,9 +25,10 @@ __all__ = ["SCHEMA_VERSION", "LayerStats", "DeviceStats", "TransferStats", "Nume
            "TrainStats", "BackendResult", "SweepPoint", "Report", "candidates"]
 
 #: 2 added devices, transfers, ranks and collectives (multi-GPU); 3 workloads: generate and train stats,
-#: a phase on layer rows, sweeps; older versions still load
-SCHEMA_VERSION = 3
-_READABLE = (1, 2, 3)
+#: a phase on layer rows, sweeps; 4 compiled candidates (compile mode, compile time, graphs, recompiles,
+#: the attention kernel seen in the graph); older versions still load
+SCHEMA_VERSION = 4
+_READABLE = (1, 2, 3, 4)
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,15 @@ class BackendResult:
     generate: GenerateStats | None = None
     train: TrainStats | None = None
     package: str | None = None  # the distribution (and version) of a third-party kernel, e.g. "flash-attn 2.8.3"
+    # a compiled candidate (``backend`` is then its label, ``flash+compile``; see ``compiling``)
+    compile: str | None = None  # torch.compile's mode; None: uncompiled
+    compile_ms: float | None = None  # one-off: the cold step's host time over a steady step's (compiling)
+    graphs: int | None = None  # graphs Dynamo compiled in the cold step (more than one: graph breaks)
+    recompiles: int | None = None  # graphs compiled after the cold step (warm-up, timed and profiled steps)
+    attn_seen: str | None = None  # the SDPA family of the attention kernels the compiled graph ran (None: none)
+    attn_seen_names: tuple[str, ...] = ()  # those kernels' (or ops') names
+    attn_mismatch: str | None = None  # why that is not the selected backend (None: it is)
+    compile_pays_after: float | None = None  # steps after which compiling has paid for itself (vs uncompiled)
 
     @property
     def ok(self) -> bool:

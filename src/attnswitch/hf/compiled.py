@@ -56,9 +56,12 @@ _COUNT = threading.local()  # attention calls traced so far in this thread (trac
 
 @torch._dynamo.assume_constant_result
 def _about(module) -> tuple[tuple[int, ...], str]:
-    """At trace time: the module's owner tokens and its path; counts the traced attention call."""
+    """At trace time: the module's owner tokens and its path; counts the traced attention call, and
+    remembers its owners as models whose forwards may run compiled attention (``dispatch.TRACED``)."""
     _COUNT.n = getattr(_COUNT, "n", 0) + 1
-    return selection._owners(module), module_path(module)
+    owners = selection._owners(module)
+    dispatch.TRACED.update(owners)
+    return owners, module_path(module)
 
 
 @torch._dynamo.assume_constant_result

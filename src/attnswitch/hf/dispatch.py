@@ -31,7 +31,7 @@ from . import registries, selection
 from .interface import attention_modules, expects_attention, model_eager_function
 
 __all__ = ["attention_forward", "mask_forward", "guarded_call", "new_forward", "run_backend", "Forward",
-           "ENTRIES", "traced_call"]
+           "ENTRIES", "traced_call", "TRACED"]
 
 
 class Forward:
@@ -272,6 +272,14 @@ def traced_call(model: nn.Module, args, kwargs):
 
 
 _COMPILING = torch.compiler.is_compiling
+#: owner tokens of models whose attention calls torch.compile traced through attnswitch (``hf.compiled``
+#: adds them while tracing): their forwards may run compiled code, whose calls no eager counter sees
+TRACED: set[int] = set()
+
+
+def _traced(model: nn.Module) -> bool:
+    info = selection.info_of(model)
+    return info is not None and info.token in TRACED
 
 
 def guarded_call(self: nn.Module, *args, **kwargs):
@@ -290,7 +298,7 @@ def guarded_call(self: nn.Module, *args, **kwargs):
     finally:
         fwd.state = None  # finished, also for a context copied during it
         _FORWARD.reset(token)
-    if fwd.calls == 0 and expects_attention(self):
+    if fwd.calls == 0 and expects_attention(self) and not _traced(self):
         raise UnsupportedModel(
             f"{type(self).__name__} ran a forward under an attnswitch backend without one attention call through "
             f"transformers' attention interface: it computed attention itself, so the switch changed nothing. "

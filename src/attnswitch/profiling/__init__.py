@@ -17,11 +17,14 @@ import torch
 import torch.nn as nn
 
 from ..backends import package_of, parse_backends
+from ..compiling import label, parse_compile
 from ..dist import world
 from ..env import environment
 from ..hf import require_interface
 from ..results import Report
+from ..switch import backend as use_backend
 from .capture import SETTLED, Target, frozen_heap, prepare_backend, timed_rounds
+from .compiled import merged_modes
 from .distributed import agree_ok, distribution_of, merged_report_backends
 from .summarize import with_timing
 from .trace import Trace
@@ -53,8 +56,9 @@ def _prepared(t: Target, names: list[str], progress, spent: dict, **kw) -> list:
     """Every backend's cold step, host times and profiled pass (``prepare_backend``), in turn."""
     # one step before any backend, so that the first backend is not charged for process-wide warm-up
     # (CUDA context, cuBLAS handles, allocator growth). It runs the naive backend, which uses no SDPA
-    # kernel: each SDPA backend's own first call (cuDNN's plan building) stays cold.
-    with torch.no_grad(), t.switched("naive"):
+    # kernel: each SDPA backend's own first call (cuDNN's plan building) stays cold; uncompiled, so that
+    # no candidate's compile is paid here.
+    with torch.no_grad(), use_backend("naive", model=t.model):
         t.fn(next(t.calls(1)))
     results = []
 
@@ -64,7 +68,7 @@ def _prepared(t: Target, names: list[str], progress, spent: dict, **kw) -> list:
         result = prepare_backend(t, name, **kw)
         package = package_of(name)  # a third-party kernel: its distribution and version
         results.append(dataclasses.replace(result, package=package) if package else result)
-        spent[name] = time.perf_counter() - t0
+        spent[label(name, t.compile)] = time.perf_counter() - t0
 
     for name in names:
         prepare(name)
@@ -72,6 +76,16 @@ def _prepared(t: Target, names: list[str], progress, spent: dict, **kw) -> list:
     if pair is not None and pair not in names:  # the best prefill and the best decode backend, together
         prepare(pair)
     return results
+
+
+def _run_mode(t: Target, mode, names, progress, spent: dict, iters: int, rounds: int, **kw) -> list:
+    """Every backend prepared, then timed against each other, under one compile mode (None: uncompiled)."""
+    t.compile = mode
+    try:
+        step = progress if mode is None else (lambda s: progress(f"{s} [compile {mode}]"))
+        return _timed(t, _prepared(t, names, step, spent, **kw), iters, rounds, step, spent)
+    finally:
+        t.compile = None
 
 
 def _settle(t: Target, iters: int, rounds: int) -> float | None:
@@ -83,7 +97,8 @@ def _settle(t: Target, iters: int, rounds: int) -> float | None:
 def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
             backends: Iterable[str] | str | None = None, warmup: int = 1, iters: int = 5,
             trace_dir: str | Path | None = None, progress: Callable[[str], None] | None = None,
-            model_name: str = "", rounds: int = 5, profile_steps: int = 1, host_iters: int | None = None) -> Report:
+            model_name: str = "", rounds: int = 5, profile_steps: int = 1, host_iters: int | None = None,
+            compile: str | Iterable[str | None] | None = None) -> Report:
     """Profile forwards of ``target`` under each backend; returns a ``Report``.
 
     ``target`` is a model (with ``batch``, a dict of forward arguments or a ``Workload``) or any
@@ -100,7 +115,14 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     copies between GPUs by layer boundary). Under ``torchrun`` with a tensor-parallel model, call it on
     every rank: each profiles its GPU and every rank gets the merged report (rank column, collectives
     per layer); with ``trace_dir`` only rank 0 writes, the other ranks' traces included.
+
+    ``compile``: ``torch.compile`` modes to run every backend under (``"default"``, ``"reduce-overhead"``,
+    ``"max-autotune"``, ``"none"`` or None: uncompiled), one or several (``"default,none"``): each compiled
+    candidate is named after its backend (``flash+compile``) and reports its compile time (a one-off cost),
+    the graphs it compiled and recompiled, and the attention kernel its graph ran (``attn_seen``, with
+    ``attn_mismatch`` where that is not the backend selected).
     """
+    modes = parse_compile(compile)
     if warmup < 0 or iters < 1 or profile_steps < 0 or (host_iters is not None and host_iters < 1):
         raise ValueError(f"need warmup >= 0, iters >= 1, host_iters >= 1 and profile_steps >= 0, got warmup={warmup}, "
                          f"iters={iters}, host_iters={host_iters}, profile_steps={profile_steps}")
@@ -115,14 +137,16 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     t0 = time.perf_counter()
     with frozen_heap():
         spent["collecting garbage"] = time.perf_counter() - t0  # once, before everything alive is frozen
-        results = _prepared(t, names, progress, spent, warmup=warmup, iters=host_iters, trace_dir=trace_dir,
-                            profile_steps=profile_steps)
-        results = _timed(t, results, iters, rounds, progress, spent)
+        results = merged_modes({mode: _run_mode(t, mode, names, progress, spent, iters, rounds, warmup=warmup,
+                                                iters=host_iters, trace_dir=trace_dir, profile_steps=profile_steps)
+                                for mode in modes})
     if world() is not None:  # tensor parallelism: every rank's results, merged, on every rank
         results = merged_report_backends(results, trace_dir)
     spent["total"] = time.perf_counter() - t_start
     settings = dict(warmup=warmup, iters=iters, rounds=rounds, host_iters=host_iters, profile_steps=profile_steps,
                     settle=_settle(t, iters, rounds), time_s={k: round(v, 3) for k, v in spent.items()})
+    if modes != (None,):
+        settings["compile"] = [m or "none" for m in modes]
     return Report(tuple(results), environment(t.device), _workload_info(t), settings,
                   model=_name(model_name, t, target), distribution=distribution_of(t.model))
 
