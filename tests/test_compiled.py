@@ -225,3 +225,42 @@ def test_inductor_keeps_the_forced_kernels_and_never_fuses_math_into_sdpa():
             ref = forward(m, batch)
             torch.testing.assert_close(forward(compiled, batch), ref, rtol=1e-4, atol=1e-5)
             assert_ran(op_names(lambda: forward(compiled, batch)), name)
+
+
+def test_layers_compiled_one_by_one_inside_an_eager_forward_follow_the_switch():
+    m = tiny("llama")
+    batch = batch_for(m, pad=True)
+    unswitched = forward(m, batch)
+    cnt = counter()
+    for layer in m.model.layers:
+        layer.compile(backend=cnt, fullgraph=True)
+    for name in ("naive-inplace", "flash"):
+        with attnswitch.backend(name, model=m):
+            assert_ran(op_names(lambda: forward(m, batch)), name)
+    assert cnt.frame_count == 4  # one compile per layer (its graph names its attention call) and selection
+    torch.testing.assert_close(forward(m, batch), unswitched)
+    assert "attnswitch::opaque" not in op_names(lambda: forward(m, batch))
+
+
+def test_the_bare_attention_call_compiles_with_the_active_backend():
+    q = torch.randn(2, 4, 16, 8)
+    fn = torch.compile(lambda q: attnswitch.attention(q, q, q, is_causal=True), backend="aot_eager", fullgraph=True)
+    for name in ("math", "flash", "naive-inplace"):
+        with attnswitch.backend(name):
+            ref = attnswitch.attention(q, q, q, is_causal=True)
+            torch.testing.assert_close(fn(q), ref)
+            assert_ran(op_names(lambda: fn(q)), name)
+    ops = op_names(lambda: fn(q))  # no backend: SDPA's own choice (flash on a CPU)
+    assert SDPA_OPS <= ops and "attnswitch::opaque" not in ops
+
+
+def test_auto_refuses_softcap_compiled_as_uncompiled():
+    m = tiny("gemma2")
+    batch = batch_for(m, pad=False)
+    compiled = torch.compile(m, backend="aot_eager", fullgraph=True)
+    with attnswitch.backend("auto", model=m):
+        with pytest.raises(BackendUnavailable) as eager:
+            forward(m, batch)
+        with pytest.raises(BackendUnavailable) as comp:
+            forward(compiled, batch)
+    assert comp.value.reasons == eager.value.reasons and comp.value.where == eager.value.where

@@ -193,8 +193,8 @@ class BackendResult:
     # a compiled candidate (``backend`` is then its label, ``flash+compile``; see ``compiling``)
     compile: str | None = None  # torch.compile's mode; None: uncompiled
     compile_ms: float | None = None  # one-off: the cold step's host time over a steady step's (compiling)
-    graphs: int | None = None  # graphs Dynamo compiled in the cold step (more than one: graph breaks)
-    recompiles: int | None = None  # graphs compiled after the cold step (warm-up, timed and profiled steps)
+    graphs: int | None = None  # graphs Dynamo compiled in the cold step (graph breaks and recompiles)
+    recompiles: int | None = None  # compiled versions of the forward beyond the first, made while measured
     attn_seen: str | None = None  # the SDPA family of the attention kernels the compiled graph ran (None: none)
     attn_seen_names: tuple[str, ...] = ()  # those kernels' (or ops') names
     attn_mismatch: str | None = None  # why that is not the selected backend (None: it is)

@@ -31,14 +31,18 @@ import types
 
 import torch
 import torch.nn as nn
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from ..backends import naive, traced
+from ..backends import Call, naive, traced
+from ..backends.call import describe
+from ..backends.policy import choose, resolve_selection
+from ..backends.sdpa import auto_reasons, sdpa_auto
 from ..errors import UnsupportedModel
 from ..sites import module_path
 from . import dispatch, registries, selection
 from .interface import attention_modules, expects_attention
 
-__all__ = ["installed", "traced_calls"]
+__all__ = ["installed", "traced_calls", "bare_attention", "twin"]
 
 
 class _Now:
@@ -132,12 +136,35 @@ def _unselected(module, query, key, value, mask, kwargs):
     if fn is None:
         fn = dispatch.model_eager_function(module)
     if config is not None and key_name != "sdpa" and _selected_for_config(config):
-        if key_name in (None, "eager"):
-            causal = dispatch._causal(module, query, mask, kwargs.get("is_causal"))
-            mask = dispatch.additive_mask(mask, query, key, causal, query.dtype)
-        else:
-            dispatch._unselected(module, query, key, value, mask, kwargs)  # its error, while tracing
+        if key_name not in (None, "eager"):  # as the eager entry says it
+            raise RuntimeError(f"{_site(module)} shares its config with a model switched here, and its attention "
+                               f"implementation {key_name!r} builds its own masks; give each model its own config "
+                               "(copy.deepcopy(config))")
+        causal = dispatch._causal(module, query, mask, kwargs.get("is_causal"))
+        mask = dispatch.additive_mask(mask, query, key, causal, query.dtype)
     return fn(module, query, key, value, mask, **kwargs)
+
+
+def _auto(module, query, key, value, mask, kwargs):
+    sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
+    reasons = auto_reasons(kwargs.get("softcap"), sinks)
+    if reasons:  # refused when the compiled code runs, as uncompiled
+        call = Call(query, key, value, mask, kwargs.get("dropout", 0.0), bool(kwargs.get("is_causal") or False))
+        out = torch.ops.attnswitch.refuse(query.transpose(1, 2), "auto", _site(module), reasons, describe(call))
+        return out, None
+    return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
+
+
+def bare_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,
+                   backend=None):
+    """``switch.attention`` traced: the calling context's global backend, through the guard."""
+    sel = resolve_selection(backend) if backend is not None else (_NOW.state.global_sel or "auto")
+    if k.shape[1] != q.shape[1] and not enable_gqa:
+        raise ValueError(f"q has {q.shape[1]} heads and k {k.shape[1]}: pass enable_gqa=True for grouped query "
+                         "attention")
+    name = choose(sel, q.shape[2])
+    call = Call(q, k, v, attn_mask, dropout_p, is_causal, scale)
+    return sdpa_auto(call)[0] if name == "auto" else traced.attention(name, call)[0]
 
 
 def mask_forward(*args, config=None, **kwargs):
@@ -177,13 +204,18 @@ def traced_call(model, args, kwargs):
 
 
 _TWINS = [(dispatch.attention_forward, attention_forward), (dispatch.run_backend, run_backend),
-          (dispatch._unselected, _unselected), (dispatch.mask_forward, mask_forward),
+          (dispatch._unselected, _unselected), (dispatch._auto, _auto), (dispatch.mask_forward, mask_forward),
           (naive.causal_mask, causal_mask), (dispatch.traced_call, traced_call)]
 
 
+def twin(original, traceable) -> None:
+    """Have torch.compile trace ``traceable`` wherever it meets ``original`` (eager calls never see it)."""
+    torch.compiler.substitute_in_graph(original, skip_signature_check=True)(traceable)
+
+
 def _install() -> bool:
-    for original, twin in _TWINS:
-        torch.compiler.substitute_in_graph(original, skip_signature_check=True)(twin)
+    for original, traceable in _TWINS:
+        twin(original, traceable)
     return True
 
 

@@ -78,12 +78,13 @@ def _prepared(t: Target, names: list[str], progress, spent: dict, **kw) -> list:
     return results
 
 
-def _run_mode(t: Target, mode, names, progress, spent: dict, iters: int, rounds: int, **kw) -> list:
-    """Every backend prepared, then timed against each other, under one compile mode (None: uncompiled)."""
+def _run_mode(t: Target, mode, names, progress, spent: dict, timing: tuple[int, int], **kw) -> list:
+    """Every backend prepared, then timed against each other (``timing``: iters and rounds), under one
+    compile mode (None: uncompiled)."""
     t.compile = mode
     try:
         step = progress if mode is None else (lambda s: progress(f"{s} [compile {mode}]"))
-        return _timed(t, _prepared(t, names, step, spent, **kw), iters, rounds, step, spent)
+        return _timed(t, _prepared(t, names, step, spent, **kw), *timing, step, spent)
     finally:
         t.compile = None
 
@@ -137,7 +138,7 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     t0 = time.perf_counter()
     with frozen_heap():
         spent["collecting garbage"] = time.perf_counter() - t0  # once, before everything alive is frozen
-        results = merged_modes({mode: _run_mode(t, mode, names, progress, spent, iters, rounds, warmup=warmup,
+        results = merged_modes({mode: _run_mode(t, mode, names, progress, spent, (iters, rounds), warmup=warmup,
                                                 iters=host_iters, trace_dir=trace_dir, profile_steps=profile_steps)
                                 for mode in modes})
     if world() is not None:  # tensor parallelism: every rank's results, merged, on every rank

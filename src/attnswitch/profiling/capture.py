@@ -142,6 +142,12 @@ class Target:
         """What many steps run inside: training mode for a training workload."""
         return self.workload.context() if self.workload is not None else contextlib.nullcontext()
 
+    def compiled_entries(self, name: str) -> int | None:
+        """Compiled versions the candidate's forward has now (None: uncompiled)."""
+        if self.compile is None:
+            return None
+        return compiled_forward(self.model, name, self.compile, decode_only=self.mode == "generate").entries()
+
     def annotated(self):
         if self.model is None:
             return contextlib.nullcontext()
@@ -262,7 +268,7 @@ def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, prof
     calls = target.calls(1 + warmup + iters)
     gc.collect()
     with recording_notes() as notes, target.context(), target.switched(name):
-        rss, graphs = _rss_mb(), graphs_compiled()
+        rss, graphs, entries = _rss_mb(), graphs_compiled(), target.compiled_entries(name)
         cold = _run(target, next(calls))
         rss_grown = (_rss_mb() - rss) if rss is not None else None
         graphs = (graphs, graphs_compiled())
@@ -275,7 +281,7 @@ def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, prof
         steady = [_run(target, next(calls)) for _ in range(iters)]
         peaks = {d.index: torch.cuda.max_memory_allocated(d) / 2**20 for d in target.devices} if cuda else {}
         prof = _profiled(target, label(name, target.compile), profile_steps, trace_dir) if profile_steps else None
-        graphs += (graphs_compiled(),)
+        entries = (entries, target.compiled_entries(name))
     attn = [a for r in steady for a in r.attn]
     result = dict(
         backend=name, status="ok", notes=tuple(dict.fromkeys(n[2] for n in notes)),
@@ -287,7 +293,7 @@ def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, prof
         **mode_fields(target.workload, cold, steady, rss_grown),
     )
     if target.compile is not None:
-        result.update(_compiled_fields(name, target.compile, result, graphs, prof))
+        result.update(_compiled_fields(name, target.compile, result, graphs, entries, prof))
     if prof is not None:
         limits = device_limits(target.device) if cuda else None
         result.update(backend_fields(prof.trace, prof.rows, cuda=cuda, limits=limits, peaks=peaks, rank=dist.rank()),
@@ -296,14 +302,17 @@ def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, prof
     return result
 
 
-def _compiled_fields(name: str, mode: str, result: dict, graphs: tuple[int, int, int], prof) -> dict:
+def _compiled_fields(name: str, mode: str, result: dict, graphs: tuple[int, int], entries: tuple, prof) -> dict:
     """What a compiled candidate adds: its compile as a one-off cost (the cold step's host time over a steady
-    step's), the graphs compiled in the cold step and after it, the attention kernel the graph ran."""
+    step's), the graphs compiled in the cold step, the recompiles (compiled versions of its forward beyond
+    the first, made while it was measured), the attention kernel the graph ran."""
     seen, names = attention_seen(prof.trace) if prof is not None else (None, ())
     cold, steady = result["cold_host_ms"], result["host_ms"]
+    before, after = entries
+    recompiles = None if None in entries else max(0, after - max(before, 1))
     return dict(compile=mode, compile_ms=max(0.0, cold - steady) if steady is not None else None,
-                graphs=graphs[1] - graphs[0], recompiles=graphs[2] - graphs[1], attn_seen=seen,
-                attn_seen_names=names, attn_mismatch=mismatch(name, seen) if prof is not None else None)
+                graphs=graphs[1] - graphs[0], recompiles=recompiles, attn_seen=seen, attn_seen_names=names,
+                attn_mismatch=mismatch(name, seen) if prof is not None else None)
 
 
 def prepare_backend(target: Target, name: str, *, warmup: int = 1, iters: int = 5,

@@ -29,7 +29,7 @@ from .clock import query_length
 from .trace import DEVICE_KINDS, Trace
 
 __all__ = ["CompiledForward", "compiled_forward", "graphs_compiled", "attention_seen", "expected_family",
-           "mismatch", "merged_modes"]
+           "mismatch", "merged_modes", "attention_family"]
 
 _IDS = itertools.count()
 _CANDIDATES: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
@@ -57,7 +57,8 @@ class CompiledForward:
         self.model, self._own = model, own
         self.forward = own if own is not None else type(model).forward.__get__(model)
         name = f"attnswitch_{backend}_{mode}_{next(_IDS)}".replace("-", "_").replace("/", "_").replace("=", "_")
-        self.compiled = torch.compile(_entry(self.forward, name), mode=None if mode == "default" else mode)
+        self._entry = _entry(self.forward, name)
+        self.compiled = torch.compile(self._entry, mode=None if mode == "default" else mode)
         forward, compiled = self.forward, self.compiled
 
         def run(*args, **kwargs):
@@ -66,6 +67,12 @@ class CompiledForward:
             return compiled(*args, **kwargs)
         self.fn = run
         self._depth = 0
+
+    def entries(self) -> int | None:
+        """Compiled versions of this candidate's forward Dynamo holds (one per set of guards: each beyond
+        the first is a recompile); None where this torch does not say."""
+        get = getattr(torch._dynamo.eval_frame, "_debug_get_cache_entry_list", None)
+        return len(get(self._entry.__code__)) if get is not None else None
 
     def __enter__(self) -> CompiledForward:
         if self._depth == 0:
@@ -97,7 +104,8 @@ def graphs_compiled() -> int:
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
-def _family(name: str) -> str | None:
+def attention_family(name: str) -> str | None:
+    """The SDPA family an op's or kernel's name is of (None: not an attention kernel's)."""
     for pattern, fam in _KERNEL_FAMILIES:
         if pattern in name:
             return fam
@@ -113,7 +121,7 @@ def attention_seen(trace: Trace) -> tuple[str | None, tuple[str, ...]]:
     names: dict[str, str] = {}
     for e in trace.events:
         if e.cat in DEVICE_KINDS or e.cat == "cpu_op":
-            fam = _family(e.name)
+            fam = attention_family(e.name)
             if fam is not None:
                 names.setdefault(e.name, fam)
     kernels = [n for n in names if not n.startswith(("aten::", "attnswitch::"))]

@@ -418,7 +418,8 @@ def _compiled(report, opts: Options) -> Section | None:
         tuple("error" if b.attn_mismatch else "plain" for b in ran)))
     return Section("Compiled", (table, Text(
         "Compile s: the cold step's host time over a steady step's, paid once per shape. Graphs: those Dynamo "
-        "compiled in the cold step (more than one: graph breaks); recompiles: graphs compiled after it. Attention "
+        "compiled in the cold step (graph breaks and recompiles make more than one); recompiles: compiled versions of "
+        "the forward beyond the first (new shapes: a growing cache recompiles), made while measured. Attention "
         "kernel seen: the SDPA family of the attention kernels the compiled graph ran, read off the trace ('-': "
         "none, as for naive attention or inductor's own kernels). Pays after: steps of this workload after which "
         "the compile has paid for itself against the same backend uncompiled. Compiled forwards have no module "
