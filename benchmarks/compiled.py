@@ -1,8 +1,8 @@
 """The deployed path: every backend compiled against the same backend uncompiled, on a GPU.
 
 ``python benchmarks/compiled.py OUT [--models llama-3.2-1b,qwen2.5-0.5b] [--workloads prefill,train,generate]
-[--backends cudnn,flash,efficient,auto] [--layers 4] [--iters 3]`` writes, per model and workload, the whole
-``compare`` report (``compiled_<model>_<workload>.json``) and ``compiled.json``: per backend its time
+[--backends cudnn,flash,efficient,auto] [--layers 2] [--iters 3]`` writes, per model and workload, the whole
+``compare`` report (``compiled_<model>_<workload>.json``) and ``compiled_<models>.json``: per backend its time
 uncompiled and compiled, the compile seconds (a one-off cost), when the compile pays for itself,
 recompiles, the attention kernel the compiled graph ran (and any mismatch), and whether compiling changes
 the pick. Workloads: prefill B4 S2048 and a training step B2 S2048 under ``torch.compile``'s default mode,
@@ -11,8 +11,10 @@ its decode steps compiled as transformers' own compile of a static cache does.
 
 The models are the presets' shapes cut to ``--layers`` layers (the attention calls are those of the whole
 model; compile time grows with the layers). Inductor compiles in this process
-(``TORCHINDUCTOR_COMPILE_THREADS=1``, as the command line does). The default set took about six minutes on
-one H200; narrow it with the flags.
+(``TORCHINDUCTOR_COMPILE_THREADS=1``, as the command line does). Numerics are checked for prefill and
+generate (compiled forwards included); a training step's compiled gradients are checked by the GPU tests
+instead (here they would compile each candidate again, in eval mode). The default set is meant to take about
+six minutes of one H200, three per model (``--models`` one at a time).
 """
 
 from __future__ import annotations
@@ -26,14 +28,14 @@ from pathlib import Path
 
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
-import torch  # noqa: E402
+import torch
 
-from attnswitch.comparison import compare  # noqa: E402
-from attnswitch.compiling import label  # noqa: E402
-from attnswitch.env import environment  # noqa: E402
-from attnswitch.models import load_model  # noqa: E402
-from attnswitch.results import candidates  # noqa: E402
-from attnswitch.workload import make_workload  # noqa: E402
+from attnswitch.comparison import compare
+from attnswitch.compiling import label
+from attnswitch.env import environment
+from attnswitch.models import load_model
+from attnswitch.results import candidates
+from attnswitch.workload import make_workload
 
 __all__ = ["WORKLOADS", "case", "summary", "main"]
 
@@ -76,7 +78,8 @@ def case(out: Path, preset: str, workload: str, backends: list[str], layers: int
     work = make_workload(model, **spec)
     t0 = time.perf_counter()
     report = compare(model, work, backends=backends, compile=f"none,{mode}", warmup=1, iters=iters, rounds=iters,
-                     model_name=f"{preset} ({layers} layers)", progress=lambda s: print(f"  {s}", flush=True))
+                     model_name=f"{preset} ({layers} layers)", check_numerics=workload != "train",
+                     progress=lambda s: print(f"  {s}", flush=True))
     report.to_json(out / f"compiled_{preset}_{workload}.json")
     row = {"model": desc, "workload": work.description, "compile_mode": mode,
            "wall_s": round(time.perf_counter() - t0, 1), **summary(report, backends, mode)}
@@ -92,7 +95,7 @@ def main(argv=None) -> int:
     p.add_argument("--models", default="llama-3.2-1b,qwen2.5-0.5b")
     p.add_argument("--workloads", default="prefill,train,generate")
     p.add_argument("--backends", default="cudnn,flash,efficient,auto")
-    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--layers", type=int, default=2)
     p.add_argument("--iters", type=int, default=3)
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -102,7 +105,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     backends = [b for b in a.backends.split(",") if b]
     results = {"environment": environment(torch.device("cuda")), "layers": a.layers, "cases": []}
-    for preset in a.models.split(","):
+    models = [m for m in a.models.split(",") if m]
+    for preset in models:
         for workload in a.workloads.split(","):
             print(f"{preset} {workload}", flush=True)
             t0 = time.perf_counter()
@@ -112,7 +116,7 @@ def main(argv=None) -> int:
             except Exception as e:  # one case failing is a result too; the others still run
                 results["cases"].append({"preset": preset, "name": workload, "error": f"{type(e).__name__}: {e}"})
             print(f"  {time.perf_counter() - t0:.1f} s", flush=True)
-            (out / "compiled.json").write_text(json.dumps(results, indent=1, default=str))
+            (out / f"compiled_{'+'.join(models)}.json").write_text(json.dumps(results, indent=1, default=str))
     return 0
 
 

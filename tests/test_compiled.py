@@ -170,6 +170,7 @@ def test_compiling_in_one_thread_changes_nothing_another_thread_runs():
     assert_ran(seen["b math"], "math")
 
 
+@pytest.mark.slow
 def test_gradients_through_compiled_forced_backends_match_uncompiled():
     m = tiny("llama").train()
     for p in m.parameters():
@@ -214,6 +215,7 @@ def test_a_model_that_computes_attention_itself_is_refused_when_compiled():
     assert "computes attention itself" in str(e.value)
 
 
+@pytest.mark.slow
 def test_inductor_keeps_the_forced_kernels_and_never_fuses_math_into_sdpa():
     # inductor's attention pattern matcher turns math's decomposed ops into SDPA's flash kernel on a padded
     # BERT: the math backend stays one opaque op, and flash stays flash

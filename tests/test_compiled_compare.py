@@ -47,6 +47,8 @@ def test_the_attention_kernel_a_trace_ran_is_read_off_its_kernel_names(backend, 
     assert seen == family, names
     assert mismatch(backend, seen) is None
     assert mismatch("efficient", "cudnn") and mismatch("naive", "flash") and mismatch("flash", None)
+    policy = "prefill=cudnn/decode=flash"
+    assert mismatch(policy, "flash") is None and mismatch(policy, "efficient")
 
 
 def _result(name, time_ms, mode=None, **kw):
@@ -86,6 +88,7 @@ def compiled_report():
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 def test_compare_puts_compiled_and_uncompiled_candidates_side_by_side(compiled_report, tmp_path):
     r = compiled_report
     assert [b.backend for b in r.backends] == ["flash", "flash+compile"]

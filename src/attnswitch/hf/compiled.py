@@ -11,12 +11,14 @@ wherever it meets the entry, and eager calls never see it (they cost exactly wha
   compiled code, in the calling thread or task: another backend, or leaving the switch, fails the guard,
   and the code is compiled again for what is selected now; equal selections in new contexts pass it. Under
   CUDA graphs (``mode="reduce-overhead"``) the guards run before every replay, so a graph recorded for
-  one backend is never replayed for another.
-- **What runs.** A forced backend is ``torch.ops.attnswitch.attention`` (``backends.traced``): its body
-  is the backend's own ``run`` on the trace's fake tensors, so the graph holds the backend's own ATen op
-  (or the hand-written attention's ops) and an ineligible call raises ``BackendUnavailable`` while
-  tracing. ``auto`` and ``eager`` trace transformers' own functions (SDPA's choice is then made when
-  compiling, under the flags of that moment: reports name the kernel that ran).
+  one backend is never replayed for another. (A value set for the duration of a forward, global or per
+  thread, would need the eager ``PreTrainedModel.__call__`` around every compiled region, which
+  ``torch.compile(model)`` made before a switch does not have, and a global one a lock across threads.)
+- **What runs.** A forced backend is an op of ``backends.traced``: its body is the backend's own ``run``
+  on the trace's fake tensors, so the graph holds the backend's own ATen op (or the hand-written
+  attention's, as one opaque op) and an ineligible call is refused with ``BackendUnavailable`` when the
+  compiled code runs. ``auto`` and ``eager`` trace transformers' own functions (SDPA's choice is then made
+  when compiling, under the flags of that moment: reports name the kernel that ran).
 - **No silent non-switch.** A compiled forward of a selected model that traced no attention call
   through attnswitch raises ``UnsupportedModel`` while tracing, as an eager one does when it returns.
 

@@ -134,20 +134,35 @@ def expected_family(backend: str) -> str | None:
     return backend if backend in ("math", "efficient", "flash", "cudnn") else None
 
 
+_NO_SDPA = ("naive", "naive-inplace", "eager", "flex")
+
+
+def _allowed(backend: str) -> set | None:
+    """The families a compiled graph of ``backend`` may run (None: any: SDPA's choice, or a kernel of the
+    user's, which may well be SDPA); a policy per phase takes its phases'."""
+    if "=" in backend:
+        phases = [p.partition("=")[2] for p in backend.split("/") if p.startswith(("prefill=", "decode="))]
+        parts = [_allowed(p) for p in phases]
+        return None if any(p is None for p in parts) else set().union(*parts)
+    if backend in ("math", "efficient", "flash", "cudnn"):
+        return {backend, None} if backend == "math" else {backend}  # math's GEMMs name no family on a GPU
+    return {None} if backend in _NO_SDPA else None
+
+
 def mismatch(backend: str, seen: str | None, auto_seen: Iterable[str | None] = ()) -> str | None:
     """Why what ran inside the compiled graph is not the selected backend (None: it is)."""
-    want = expected_family(backend)
     if backend == "auto":
         others = {f for f in auto_seen if f is not None}
         if seen is not None and others and seen not in others:
             return (f"auto compiled ran {seen}'s kernel, uncompiled {', '.join(sorted(others))}'s: the compiled graph "
                     "keeps SDPA's choice of its compile")
         return None
-    if want is not None and seen != want and not (want == "math" and seen is None):
-        return f"{backend} was selected, the compiled graph ran {seen or 'no SDPA kernel'}"
-    if want is None and backend not in ("flex",) and seen is not None and backend not in ("auto",):
-        return f"{backend} was selected, the compiled graph ran SDPA's {seen} kernel (inductor's pattern matcher?)"
-    return None
+    allowed = _allowed(backend)
+    if allowed is None or seen in allowed:
+        return None
+    if seen is None:
+        return f"{backend} was selected, the compiled graph ran no SDPA kernel"
+    return f"{backend} was selected, the compiled graph ran SDPA's {seen} kernel"
 
 
 def _pays_after(c, base) -> float | None:
