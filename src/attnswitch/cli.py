@@ -96,6 +96,9 @@ def _profile_options(iters: int) -> Callable[[argparse.ArgumentParser], None]:
         p.add_argument("--out", default=None, help="write report.json/.csv/.md/.html and traces here")
         p.add_argument("--unfold", action="store_true", help="one row per layer instead of folding repeated layers")
         p.add_argument("--layers", action="store_true", help="print the per-layer tables too")
+        p.add_argument("--compile", default="none", metavar="MODES",
+                       help="run every backend under torch.compile: none, default, reduce-overhead or max-autotune; "
+                            "several joined by commas (default,none) put compiled and uncompiled side by side")
         p.set_defaults(default_iters=iters)
     return add
 
@@ -137,6 +140,12 @@ def _check_options(args) -> None:
         raise ValueError(f"--time-budget must be 0 or more seconds, got {args.time_budget}")
     if getattr(args, "warmup", None) is not None and args.warmup < 0:
         raise ValueError(f"--warmup must be 0 or more, got {args.warmup}")
+    if getattr(args, "compile", None) is not None:
+        from .compiling import parse_compile
+
+        compiled = [m for m in parse_compile(args.compile) if m is not None]
+        if compiled and (args.device_map or args.tp):
+            raise ValueError("--compile runs one process's model on one device; not with --device-map or --tp")
     _check_out(getattr(args, "out", None))
 
 
@@ -310,7 +319,8 @@ def _measured(s: Session, run: Callable, sweep: Callable | None = None) -> int:
     trace_dir = Path(s.args.out) / "traces" if s.args.out else None
     backends = None if s.args.backends == "all" else s.args.backends
     with _progress(s.err) as progress, _not_bad_input():
-        kw = dict(backends=backends, trace_dir=trace_dir, progress=progress, model_name=spec, **_steps(s.args, work))
+        kw = dict(backends=backends, trace_dir=trace_dir, progress=progress, model_name=spec, compile=s.args.compile,
+                  **_steps(s.args, work))
         report = sweep(model, work, mode=s.args.mode, padding=s.args.padding, **kw) if isinstance(work, list) \
             else run(model, work, **kw)
     spent = {"imports": round(importing, 3), "loading the model": round(loading, 3),

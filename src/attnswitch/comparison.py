@@ -15,10 +15,12 @@ from typing import Any
 
 import torch.nn as nn
 
+from .compiling import split
 from .deploy import deploy_info
 from .lengths import Lengths
 from .numerics import REFERENCES, grad_numerics, numerics, token_agreement
 from .profiling import profile
+from .profiling.compiled import compiled_forward
 from .ranking import rank, ranked, verdict
 from .recommend import recommend, recommend_sweep
 from .results import BackendResult, Numerics, Report, SweepPoint
@@ -29,23 +31,34 @@ __all__ = ["compare", "compare_sweep", "sweep_choice", "rank", "verdict", "recom
 
 
 def _with_numerics(results: list[BackendResult], workload: Workload, reference: str) -> list[BackendResult]:
-    ok = [b.backend for b in results if b.ok]
-    nums = numerics(workload.model, workload, ok, reference)
-    results = [dataclasses.replace(b, numerics=nums[b.backend]) if isinstance(nums.get(b.backend), Numerics)
-               else b for b in results]
+    """Every candidate's numerics; a compiled candidate's from its compiled forwards (``split`` gives its
+    backend and mode), each mode's candidates checked together."""
+    out = list(results)
+    decode_only = workload.mode == "generate"
+    for mode in dict.fromkeys(b.compile for b in results):
+        at = [i for i, b in enumerate(results) if b.compile == mode]
+        around = None if mode is None else (
+            lambda name, mode=mode: compiled_forward(workload.model, name, mode, decode_only=decode_only))
+        for i, b in zip(at, _checked([results[i] for i in at], workload, reference, around)):
+            out[i] = b
+    return out
+
+
+def _checked(results: list[BackendResult], workload: Workload, reference: str, around) -> list[BackendResult]:
+    names = {b.backend: split(b.backend)[0] for b in results}
+    ok = [names[b.backend] for b in results if b.ok]
+    nums = numerics(workload.model, workload, ok, reference, around=around)
+    results = [dataclasses.replace(b, numerics=nums[names[b.backend]])
+               if isinstance(nums.get(names[b.backend]), Numerics) else b for b in results]
     if workload.mode == "generate":
-        agree = token_agreement(workload, ok, reference)
+        agree = token_agreement(workload, ok, reference, around=around)
         results = [dataclasses.replace(b, generate=dataclasses.replace(
-            b.generate, token_agreement=agree[b.backend][0], first_diff_step=agree[b.backend][1]))
-            if b.generate is not None and isinstance(agree.get(b.backend), tuple) else b for b in results]
+            b.generate, token_agreement=agree[names[b.backend]][0], first_diff_step=agree[names[b.backend]][1]))
+            if b.generate is not None and isinstance(agree.get(names[b.backend]), tuple) else b for b in results]
     if workload.mode == "train":
-        results = [_with_grads(b, g) for b, g in zip(results, _grad_checks(results, workload, reference))]
+        grads = grad_numerics(workload, ok, reference, around=around)
+        results = [_with_grads(b, grads.get(names[b.backend])) if b.ok else b for b in results]
     return results
-
-
-def _grad_checks(results, workload, reference):
-    grads = grad_numerics(workload, [b.backend for b in results if b.ok], reference)
-    return [grads.get(b.backend) for b in results]
 
 
 def _with_grads(b: BackendResult, g) -> BackendResult:
@@ -62,17 +75,19 @@ def compare(model: nn.Module, batch: Workload | dict[str, Any], *, backends: Ite
             warmup: int = 1, iters: int | None = None, trace_dir=None, progress: Callable[[str], None] | None = None,
             model_name: str = "", check_numerics: bool = True, command: str | None = None,
             rounds: int | None = None, profile_steps: int = 1, host_iters: int | None = None,
-            time_budget_s: float | None = None) -> Report:
+            time_budget_s: float | None = None, compile: str | Iterable[str | None] | None = None) -> Report:
     """Profile every backend on the same workload (``profile``: its ``iters``, ``rounds`` and
     ``time_budget_s`` say how long each is timed), check numerics, rank by steady time per step with
     each backend's margin against the pick (``ranking.verdict``), and recommend one, or the tie.
     ``batch`` is a ``Workload`` (see ``workload.make_workload``: prefill, decode, generate or train) or
-    a dict of forward arguments."""
+    a dict of forward arguments. ``compile``: ``torch.compile`` modes, as in ``profile``
+    (``"default,none"``: every backend compiled and uncompiled, side by side, and the recommendation says
+    whether compiling changes the pick)."""
     if isinstance(batch, dict):
         batch = Workload.of(model, batch)
     report = profile(model, batch, backends=backends, warmup=warmup, iters=iters, trace_dir=trace_dir,
                      progress=progress, model_name=model_name, rounds=rounds, profile_steps=profile_steps,
-                     host_iters=host_iters, time_budget_s=time_budget_s)
+                     host_iters=host_iters, time_budget_s=time_budget_s, compile=compile)
     results = list(report.backends)
     settings = dict(report.settings)
     if check_numerics:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -75,10 +75,15 @@ def reference_output(workload: Workload, reference: str = "fp32-copy") -> torch.
     return _forward(ref_work, ref_name)
 
 
-def numerics(model: nn.Module, workload: Workload, names: Iterable[str],
-             reference: str = "fp32-copy") -> dict[str, Numerics | str]:
+def _around(around: Callable[[str], contextlib.AbstractContextManager] | None, name: str):
+    return around(name) if around is not None else contextlib.nullcontext()
+
+
+def numerics(model: nn.Module, workload: Workload, names: Iterable[str], reference: str = "fp32-copy",
+             around: Callable[[str], contextlib.AbstractContextManager] | None = None) -> dict[str, Numerics | str]:
     """Per backend: its output against eager attention in float32 (same weights and inputs); a
-    string instead where the backend could not run. ``reference`` is a key of ``REFERENCES``."""
+    string instead where the backend could not run. ``reference`` is a key of ``REFERENCES``; ``around(name)``:
+    a context each backend's own run is made in (its compiled forward), the reference's is not."""
     if workload.model is not model:
         workload = workload.for_model(model)
     ref = reference_output(workload, reference)
@@ -88,7 +93,9 @@ def numerics(model: nn.Module, workload: Workload, names: Iterable[str],
     out: dict[str, Numerics | str] = {}
     for name in names:
         try:
-            mx, mean, top1 = errors(_forward(workload, name), ref, workload.tokens)
+            with _around(around, name):
+                got = _forward(workload, name)
+            mx, mean, top1 = errors(got, ref, workload.tokens)
         except BackendUnavailable as e:
             out[name] = "; ".join(e.reasons)
             continue
@@ -119,7 +126,8 @@ def _generated(workload: Workload, name: str) -> torch.Tensor:
     return out[:, prompt["input_ids"].shape[1]:]
 
 
-def token_agreement(workload: Workload, names: Iterable[str], reference: str = "fp32-copy") -> dict:
+def token_agreement(workload: Workload, names: Iterable[str], reference: str = "fp32-copy",
+                    around: Callable[[str], contextlib.AbstractContextManager] | None = None) -> dict:
     """Per backend: ``(fraction of generated tokens equal to the reference's, first step where any
     sequence differs or None)`` for the first prompt of a generate workload; a string where it could not
     run."""
@@ -128,7 +136,8 @@ def token_agreement(workload: Workload, names: Iterable[str], reference: str = "
     out: dict = {}
     for name in names:
         try:
-            got = _generated(workload, name)
+            with _around(around, name):
+                got = _generated(workload, name)
         except (BackendUnavailable, RuntimeError, ValueError) as e:
             out[name] = f"{type(e).__name__}: {e}"
             continue
@@ -180,7 +189,8 @@ def _grad_error(got: dict, ref: dict) -> tuple[float, str | None, str | None]:
     return err, worst, None
 
 
-def grad_numerics(workload: Workload, names: Iterable[str], reference: str = "fp32-copy") -> dict:
+def grad_numerics(workload: Workload, names: Iterable[str], reference: str = "fp32-copy",
+                  around: Callable[[str], contextlib.AbstractContextManager] | None = None) -> dict:
     """Per backend: its gradients (parameters, input embeddings among them) against the reference's,
     as the largest relative error ``|g - g_ref| / |g_ref|`` (norms per parameter) over the parameters;
     the tolerance is the dtype's or twice eager attention's own error in the model's dtype. A string where
@@ -192,7 +202,9 @@ def grad_numerics(workload: Workload, names: Iterable[str], reference: str = "fp
     out: dict = {}
     for name in names:
         try:
-            err, worst, reason = _grad_error(_grads(workload, name), ref)
+            with _around(around, name):
+                got = _grads(workload, name)
+            err, worst, reason = _grad_error(got, ref)
         except (BackendUnavailable, RuntimeError, ValueError) as e:
             out[name] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
             continue

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from .backends import kernel_family
+from .compiling import label, split
 from .results import BackendResult, Margin, candidates
 from .stats import paired_margin
 
@@ -50,9 +51,16 @@ class Verdict:
         return tuple(n for n in candidates(self.order) if n not in self.ties)
 
 
+#: forced backends: a compiled graph of one that ran another kernel is not the backend asked for
+_FORCED = ("math", "efficient", "flash", "cudnn")
+
+
 def _good(b: BackendResult) -> bool:
+    """Ran, with acceptable numerics (outputs, and gradients in a training step), and, compiled, the kernel
+    it forces (``auto``'s compiled graph is only flagged: what it runs is SDPA's choice of its compile)."""
     return (b.ok and b.time_ms is not None and (b.numerics is None or b.numerics.ok)
-            and (b.train is None or b.train.grad_ok is not False))
+            and (b.train is None or b.train.grad_ok is not False)
+            and not (b.attn_mismatch and split(b.backend)[0] in _FORCED))
 
 
 def _margins(good: list[BackendResult], ref: BackendResult) -> dict[str, Margin]:
@@ -68,10 +76,17 @@ def _margins(good: list[BackendResult], ref: BackendResult) -> dict[str, Margin]
 
 
 def _aliases(by: dict[str, BackendResult]) -> dict[str, str]:
-    """``auto`` -> the forced backend it ran here, where both ran."""
-    auto = by.get("auto")
-    fam = kernel_family(auto.attn_ops + auto.attn_kernel_names) if auto is not None else None
-    return {"auto": fam} if fam and fam in by else {}
+    """``auto`` (compiled or not) -> the forced backend it ran here (compiled alike), where both ran."""
+    out = {}
+    for name, b in by.items():
+        base, mode = split(name)
+        if base != "auto":
+            continue
+        fam = kernel_family(b.attn_ops + b.attn_kernel_names)
+        target = label(fam, mode) if fam else None
+        if target in by:
+            out[name] = target
+    return out
 
 
 def verdict(results: Iterable[BackendResult], host: Mapping | None = None) -> Verdict:

@@ -4,6 +4,7 @@ each. Pure functions over results and their ``ranking.Verdict``."""
 from __future__ import annotations
 
 from .backends import kernel_family
+from .compiling import split
 from .ranking import Verdict
 from .results import BackendResult, candidates
 from .stats import LEVEL
@@ -92,10 +93,48 @@ def recommend(results: list[BackendResult], v: Verdict, workload: dict | None = 
                                                        or (b.train is not None and b.train.grad_ok is False))]
     if flagged:
         lines.append(f"Not considered, numerics beyond tolerance: {', '.join(flagged)}.")
+    lines += _compile_lines(results, candidates(v.order), by, workload or {})
     lines += list(v.cautions)
     if "eager" in by and by["eager"].ok:
         lines.append(EAGER_NOTE)
     return "\n".join(lines)
+
+
+def _pays(b: BackendResult, workload: dict) -> str:
+    """When a compiled candidate's compile has paid for itself, in the workload's own steps (tokens too)."""
+    n = b.compile_pays_after
+    if workload.get("mode") == "generate":
+        tokens = (workload.get("new_tokens") or 0) * len(workload.get("prompt_lens") or [1])
+        return f"{n:.1f} generate workloads ({n * tokens:.0f} new tokens per sequence)"
+    return f"{n:.0f} {'training steps' if workload.get('mode') == 'train' else 'forwards'}"
+
+
+def _compile_lines(results: list[BackendResult], picks: list[str], by: dict, workload: dict) -> list[str]:
+    """Compiled candidates: whether compiling changes the pick, when the compile pays for itself, and
+    any compiled graph that ran another kernel than the one selected."""
+    if all(b.compile is None for b in results):
+        return []
+    lines = []
+    compiled = [by[n] for n in picks if by[n].compile is not None]
+    plain = [by[n] for n in picks if by[n].compile is None]
+    if compiled and plain:
+        c, u = compiled[0], plain[0]
+        if split(c.backend)[0] == u.backend:
+            lines.append(f"Compiling does not change the pick: `{u.backend}` leads compiled and uncompiled.")
+        else:
+            lines.append(f"Compiling changes the pick: uncompiled `{u.backend}` ({u.time_ms:.3f} ms), compiled "
+                         f"`{c.backend}` ({c.time_ms:.3f} ms).")
+    best = by[picks[0]] if picks else None
+    if best is not None and best.compile is not None and best.compile_ms is not None:
+        text = f"`{best.backend}` compiles once, {best.compile_ms / 1e3:.1f} s"
+        text += (f", which has paid for itself after {_pays(best, workload)}" if best.compile_pays_after is not None
+                 else "")
+        lines.append(text + (f"; it recompiled {best.recompiles} times while measured" if best.recompiles else "")
+                     + ".")
+    odd = [f"`{b.backend}`: {b.attn_mismatch}" for b in results if b.attn_mismatch]
+    if odd:
+        lines.append("What the compiled graph ran is not what was selected: " + "; ".join(odd) + ".")
+    return lines
 
 
 def _generate_lines(best: BackendResult, others: list[BackendResult], workload: dict) -> list[str]:

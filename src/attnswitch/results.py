@@ -27,7 +27,8 @@ __all__ = ["SCHEMA_VERSION", "Margin", "LayerStats", "DeviceStats", "TransferSta
 
 #: 2 added devices, transfers, ranks and collectives (multi-GPU); 3 workloads: generate and train stats,
 #: a phase on layer rows, sweeps; 4 rounds paired by backend, margins with intervals, ties, cautions,
-#: generate sweeps, deploy and serving; older versions still load
+#: generate sweeps, deploy and serving, compiled candidates (compile mode, compile time, graphs,
+#: recompiles, the attention kernel seen in the graph); older versions still load
 SCHEMA_VERSION = 4
 _READABLE = (1, 2, 3, 4)
 
@@ -196,6 +197,15 @@ class BackendResult:
     generate: GenerateStats | None = None
     train: TrainStats | None = None
     package: str | None = None  # the distribution (and version) of a third-party kernel, e.g. "flash-attn 2.8.3"
+    # a compiled candidate (``backend`` is then its label, ``flash+compile``; see ``compiling``)
+    compile: str | None = None  # torch.compile's mode; None: uncompiled
+    compile_ms: float | None = None  # one-off: the cold step's host time over a steady step's (compiling)
+    graphs: int | None = None  # graphs Dynamo compiled in the cold step (graph breaks and recompiles)
+    recompiles: int | None = None  # compiled versions of the forward beyond the first, made while measured
+    attn_seen: str | None = None  # the SDPA family of the attention kernels the compiled graph ran (None: none)
+    attn_seen_names: tuple[str, ...] = ()  # those kernels' (or ops') names
+    attn_mismatch: str | None = None  # why that is not the selected backend (None: it is)
+    compile_pays_after: float | None = None  # steps after which compiling has paid for itself (vs uncompiled)
 
     @property
     def ok(self) -> bool:

@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from . import backends, instrument
 from .backends import Call
-from .hf import install, registries, selection
+from .hf import compiled, install, registries, selection
 from .hf.selection import PATCHED, STATE, Policy, Selection, State, resolve_selection
 
 __all__ = ["backend", "patch", "unpatch", "attention", "active_backend", "is_patched"]
@@ -204,3 +204,6 @@ def attention(
     else:
         out, _ = backends.run(name, call)
     return out
+
+
+compiled.twin(attention, compiled.bare_attention)  # under torch.compile: the selection read through a guard

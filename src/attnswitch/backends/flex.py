@@ -186,15 +186,21 @@ def _mask_block_mask(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
     return bm
 
 
-def _mods(q, k, attn_mask, is_causal, softcap):
-    """``(kind, block_mask, score_mod)``: how FlexAttention takes this mask and softcap."""
+def _mods(q, k, attn_mask, is_causal, softcap, cached: bool = True):
+    """``(kind, block_mask, score_mod)``: how FlexAttention takes this mask and softcap (``cached=False``:
+    block masks made anew, as inside a trace)."""
     if is_causal and attn_mask is not None:
         raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
     block_kind, block_mask, bias = None, None, None
     if is_causal:
-        block_kind, block_mask = "causal", _causal_block_mask(q.shape[2], k.shape[2], q.device)
+        block_mask = _causal_block_mask(q.shape[2], k.shape[2], q.device) if cached else \
+            _build(_causal_mod, 1, 1, q.shape[2], k.shape[2], q.device)
+        block_kind = "causal"
     elif attn_mask is not None and attn_mask.dtype == torch.bool:
-        block_kind, block_mask = "mask", _mask_block_mask(attn_mask, q, k)
+        m4 = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+        block_mask = _mask_block_mask(attn_mask, q, k) if cached else \
+            _build(_tensor_mask_mod(_full(attn_mask, q, k)), m4.shape[0], m4.shape[1], q.shape[2], k.shape[2], q.device)
+        block_kind = "mask"
     elif attn_mask is not None:
         bias = _full(attn_mask, q, k)
     if softcap is not None and bias is not None:
@@ -239,15 +245,17 @@ def _compiled(key: tuple) -> Callable:
 
 def flex_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
               dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
-              softcap: float | None = None, *, compiled: bool = True) -> torch.Tensor:
+              softcap: float | None = None, *, compiled: bool = True, cached: bool = True) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` computed by FlexAttention, plus ``softcap`` (logits ->
-    ``tanh(logits / softcap) * softcap`` before the mask). ``compiled=False`` runs PyTorch's unfused
-    reference of the same block mask and score_mod (no compile; for checking, slow)."""
+    ``tanh(logits / softcap) * softcap`` before the mask). ``compiled=False`` runs FlexAttention's op
+    uncompiled: eagerly PyTorch's unfused reference of the same block mask and score_mod (for checking,
+    slow), inside a ``torch.compile`` trace the op the compile builds kernels for; ``cached=False`` makes
+    block masks anew (a trace's are fake)."""
     if flex_attention is None:
         raise RuntimeError(_NO_FLEX)
     if dropout_p:
         raise ValueError(f"flex_attention has no dropout (dropout_p={dropout_p})")
-    kind, block_mask, score_mod = _mods(q, k, attn_mask, is_causal, softcap)
+    kind, block_mask, score_mod = _mods(q, k, attn_mask, is_causal, softcap, cached)
     if not compiled:
         return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from .call import Call, repeat_kv, validate
 
-__all__ = ["naive_attention", "causal_mask", "CAUSAL_CACHE_BYTES"]
+__all__ = ["naive_attention", "causal_mask", "fresh_masks", "CAUSAL_CACHE_BYTES"]
 
 #: bytes of causal masks kept for reuse (one per shape and device); the oldest go first
 CAUSAL_CACHE_BYTES = 64 * 2**20
@@ -26,10 +26,30 @@ _CAUSAL_BYTES = [0]
 _CAUSAL_LOCK = threading.Lock()
 
 
+class _Fresh(threading.local):
+    on = False  # inside a trace (fake tensors): masks made anew, never cached nor taken from the cache
+
+
+_FRESH = _Fresh()
+
+
+class fresh_masks:
+    """Inside the block (this thread), ``causal_mask`` makes each mask anew: a trace must neither keep its
+    fake tensors nor take a real one from the cache."""
+
+    def __enter__(self) -> None:
+        self._was, _FRESH.on = _FRESH.on, True
+
+    def __exit__(self, *exc) -> None:
+        _FRESH.on = self._was
+
+
 def causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
     """True above the diagonal (positions to hide), top-left aligned as SDPA's ``is_causal``. Cached per
     shape and device up to ``CAUSAL_CACHE_BYTES``, always as an ordinary tensor (one made under
     ``inference_mode`` could not be saved for a later backward)."""
+    if _FRESH.on:
+        return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).triu_(1)
     key = (q_len, kv_len, device)
     mask = _CAUSAL.get(key)
     if mask is not None:

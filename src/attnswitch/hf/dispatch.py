@@ -31,7 +31,7 @@ from . import registries, selection
 from .interface import attention_modules, expects_attention, model_eager_function
 
 __all__ = ["attention_forward", "mask_forward", "guarded_call", "new_forward", "run_backend", "Forward",
-           "ENTRIES"]
+           "ENTRIES", "traced_call", "TRACED"]
 
 
 class Forward:
@@ -266,9 +266,27 @@ def new_forward(model: nn.Module) -> Forward | None:
     return Forward(state, modules, sel, COMMON_OPS.get(sel) if sel.__class__ is str else None)
 
 
+def traced_call(model: nn.Module, args, kwargs):
+    """A forward inside ``torch.compile``'s trace (``hf.compiled`` has its twin, the one traced)."""
+    return (registries.original_call() or nn.Module.__call__)(model, *args, **kwargs)
+
+
+_COMPILING = torch.compiler.is_compiling
+#: owner tokens of models whose attention calls torch.compile traced through attnswitch (``hf.compiled``
+#: adds them while tracing): their forwards may run compiled code, whose calls no eager counter sees
+TRACED: set[int] = set()
+
+
+def _traced(model: nn.Module) -> bool:
+    info = selection.info_of(model)
+    return info is not None and info.token in TRACED
+
+
 def guarded_call(self: nn.Module, *args, **kwargs):
     """``PreTrainedModel.__call__`` while any switch is active: reads the model's selection for the
-    forward and counts the forward's attention calls."""
+    forward and counts the forward's attention calls (traced: the compiled code's guards read it)."""
+    if _COMPILING():
+        return traced_call(self, args, kwargs)
     call = registries.original_call() or nn.Module.__call__
     outer = _FORWARD.get()
     fwd = None if outer is not None and outer.state is not None else new_forward(self)
@@ -280,7 +298,7 @@ def guarded_call(self: nn.Module, *args, **kwargs):
     finally:
         fwd.state = None  # finished, also for a context copied during it
         _FORWARD.reset(token)
-    if fwd.calls == 0 and expects_attention(self):
+    if fwd.calls == 0 and expects_attention(self) and not _traced(self):
         raise UnsupportedModel(
             f"{type(self).__name__} ran a forward under an attnswitch backend without one attention call through "
             f"transformers' attention interface: it computed attention itself, so the switch changed nothing. "

@@ -12,11 +12,13 @@ back until it has.
 
 from __future__ import annotations
 
-from . import critical, registries
+from . import compiled, critical, registries
 from .dispatch import ENTRIES
 from .leases import DEAD as _DEAD
 from .leases import LEASES
 from .leases import LEASES as _LEASES
+
+assert compiled.installed  # the entries' twins, which torch.compile traces in their place
 
 __all__ = ["LEASES", "acquire", "release", "release_later", "drop", "apply", "settle", "leases", "interrupts_deferred"]
 

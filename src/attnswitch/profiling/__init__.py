@@ -17,11 +17,14 @@ import torch
 import torch.nn as nn
 
 from ..backends import package_of, parse_backends
+from ..compiling import label, parse_compile
 from ..dist import world
 from ..env import environment
 from ..hf import require_interface
 from ..results import Report
+from ..switch import backend as use_backend
 from .capture import Target, frozen_heap, prepare_backend, timed_rounds
+from .compiled import merged_modes, paid_back
 from .distributed import agree_ok, distribution_of, merged_report_backends
 from .host import probe
 from .summarize import with_timing
@@ -59,8 +62,9 @@ def _prepared(t: Target, names: list[str], progress, spent: dict, **kw) -> list:
     """Every backend's cold step, host times and profiled pass (``prepare_backend``), in turn."""
     # one step before any backend, so that the first backend is not charged for process-wide warm-up
     # (CUDA context, cuBLAS handles, allocator growth). It runs the naive backend, which uses no SDPA
-    # kernel: each SDPA backend's own first call (cuDNN's plan building) stays cold.
-    with torch.no_grad(), t.switched("naive"):
+    # kernel: each SDPA backend's own first call (cuDNN's plan building) stays cold; uncompiled, so that
+    # no candidate's compile is paid here.
+    with torch.no_grad(), use_backend("naive", model=t.model):
         t.fn(next(t.calls(1)))
     results = []
 
@@ -70,7 +74,7 @@ def _prepared(t: Target, names: list[str], progress, spent: dict, **kw) -> list:
         result = prepare_backend(t, name, **kw)
         package = package_of(name)  # a third-party kernel: its distribution and version
         results.append(dataclasses.replace(result, package=package) if package else result)
-        spent[name] = time.perf_counter() - t0
+        spent[label(name, t.compile)] = time.perf_counter() - t0
 
     for name in names:
         prepare(name)
@@ -80,11 +84,38 @@ def _prepared(t: Target, names: list[str], progress, spent: dict, **kw) -> list:
     return results
 
 
+def _counts(t: Target, warmup, iters, rounds, host_iters, profile_steps, time_budget_s) -> tuple[int, int, int]:
+    """``(iters, rounds, host_iters)``: the defaults for the workload's mode where not given, checked."""
+    generate = t.mode == "generate"
+    iters = iters if iters is not None else (2 if generate else 12)
+    rounds = rounds if rounds is not None else min(iters, 2 if generate else 6)
+    host_iters = host_iters or (1 if generate else min(iters, 5))
+    if warmup < 0 or iters < 1 or rounds < 1 or profile_steps < 0 or host_iters < 1 or (time_budget_s or 0) < 0:
+        raise ValueError(f"need warmup >= 0, iters >= 1, rounds >= 1, host_iters >= 1, profile_steps >= 0 and "
+                         f"time_budget_s >= 0, got warmup={warmup}, iters={iters}, rounds={rounds}, "
+                         f"host_iters={host_iters}, profile_steps={profile_steps}, time_budget_s={time_budget_s}")
+    return iters, rounds, host_iters
+
+
+def _prepared_modes(t: Target, modes, names: list[str], progress, spent: dict, **kw) -> dict:
+    """Each compile mode's candidates prepared in turn (their compiles paid there): ``{mode: results}``;
+    all of them are then timed together, in the same rounds."""
+    runs = {}
+    for mode in modes:
+        t.compile = mode
+        try:
+            step = progress if mode is None else (lambda s, m=mode: progress(f"{s} [compile {m}]"))
+            runs[mode] = _prepared(t, names, step, spent, **kw)
+        finally:
+            t.compile = None
+    return runs
+
+
 def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
             backends: Iterable[str] | str | None = None, warmup: int = 1, iters: int | None = None,
             trace_dir: str | Path | None = None, progress: Callable[[str], None] | None = None,
             model_name: str = "", rounds: int | None = None, profile_steps: int = 1, host_iters: int | None = None,
-            time_budget_s: float | None = None) -> Report:
+            time_budget_s: float | None = None, compile: str | Iterable[str | None] | None = None) -> Report:
     """Profile forwards of ``target`` under each backend; returns a ``Report``.
 
     ``target`` is a model (with ``batch``, a dict of forward arguments or a ``Workload``) or any
@@ -104,18 +135,18 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     copies between GPUs by layer boundary). Under ``torchrun`` with a tensor-parallel model, call it on
     every rank: each profiles its GPU and every rank gets the merged report (rank column, collectives
     per layer); with ``trace_dir`` only rank 0 writes, the other ranks' traces included.
+
+    ``compile``: ``torch.compile`` modes to run every backend under (``"default"``, ``"reduce-overhead"``,
+    ``"max-autotune"``, ``"none"`` or None: uncompiled), one or several (``"default,none"``): each compiled
+    candidate is named after its backend (``flash+compile``) and reports its compile time (a one-off cost),
+    the graphs it compiled and recompiled, and the attention kernel its graph ran (``attn_seen``, with
+    ``attn_mismatch`` where that is not the backend selected).
     """
+    modes = parse_compile(compile)
     t_start = time.perf_counter()
     spent: dict = {}
     t = Target.of(target, batch)
-    generate = t.mode == "generate"
-    iters = iters if iters is not None else (2 if generate else 12)
-    rounds = rounds if rounds is not None else min(iters, 2 if generate else 6)
-    host_iters = host_iters or (1 if generate else min(iters, 5))
-    if warmup < 0 or iters < 1 or rounds < 1 or profile_steps < 0 or host_iters < 1 or (time_budget_s or 0) < 0:
-        raise ValueError(f"need warmup >= 0, iters >= 1, rounds >= 1, host_iters >= 1, profile_steps >= 0 and "
-                         f"time_budget_s >= 0, got warmup={warmup}, iters={iters}, rounds={rounds}, "
-                         f"host_iters={host_iters}, profile_steps={profile_steps}, time_budget_s={time_budget_s}")
+    iters, rounds, host_iters = _counts(t, warmup, iters, rounds, host_iters, profile_steps, time_budget_s)
     if t.model is not None:
         require_interface(t.model)
     names = parse_backends(backends, t.device)
@@ -124,14 +155,16 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     t0 = time.perf_counter()
     with frozen_heap():
         spent["collecting garbage"] = time.perf_counter() - t0  # once, before everything alive is frozen
-        results = _prepared(t, names, progress, spent, warmup=warmup, iters=host_iters, trace_dir=trace_dir,
-                            profile_steps=profile_steps)
-        results = _timed(t, results, iters, rounds, time_budget_s, progress, spent, host)
+        runs = _prepared_modes(t, modes, names, progress, spent, warmup=warmup, iters=host_iters, trace_dir=trace_dir,
+                               profile_steps=profile_steps)
+        results = paid_back(_timed(t, merged_modes(runs), iters, rounds, time_budget_s, progress, spent, host))
     if world() is not None:  # tensor parallelism: every rank's results, merged, on every rank
         results = merged_report_backends(results, trace_dir)
     spent["total"] = time.perf_counter() - t_start
     settings = dict(warmup=warmup, iters=iters, rounds=rounds, host_iters=host_iters, profile_steps=profile_steps,
                     time_budget_s=time_budget_s, host=host, time_s={k: round(v, 3) for k, v in spent.items()})
+    if modes != (None,):
+        settings["compile"] = [m or "none" for m in modes]
     return Report(tuple(results), environment(t.device), _workload_info(t), settings,
                   model=_name(model_name, t, target), distribution=distribution_of(t.model))
 

@@ -30,6 +30,7 @@ from torch.autograd.profiler import record_function
 
 from .. import dist, instrument, stderr
 from ..backends import recording_notes, resolve_name
+from ..compiling import label, split
 from ..device import default_device, device_of, devices_of, sync
 from ..errors import BackendUnavailable, UnsupportedModel
 from ..results import BackendResult
@@ -38,6 +39,7 @@ from ..switch import backend as use_backend
 from ..workload import Workload
 from .attribution import attribute
 from .clock import ForwardClock, annotate_phases
+from .compiled import attention_seen, compiled_forward, graphs_compiled, mismatch
 from .occupancy import device_limits
 from .rounds import MAX_ROUNDS, STEP_FIGURES, Rounds, Timing, still_open
 from .summarize import backend_fields
@@ -54,8 +56,9 @@ except ImportError:  # pragma: no cover - older torch
 
 
 @contextlib.contextmanager
-def annotate_modules(model: nn.Module) -> Iterator[None]:
-    """A profiler range ``attnswitch.module:<path>`` around every module's forward."""
+def annotate_modules(model: nn.Module, inner: bool = True) -> Iterator[None]:
+    """A profiler range ``attnswitch.module:<path>`` around every module's forward (``inner=False``: the
+    model's alone, as for compiled forwards, where a hook inside would be traced into the graph)."""
     handles = []
     open_ranges: dict[int, list] = {}
     root = type(model).__name__
@@ -75,7 +78,7 @@ def annotate_modules(model: nn.Module) -> Iterator[None]:
             stack.pop().__exit__(None, None, None)
 
     try:
-        for path, m in model.named_modules():
+        for path, m in (model.named_modules() if inner else [("", model)]):
             handles.append(m.register_forward_pre_hook(pre(path or root)))
             handles.append(m.register_forward_hook(post, always_call=True))
         yield
@@ -89,8 +92,9 @@ class Target:
     step, with prepared argument sets) or a plain callable (under no_grad)."""
 
     def __init__(self, fn: Callable[..., Any], calls: Callable[[int], Iterator], model: nn.Module | None,
-                 device: torch.device, workload: Workload | None = None):
+                 device: torch.device, workload: Workload | None = None, compile: str | None = None):
         self.fn, self.calls, self.model, self.device, self.workload = fn, calls, model, device, workload
+        self.compile = compile if model is not None else None  # a torch.compile mode: every step runs compiled
         # every GPU the model's weights are on (several under accelerate's device_map); the inputs go to
         # ``device``, the first one
         self.devices = devices_of(model) if model is not None else [device]
@@ -127,15 +131,32 @@ class Target:
         return self.workload.mode if self.workload is not None else "callable"
 
     def switched(self, name: str):
-        # a model is switched alone; a plain callable runs under a global backend
-        return use_backend(name, model=self.model)
+        """The candidate ``name`` for a block: its backend, compiled where it is a compiled candidate's name
+        (``flash+compile``) or the target compiles every step (``compile``). A model is switched alone; a
+        plain callable runs under a global backend."""
+        backend, mode = split(name)
+        mode = mode if mode is not None else self.compile
+        if mode is None:
+            return use_backend(backend, model=self.model)
+        stack = contextlib.ExitStack()
+        stack.enter_context(use_backend(backend, model=self.model))
+        stack.enter_context(compiled_forward(self.model, backend, mode, decode_only=self.mode == "generate"))
+        return stack
 
     def context(self):
         """What many steps run inside: training mode for a training workload."""
         return self.workload.context() if self.workload is not None else contextlib.nullcontext()
 
+    def compiled_entries(self, name: str) -> int | None:
+        """Compiled versions the candidate's forward has now (None: uncompiled)."""
+        if self.compile is None:
+            return None
+        return compiled_forward(self.model, name, self.compile, decode_only=self.mode == "generate").entries()
+
     def annotated(self):
-        return annotate_modules(self.model) if self.model is not None else contextlib.nullcontext()
+        if self.model is None:
+            return contextlib.nullcontext()
+        return annotate_modules(self.model, inner=self.compile is None)
 
     def rewarm(self) -> None:
         """One step after a switch, untimed: a generate workload's short form (the switch's first calls
@@ -252,9 +273,10 @@ def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, prof
     calls = target.calls(1 + warmup + iters)
     gc.collect()
     with recording_notes() as notes, target.context(), target.switched(name):
-        rss = _rss_mb()
+        rss, graphs, entries = _rss_mb(), graphs_compiled(), target.compiled_entries(name)
         cold = _run(target, next(calls))
         rss_grown = (_rss_mb() - rss) if rss is not None else None
+        graphs = (graphs, graphs_compiled())
         for _ in range(warmup):
             target.fn(next(calls))
         target.sync()
@@ -263,7 +285,8 @@ def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, prof
                 torch.cuda.reset_peak_memory_stats(d)
         steady = [_run(target, next(calls)) for _ in range(iters)]
         peaks = {d.index: torch.cuda.max_memory_allocated(d) / 2**20 for d in target.devices} if cuda else {}
-        prof = _profiled(target, name, profile_steps, trace_dir) if profile_steps else None
+        prof = _profiled(target, label(name, target.compile), profile_steps, trace_dir) if profile_steps else None
+        entries = (entries, target.compiled_entries(name))
     attn = [a for r in steady for a in r.attn]
     # the host figures of one step, the median one, so that its attention calls and the rest add up to it
     mid = sorted(steady, key=lambda r: r.host_s)[(len(steady) - 1) // 2]
@@ -277,12 +300,27 @@ def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, prof
         peak_mem_mb=max(peaks.values()) if peaks else None,  # the fullest GPU
         **mode_fields(target.workload, cold, steady, rss_grown),
     )
+    if target.compile is not None:
+        result.update(_compiled_fields(name, target.compile, result, graphs, entries, prof))
     if prof is not None:
         limits = device_limits(target.device) if cuda else None
         result.update(backend_fields(prof.trace, prof.rows, cuda=cuda, limits=limits, peaks=peaks, rank=dist.rank()),
                       trace_path=str(prof.path), trace_seconds=prof.parse_seconds,
                       profiled_run_seconds=prof.run_seconds, trace_events=len(prof.trace.events))
     return result
+
+
+def _compiled_fields(name: str, mode: str, result: dict, graphs: tuple[int, int], entries: tuple, prof) -> dict:
+    """What a compiled candidate adds: its compile as a one-off cost (the cold step's host time over a steady
+    step's), the graphs compiled in the cold step, the recompiles (compiled versions of its forward beyond
+    the first, made while it was measured), the attention kernel the graph ran."""
+    seen, names = attention_seen(prof.trace) if prof is not None else (None, ())
+    cold, steady = result["cold_host_ms"], result["host_ms"]
+    before, after = entries
+    recompiles = None if None in entries else max(0, after - max(before, 1))
+    return dict(compile=mode, compile_ms=max(0.0, cold - steady) if steady is not None else None,
+                graphs=graphs[1] - graphs[0], recompiles=recompiles, attn_seen=seen, attn_seen_names=names,
+                attn_mismatch=mismatch(name, seen) if prof is not None else None)
 
 
 def prepare_backend(target: Target, name: str, *, warmup: int = 1, iters: int = 5,

@@ -444,6 +444,28 @@ def _generate(report, opts: Options) -> Section | None:
     return Section("Generation", tuple(blocks), key="generate")
 
 
+def _compiled(report, opts: Options) -> Section | None:
+    ran = [b for b in ordered(report) if b.compile is not None]
+    if not ran:
+        return None
+    rows = tuple((b.backend, b.compile, b.status if not b.ok else _ms(b.time_ms),
+                  "-" if b.compile_ms is None else f"{b.compile_ms / 1e3:.1f}", _n(b.graphs, 0), _n(b.recompiles, 0),
+                  b.attn_seen or "-", "-" if b.compile_pays_after is None else f"{b.compile_pays_after:.1f}",
+                  b.attn_mismatch or "-") for b in ran)
+    table = drop_empty_columns(Table("Compiled", (
+        "candidate", "mode", "time ms", "compile s", "graphs", "recompiles", "attention kernel seen",
+        "pays after steps", "mismatch"), rows, frozenset({"candidate", "mode", "attention kernel seen", "mismatch"}),
+        tuple("error" if b.attn_mismatch else "plain" for b in ran)))
+    return Section("Compiled", (table, Text(
+        "Compile s: the cold step's host time over a steady step's, paid once per shape. Graphs: those Dynamo "
+        "compiled in the cold step (graph breaks and recompiles make more than one); recompiles: compiled versions of "
+        "the forward beyond the first (new shapes: a growing cache recompiles), made while measured. Attention "
+        "kernel seen: the SDPA family of the attention kernels the compiled graph ran, read off the trace ('-': "
+        "none, as for naive attention or inductor's own kernels). Pays after: steps of this workload after which "
+        "the compile has paid for itself against the same backend uncompiled. Compiled forwards have no module "
+        "ranges inside: their kernels count for the model as a whole.", "note")), key="compiled")
+
+
 def _train(report, opts: Options) -> Section | None:
     ran = [b for b in ordered(report) if b.ok and b.train is not None]
     if not ran:
@@ -502,9 +524,9 @@ def _own_time(report, opts: Options) -> Section | None:
 
 
 #: the sections of a report, in reading order
-BUILDERS: tuple[Callable[..., Section | None], ...] = (_recommendation, _deploy, _summary, _generate, _train, _sweep,
-                                                       _plots, _layers, _not_run, _notes, _environment, _traces,
-                                                       _own_time, _reproduce)
+BUILDERS: tuple[Callable[..., Section | None], ...] = (_recommendation, _deploy, _summary, _compiled, _generate,
+                                                       _train, _sweep, _plots, _layers, _not_run, _notes,
+                                                       _environment, _traces, _own_time, _reproduce)
 
 
 def sections(report, layers: bool = True, fold_layers: bool = True) -> list[Block]:

@@ -1,0 +1,224 @@
+"""attnswitch's entries as ``torch.compile`` traces them: the selection read through a guard, the backend as an op.
+
+The eager entries (``dispatch``) read ``ContextVar``s on every call, which Dynamo cannot trace. Each has a
+traceable twin here, registered with ``torch.compiler.substitute_in_graph``: Dynamo inlines the twin
+wherever it meets the entry, and eager calls never see it (they cost exactly what they cost before).
+
+- **Which backend.** The calling context's ``selection.STATE`` is read through ``_NOW.state``, a
+  property whose getter is ``ContextVar.get`` itself (a C function): Dynamo calls it while tracing and
+  guards on the values the trace read from the state (the global backend, the model's own selection, a
+  patch), the way it guards pybind properties. The guard calls the getter again at every call of the
+  compiled code, in the calling thread or task: another backend, or leaving the switch, fails the guard,
+  and the code is compiled again for what is selected now; equal selections in new contexts pass it. Under
+  CUDA graphs (``mode="reduce-overhead"``) the guards run before every replay, so a graph recorded for
+  one backend is never replayed for another. (A value set for the duration of a forward, global or per
+  thread, would need the eager ``PreTrainedModel.__call__`` around every compiled region, which
+  ``torch.compile(model)`` made before a switch does not have, and a global one a lock across threads.)
+- **What runs.** A forced backend is an op of ``backends.traced``: its body is the backend's own ``run``
+  on the trace's fake tensors, so the graph holds the backend's own ATen op (or the hand-written
+  attention's, as one opaque op) and an ineligible call is refused with ``BackendUnavailable`` when the
+  compiled code runs. ``auto`` and ``eager`` trace transformers' own functions (SDPA's choice is then made
+  when compiling, under the flags of that moment: reports name the kernel that ran).
+- **No silent non-switch.** A compiled forward of a selected model that traced no attention call
+  through attnswitch raises ``UnsupportedModel`` while tracing, as an eager one does when it returns.
+
+Only the first entry of a compiled region is eager Python: the rest, ``PreTrainedModel.__call__``
+included, is traced, so ``torch.compile(model)`` made before a switch is switched too.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+
+import torch
+import torch.nn as nn
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from ..backends import Call, naive, traced
+from ..backends.call import describe
+from ..backends.policy import choose, resolve_selection
+from ..backends.sdpa import auto_reasons, sdpa_auto
+from ..errors import UnsupportedModel
+from ..sites import module_path
+from . import dispatch, registries, selection
+from .interface import attention_modules, expects_attention
+
+__all__ = ["installed", "traced_calls", "bare_attention", "twin"]
+
+
+class _Now:
+    """The calling context's selection state, as Dynamo reads and guards it; with nothing set in the
+    context, this object itself (the empty state)."""
+
+    global_sel = None
+    per_owner = types.MappingProxyType({})
+    state = property(selection.STATE.get)
+
+
+_NOW = _Now()
+_COUNT = threading.local()  # attention calls traced so far in this thread (trace time only)
+
+
+@torch._dynamo.assume_constant_result
+def _about(module) -> tuple[tuple[int, ...], str]:
+    """At trace time: the module's owner tokens and its path; counts the traced attention call, and
+    remembers its owners as models whose forwards may run compiled attention (``dispatch.TRACED``)."""
+    _COUNT.n = getattr(_COUNT, "n", 0) + 1
+    owners = selection._owners(module)
+    dispatch.TRACED.update(owners)
+    return owners, module_path(module)
+
+
+@torch._dynamo.assume_constant_result
+def _site(module) -> str:
+    return module_path(module)
+
+
+def traced_calls() -> int:
+    """Attention calls traced through attnswitch in this thread so far."""
+    return getattr(_COUNT, "n", 0)
+
+
+def _selected(owners: tuple[int, ...]):
+    """``selection.selected`` as traced code reads it, each read a guard."""
+    st = _NOW.state
+    per_owner = st.per_owner
+    sel = None
+    if len(owners) == 1:
+        sel = per_owner.get(owners[0])
+    elif owners:  # a module of a model inside another: the innermost context first
+        for t in reversed(tuple(per_owner)):
+            if t in owners:
+                sel = per_owner[t]
+                break
+    if sel is None:
+        sel = st.global_sel
+    if sel is None:
+        for t in owners:
+            sel = selection.PATCHED.get(t)
+            if sel is not None:
+                break
+    return sel
+
+
+@torch._dynamo.assume_constant_result
+def _config_tokens(config) -> tuple[int, ...]:
+    cid = id(config)
+    return tuple(t for t, info in list(selection._BY_TOKEN.items()) if cid in info.config_ids)
+
+
+def _selected_for_config(config) -> bool:
+    st = _NOW.state
+    if st.global_sel is not None:
+        return True
+    for t in _config_tokens(config):
+        if st.per_owner.get(t) is not None or selection.PATCHED.get(t) is not None:
+            return True
+    return False
+
+
+# -- the twins --------------------------------------------------------------------------------------
+
+def attention_forward(module, query, key, value, attention_mask, **kwargs):
+    owners, _ = _about(module)
+    return dispatch._dispatch(_selected(owners), None, module, query, key, value, attention_mask, kwargs)
+
+
+def run_backend(name, call):
+    if call.where is not None and not isinstance(call.where, str):
+        call = call._replace(where=_site(call.where))
+    return traced.attention(name, call)
+
+
+def _unselected(module, query, key, value, mask, kwargs):
+    config = getattr(module, "config", None)
+    key_name = getattr(config, "_attn_implementation", None) if config is not None else None
+    fn = registries.original("attention", key_name if key_name not in (None, "eager") else "eager")
+    if fn is None:
+        fn = dispatch.model_eager_function(module)
+    if config is not None and key_name != "sdpa" and _selected_for_config(config):
+        if key_name not in (None, "eager"):  # as the eager entry says it
+            raise RuntimeError(f"{_site(module)} shares its config with a model switched here, and its attention "
+                               f"implementation {key_name!r} builds its own masks; give each model its own config "
+                               "(copy.deepcopy(config))")
+        causal = dispatch._causal(module, query, mask, kwargs.get("is_causal"))
+        mask = dispatch.additive_mask(mask, query, key, causal, query.dtype)
+    return fn(module, query, key, value, mask, **kwargs)
+
+
+def _auto(module, query, key, value, mask, kwargs):
+    sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
+    reasons = auto_reasons(kwargs.get("softcap"), sinks)
+    if reasons:  # refused when the compiled code runs, as uncompiled
+        call = Call(query, key, value, mask, kwargs.get("dropout", 0.0), bool(kwargs.get("is_causal") or False))
+        out = torch.ops.attnswitch.refuse(query.transpose(1, 2), "auto", _site(module), reasons, describe(call))
+        return out, None
+    return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
+
+
+def bare_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,
+                   backend=None):
+    """``switch.attention`` traced: the calling context's global backend, through the guard."""
+    sel = resolve_selection(backend) if backend is not None else (_NOW.state.global_sel or "auto")
+    if k.shape[1] != q.shape[1] and not enable_gqa:
+        raise ValueError(f"q has {q.shape[1]} heads and k {k.shape[1]}: pass enable_gqa=True for grouped query "
+                         "attention")
+    name = choose(sel, q.shape[2])
+    call = Call(q, k, v, attn_mask, dropout_p, is_causal, scale)
+    return sdpa_auto(call)[0] if name == "auto" else traced.attention(name, call)[0]
+
+
+def mask_forward(*args, config=None, **kwargs):
+    if config is not None and _selected_for_config(config):
+        fn = registries.original("masks", "sdpa")
+    else:
+        fn = registries.original("masks", getattr(config, "_attn_implementation", None) or "sdpa")
+    return fn(*args, config=config, **kwargs)
+
+
+def causal_mask(q_len, kv_len, device):
+    return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).triu_(1)
+
+
+@torch._dynamo.assume_constant_result
+def _check_counted(model, before: int) -> bool:
+    """At trace time, after a forward: one that traced no attention call through attnswitch while its
+    model is selected (or the model it is part of) raises, as ``guarded_call`` does after an eager one."""
+    if traced_calls() == before and selection.selected(model) is not None and expects_attention(model):
+        raise UnsupportedModel(
+            f"{type(model).__name__} was compiled under an attnswitch backend and its forward made no attention "
+            f"call through transformers' attention interface: it computes attention itself, so the switch changes "
+            f"nothing. Its attention modules: {attention_modules(model)}")
+    return True
+
+
+@torch._dynamo.assume_constant_result
+def _counted() -> int:
+    return traced_calls()
+
+
+def traced_call(model, args, kwargs):
+    before = _counted()
+    out = (registries.original_call() or nn.Module.__call__)(model, *args, **kwargs)
+    _check_counted(model, before)
+    return out
+
+
+_TWINS = [(dispatch.attention_forward, attention_forward), (dispatch.run_backend, run_backend),
+          (dispatch._unselected, _unselected), (dispatch._auto, _auto), (dispatch.mask_forward, mask_forward),
+          (naive.causal_mask, causal_mask), (dispatch.traced_call, traced_call)]
+
+
+def twin(original, traceable) -> None:
+    """Have torch.compile trace ``traceable`` wherever it meets ``original`` (eager calls never see it)."""
+    torch.compiler.substitute_in_graph(original, skip_signature_check=True)(traceable)
+
+
+def _install() -> bool:
+    for original, traceable in _TWINS:
+        twin(original, traceable)
+    return True
+
+
+installed = _install()
