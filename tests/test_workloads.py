@@ -166,6 +166,17 @@ def test_ttft_and_step_latency_against_known_delays(registered):
     assert _seen_in_one_of(3, measure)
 
 
+def test_the_generation_section_is_headed_once(gen_report):
+    from attnswitch import render
+
+    _, r = gen_report
+    text = render.to_text(r)
+    assert [line.strip() for line in text.splitlines()].count("Generation") == 1, text
+    md = r.to_markdown().splitlines()
+    assert sum(line.lstrip("#").strip() == "Generation" for line in md if line.startswith("#")) == 1
+    assert render.to_html(r).count(">Generation<") == 2  # its heading, and its entry in the page's contents
+
+
 def test_the_profiled_generate_has_a_phase_on_every_layer_row(gen_report):
     _, r = gen_report
     b = r["naive"]

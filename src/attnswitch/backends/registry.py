@@ -26,7 +26,7 @@ from .sdpa import GPU_ONLY, runner, sdpa_auto
 
 __all__ = ["Backend", "REFERENCE", "MODEL_LEVEL", "REGISTRY", "get", "names", "resolve_name", "register_backend",
            "unregister_backend", "define_backend", "default_backends", "kernel_family", "KERNEL_OPS",
-           "offered", "package_of"]
+           "offered", "not_offered", "package_of"]
 
 Runner = Callable[[Call], "tuple[torch.Tensor, torch.Tensor | None]"]
 
@@ -136,6 +136,22 @@ def default_backends(device) -> list[str]:
     whose package is not installed everywhere)."""
     dev = torch.device(device).type
     return [n for n in names(True) if REGISTRY[n].devices is None or dev in REGISTRY[n].devices]
+
+
+def not_offered(device) -> dict[str, str]:
+    """The backends ``default_backends`` leaves out on the device, each with why in a few words: a device it
+    does not run on, or a package that is not installed."""
+    dev = torch.device(device).type
+    out = {}
+    for n, b in REGISTRY.items():
+        if not b.compared:
+            continue
+        if b.devices is not None and dev not in b.devices:
+            out[n] = ", ".join("CUDA" if d == "cuda" else d for d in sorted(b.devices)) + " only"
+        elif not offered(b):
+            out[n] = f"not installed: {b.run.install}" if isinstance(b.run, _Kernel) and b.run.install else \
+                "its package is not installed"
+    return out
 
 
 def package_of(name: str) -> str | None:
