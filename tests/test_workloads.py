@@ -456,7 +456,7 @@ def test_deciding_phase_is_the_one_the_best_gains_in_and_only_where_measured():
     (dict(seq=64, mode="decode"), "seq 64 plus the decoded token (65) is beyond"),
     (dict(seq=65, mode="train"), "beyond the 64 positions"),
     (dict(seq=8, mode="generate", prompt_lens=(60,), new_tokens=5), "a prompt of 60 tokens plus 5 new ones (65)"),
-    (dict(batch=1, seq=8, padding=True), "padding pads a prefill, decode or train batch of 2 or more"),
+    (dict(batch=1, seq=8, padding=True), "padding needs a batch of 2 or more"),
     (dict(batch=2, seq=8, padding=True, mode="generate"), "a generate's prompts are whole"),
 ])
 def test_workloads_the_model_cannot_take_are_refused_before_any_forward(kw, message):
