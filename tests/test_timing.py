@@ -53,8 +53,10 @@ class _FakeTarget:
 
 
 def _fake_wall(target, c):
+    """A step's time: the backend's fixed time, or the next of its list of times."""
     target.fn(c)
-    return target.times[target.cur]
+    t = target.times[target.cur]
+    return t.pop(0) if isinstance(t, list) else t
 
 
 # -- settling far-behind backends ---------------------------------------------------------------------
@@ -107,6 +109,25 @@ def test_settle_under_tensor_parallelism_keeps_ranks_in_lockstep():
     assert got.get(0) == got.get(1) and isinstance(got.get(0), dict), got
 
 
+def test_a_backend_behind_by_more_than_the_settle_factor_after_two_rounds_is_timed_no_further(monkeypatch):
+    monkeypatch.setattr(capture, "_timed_wall", _fake_wall)
+    # 10 forwards in 5 rounds of 2: `b` 1.26x `a` stops after two rounds; at 1.24x it runs every round
+    samples = timed_rounds(_FakeTarget({"a": 10.0, "b": 12.6}), ["a", "b"], iters=10, rounds=5)
+    assert {k: len(v) for k, v in samples.items()} == {"a": 10, "b": 4}
+    samples = timed_rounds(_FakeTarget({"a": 10.0, "b": 12.4}), ["a", "b"], iters=10, rounds=5)
+    assert {k: len(v) for k, v in samples.items()} == {"a": 10, "b": 10}
+    # against the slowest of the fastest backend's samples: one of `a`'s as slow as `b` (a moment of other
+    # load) and `b` is not settled; without settling, every backend runs every round
+    target = _FakeTarget({"a": [10.0, 10.0, 10.0, 13.0] + [10.0] * 6, "b": 13.0})
+    assert len(timed_rounds(target, ["a", "b"], iters=10, rounds=5)["b"]) == 10
+    samples = timed_rounds(_FakeTarget({"a": 10.0, "b": 50.0}), ["a", "b"], iters=10, rounds=5, settle=False)
+    assert len(samples["b"]) == 10
+    # rounds interleave the backends, each after a re-warm step: a b a b ..., never a's ten forwards first
+    t = _FakeTarget({"a": 10.0, "b": 10.0})
+    timed_rounds(t, ["a", "b"], iters=4, rounds=2)
+    assert t.ran == ["a"] * 3 + ["b"] * 3 + ["a"] * 3 + ["b"] * 3
+
+
 def test_timed_rounds_with_no_backend_returns_nothing(monkeypatch):
     # timed_rounds is public: no backend, no samples (and no error)
     monkeypatch.setattr(capture, "_timed_wall", _fake_wall)
@@ -131,28 +152,29 @@ def test_merged_ranks_of_a_generate_keep_the_fastest_sample():
 
 # -- the command's own time account -----------------------------------------------------------------
 
-def test_cli_sweep_total_counts_every_shape(tmp_path, monkeypatch, capsys):
-    # a sweep's account holds every shape's time: each backend's preparation takes 1.5 s more, so two
-    # shapes spend at least 3 s, and the total stays within the command's wall time
+def test_cli_sweep_total_counts_every_shape(tmp_path, monkeypatch, capsys, vclock):
+    # a sweep's account holds every shape's time: each backend's preparation takes 100 s more (on the
+    # clock every account reads), so two shapes spend 200 s more, and the total stays within the command's
+    # time on that clock
     import attnswitch.profiling as profiling
     from attnswitch.cli import main
 
     real = profiling.prepare_backend
 
     def slow(*a, **kw):
-        time.sleep(1.5)
+        vclock.sleep(100.0)
         return real(*a, **kw)
 
     monkeypatch.setattr(profiling, "prepare_backend", slow)
     out = tmp_path / "out"
-    t0 = time.perf_counter()
+    t0 = vclock.perf_counter()
     rc = main(["compare", "tiny-llama", "--device", "cpu", "--num-layers", "1", "--seq", "16,24", "--iters", "1",
                "--warmup", "0", "--backends", "math", "--no-numerics", "--out", str(out)])
-    wall = time.perf_counter() - t0
+    wall = vclock.perf_counter() - t0
     assert rc == 0
     spent = json.loads((out / "report.json").read_text())["settings"]["time_s"]
     assert spent["total"] <= wall
-    assert spent["total"] >= 3.0, spent
+    assert spent["math"] >= 200.0 and spent["total"] >= 200.0, spent
 
 
 def test_with_two_rounds_or_fewer_nothing_is_settled_and_the_report_does_not_say_so():
