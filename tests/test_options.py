@@ -87,6 +87,17 @@ def test_the_library_checks_what_the_command_line_does_and_names_no_flag():
         assert command_line in e.value.worded(cli.FLAGS), e.value.worded(cli.FLAGS)
 
 
+def test_an_option_error_keeps_its_wording_through_pickle_and_reads_user_input_as_text():
+    import pickle
+
+    e = options.OptionError("{new_tokens} must be at least 1, got {got!r}", got="{layers}")
+    back = pickle.loads(pickle.dumps(e))  # (as a process pool or a process group sends it)
+    assert str(back) == "new_tokens must be at least 1, got '{layers}'"
+    assert back.worded(cli.FLAGS) == "--new-tokens must be at least 1, got '{layers}'"
+    assert options.check_backends(["naive", {"prefill": "cudnn", "decode": "flash_attention"}, "SDPA"]) == [
+        "naive", "prefill=cudnn/decode=flash", "auto"]
+
+
 def test_a_folder_with_only_a_config_is_refused_and_its_config_path_loads(tmp_path):
     m = tiny("llama")
     m.config.save_pretrained(tmp_path / "model")  # the config alone, no weights

@@ -10,6 +10,7 @@ A leaf module: it imports nothing of attnswitch, nor torch.
 from __future__ import annotations
 
 import difflib
+import functools
 import operator
 import os
 from collections.abc import Iterable, Mapping
@@ -34,6 +35,9 @@ class OptionError(ValueError):
 
     def worded(self, names: Mapping[str, str] | None = None) -> str:
         return self.template.format_map(_Words(self.values, names or {}))
+
+    def __reduce__(self):  # (through a process group or a pool: rebuilt from its template, not its text)
+        return functools.partial(OptionError, self.template, **self.values), ()
 
 
 class _Words(dict):
@@ -133,15 +137,12 @@ def check_backends(spec, registered: Iterable[str] = ()) -> list[str]:
     items = [b for b in spec.split(",") if b.strip()] if isinstance(spec, str) else list(spec)
     out = []
     for item in items:
-        if isinstance(item, str) and "=" in item:
-            prefill, decode, limit = policy_fields(parse_policy(item))
+        if isinstance(item, Mapping) or (isinstance(item, str) and "=" in item):
+            prefill, decode, limit = policy_fields(parse_policy(item) if isinstance(item, str) else item)
             limit_text = f"/decode_max_query={limit}" if limit != 1 else ""
             out.append(f"prefill={backend_key(prefill, registered)}/decode={backend_key(decode, registered)}"
                        + limit_text)
-        elif isinstance(item, Mapping):
-            prefill, decode, _ = policy_fields(item)
-            out += [backend_key(prefill, registered), backend_key(decode, registered)]
-        elif isinstance(item, str):
+        else:
             out.append(backend_key(item, registered))
     if not out:
         raise OptionError("no backends given: name at least one, or 'all'")
