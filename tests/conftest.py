@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 from transformers import (
@@ -18,6 +20,12 @@ from transformers import (
     T5Config,
     T5ForConditionalGeneration,
 )
+
+# Tiny models gain nothing from a second intra-op thread, and on a shared machine each parallel op waits at
+# its barrier until the scheduler runs both threads: a step of the tiny Llama took 0.1-1.4 s with two
+# threads beside other load, 30-60 ms with one. One thread here, and in the commands the tests start.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
 
 VOCAB = 211
 
@@ -222,6 +230,43 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+class VirtualClock:
+    """The host clock a measurement reads, moved on by hand: ``sleep(s)`` adds ``s`` seconds to what
+    ``perf_counter`` reads in the measuring modules, at once. A backend that "sleeps" on it costs a known
+    time however busy the machine is; the real time the rest takes is still counted, and is small beside
+    delays of seconds."""
+
+    def __init__(self):
+        import time
+
+        self._real = time.perf_counter
+        self.offset = 0.0
+
+    def perf_counter(self) -> float:
+        return self._real() + self.offset
+
+    def sleep(self, seconds: float) -> None:
+        self.offset += seconds
+
+
+@pytest.fixture
+def vclock(monkeypatch):
+    """A ``VirtualClock`` read by every clock of a measurement: the host timers of steps, forwards and
+    attention calls (capture, clock, instrument) and the time accounts (profiling, comparison, cli)."""
+    from types import SimpleNamespace
+
+    import attnswitch.profiling as profiling
+    from attnswitch import cli, comparison, instrument
+    from attnswitch.profiling import capture, clock
+
+    c = VirtualClock()
+    fake = SimpleNamespace(perf_counter=c.perf_counter)
+    for module in (capture, clock, instrument, profiling, comparison, cli):
+        assert module.time.perf_counter  # each reads the clock as time.perf_counter
+        monkeypatch.setattr(module, "time", fake)
+    return c
 
 
 class FakeClock:

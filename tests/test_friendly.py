@@ -207,3 +207,22 @@ def test_what_native_code_printed_is_not_lost_at_the_fast_exit():
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 3 and sorted(r.stdout.splitlines()) == ["from C", "from python"], (r.stdout, r.stderr)
+
+
+def test_a_reader_that_goes_away_ends_the_command_with_141_and_no_traceback(tmp_path):
+    # stdout's reader is gone before anything is printed (`attnswitch compare | head -1`, once head has its
+    # line): the command ends as a shell expects of such a process (141: SIGPIPE's), without a traceback,
+    # and the report is written to --out all the same. `presets` prints into a buffer, flushed at the end;
+    # `-u` writes each line at once, so the report's first line already finds no reader.
+    out = tmp_path / "rep"
+    runs = [([], ["presets"]),
+            (["-u"], ["compare", "tiny-llama", "--device", "cpu", "--num-layers", "1", "--seq", "8", "--iters", "1",
+                      "--warmup", "0", "--backends", "naive", "--no-numerics", "--out", str(out)])]
+    for flags, argv in runs:
+        p = subprocess.Popen([sys.executable, *flags, "-m", "attnswitch", *argv], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, cwd=tmp_path)
+        p.stdout.close()
+        err = p.stderr.read().decode()
+        assert p.wait(timeout=600) == 141, (argv, err[-3000:])
+        assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err[-3000:]
+    assert (out / "report.json").stat().st_size > 0 and (out / "traces" / "trace_naive.json.gz").exists()

@@ -231,6 +231,7 @@ def gloo_run(tmp_path_factory):
     return out, p
 
 
+@pytest.mark.slow  # torchrun with two processes, each importing torch and transformers
 def test_gloo_tensor_parallel_compare_writes_once_from_rank_0(gloo_run):
     out, p = gloo_run
     assert sorted(x.name for x in out.iterdir()) == ["command.txt", "report.csv", "report.html", "report.json",
@@ -242,6 +243,7 @@ def test_gloo_tensor_parallel_compare_writes_once_from_rank_0(gloo_run):
     assert (out / "command.txt").read_text().startswith("torchrun --nproc-per-node 2 -m attnswitch compare")
 
 
+@pytest.mark.slow  # torchrun with two processes, each importing torch and transformers
 def test_gloo_tensor_parallel_report_has_both_ranks_and_their_collectives(gloo_run):
     out, _ = gloo_run
     rep = Report.from_json(out / "report.json")

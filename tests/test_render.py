@@ -7,13 +7,14 @@ from pathlib import Path
 
 import matplotlib
 import pytest
+from conftest import batch_for, tiny
 
 from attnswitch import render
 from attnswitch.render import charts, plots
 from attnswitch.render.console import fit_header
 from attnswitch.render.document import EMPTY, Figure, Section, Table, drop_empty_columns, has_data, walk
 from attnswitch.render.html import page_html
-from attnswitch.render.sections import PERFETTO, sections, summary_table
+from attnswitch.render.sections import PERFETTO, environment_table, sections, summary_table
 from attnswitch.results import Report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -227,3 +228,27 @@ def test_folding_keeps_different_sublayers_of_a_repeated_block_apart():
     assert sorted((r.path, r.folded) for r in rows) == [
         ("decoder.block.*.layer.0.SelfAttention", 3), ("decoder.block.*.layer.1.EncDecAttention", 3),
         ("decoder.block.*.layer.2.DenseReluDense", 3)]
+
+
+def test_the_environment_shows_the_commands_own_time_as_rows_in_seconds(cpu_report):
+    rows = dict(environment_table(cpu_report).rows)
+    spent = cpu_report.settings["time_s"]
+    assert rows["time: total"] == f"{spent['total']:.2f} s" and rows["time: naive"] == f"{spent['naive']:.2f} s"
+    assert not any(v.startswith("{") for v in rows.values())  # no mapping printed as Python writes it
+    html = render.to_html(cpu_report)
+    assert ">time: total</td>" in html and "{&#x27;" not in html and "{'" not in html
+
+
+def test_a_cpu_report_of_every_backend_names_those_that_cannot_run_here_and_why():
+    import attnswitch
+    from attnswitch.backends import default_backends, registry
+
+    m = tiny("llama")
+    r = attnswitch.profile(m, batch_for(m, pad=False), warmup=0, iters=1, profile_steps=0)  # every backend
+    left = r.settings["not_offered"]
+    compared = [n for n, b in registry.REGISTRY.items() if b.compared]
+    assert sorted(left) == sorted(set(compared) - set(default_backends("cpu")))
+    assert {"efficient", "cudnn", "flex"} <= set(left) and set(left.values()) == {"CUDA only"}
+    line = f"Not offered here: {', '.join(left)} (CUDA only)"
+    assert line in render.to_text(r) and line in r.to_markdown() and line in render.to_html(r)
+    assert not any("not offered" in item for item, _ in environment_table(r).rows)  # said once, in Not run

@@ -204,9 +204,11 @@ def test_attention_host_time_against_an_independent_clock():
                 outside.append(time.perf_counter() - t0)
         assert len(recorded) == 20 and all(w == "model.layers.0.self_attn" for w, _, _ in recorded)
         assert all(kv_len == 16 for _, _, kv_len in recorded)
-        for (_, inner, _), outer in zip(recorded, outside):
-            assert 0 < inner <= outer
-        assert sum(t for _, t, _ in recorded) >= 0.5 * sum(outside)
+        ratios = sorted(inner / outer for (_, inner, _), outer in zip(recorded, outside))
+        assert all(0 < x <= 1 for x in ratios)
+        # the call itself is most of it: the median call (a moment of other load stops one call or two, inside
+        # the recorded span or outside it)
+        assert ratios[len(ratios) // 2] >= 0.5, ratios
 
 
 # -- a training step recorded on an H200: the backward where its forward ran -------------------------

@@ -2,14 +2,18 @@
 
 Exit codes: 0 when every asked-for step ran (backends that cannot run are part of the answer);
 1 when no backend could run at all, or the model failed while measuring (raised, with its traceback);
-2 for bad input (unknown model, unreadable config, bad option), found before any measurement.
-Heavy libraries (torch, transformers) are imported by the subcommands that need them, not for ``--help``.
+2 for bad input (unknown model, unreadable config, bad option), found before any measurement; 130 when
+interrupted (Ctrl-C: one line, ``--out`` as it was); 141 when the reader of stdout went away (``| head``:
+the report is still written to ``--out``). Heavy libraries (torch, transformers) are imported by the
+subcommands that need them, after every option that can be checked without them is: not for ``--help``,
+``presets`` or a misspelt name.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import shlex
 import sys
@@ -18,10 +22,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["main", "run", "build_parser", "COMMANDS", "EXIT_OK", "EXIT_NOTHING_RAN", "EXIT_BAD_INPUT"]
+from . import options, outfolder
+
+__all__ = ["main", "run", "build_parser", "COMMANDS", "EXIT_OK", "EXIT_NOTHING_RAN", "EXIT_BAD_INPUT",
+           "EXIT_INTERRUPTED", "EXIT_BROKEN_PIPE", "FLAGS"]
 
 EXIT_OK, EXIT_NOTHING_RAN, EXIT_BAD_INPUT = 0, 1, 2
-_DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's named maps
+EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141  # as a shell reports a process ended by SIGINT, by SIGPIPE
+#: the library's parameter -> the flag that sets it, for errors the library words with its parameters
+FLAGS = {"batch": "--batch", "seq": "--seq", "dtype": "--dtype", "padding": "--padding", "mode": "--mode",
+         "prompt_len": "--prompt-len", "prompt_lens": "--prompt-lens", "new_tokens": "--new-tokens",
+         "cache": "--cache", "layers": "--num-layers", "device_map": "--device-map", "tp": "--tp",
+         "backends": "--backends", "out": "--out", "iters": "--iters", "warmup": "--warmup"}
 
 
 @dataclass(frozen=True)
@@ -111,24 +123,31 @@ def _compare_options(p: argparse.ArgumentParser) -> None:
 # -- shared steps ---------------------------------------------------------------------------------
 
 def _check_options(args) -> None:
-    """Bad input found in the options alone: one line, before any work."""
-    if args.device_map is not None and args.device_map not in _DEVICE_MAPS:
-        raise ValueError(f"--device-map {args.device_map}: use one of {', '.join(_DEVICE_MAPS)}")
+    """Bad input found in the options alone, before torch is imported: one line, before any work."""
+    _check_combinations(args)
+    _check_values(args)
+    if getattr(args, "out", None):
+        outfolder.check(args.out)
+
+
+_GENERATE_ONLY = (("prompt_len", "--prompt-len"), ("prompt_lens", "--prompt-lens"), ("new_tokens", "--new-tokens"))
+
+
+def _check_combinations(args) -> None:
+    """Options that exclude each other, or do not apply to the mode: refused rather than ignored."""
     if (args.device_map or args.tp) and args.device is not None:
         raise ValueError("--device picks one device; --device-map and --tp place the model themselves")
-    if args.device_map and args.tp:
-        raise ValueError("--device-map and --tp exclude each other; choose one")
-    if getattr(args, "num_layers", None) is not None and args.num_layers < 1:
-        raise ValueError(f"--num-layers must be at least 1, got {args.num_layers}")
-    if args.padding and args.mode == "generate":
-        raise ValueError("--padding pads a prefill, decode or train batch; a generate's prompts are whole")
-    if args.padding and args.batch and max(args.batch) < 2:
-        raise ValueError("--padding needs a batch of 2 or more: the first row keeps every position, the others "
-                         "are padded")
-    if args.new_tokens is not None and args.new_tokens < 1:
-        raise ValueError(f"--new-tokens must be at least 1, got {args.new_tokens}")
-    if args.prompt_len is not None and args.prompt_len < 1:
-        raise ValueError(f"--prompt-len must be positive, got {args.prompt_len}")
+    if args.mode == "generate" and args.seq is not None:
+        raise ValueError("--seq is the length of a prefill, decode or train step; a generate's prompts are "
+                         "--prompt-len (lengths spread around it) or --prompt-lens")
+    if args.mode != "generate":
+        given = [flag for attr, flag in _GENERATE_ONLY if getattr(args, attr) is not None]
+        given += ["--cache"] if args.cache != "dynamic" else []
+        if given:
+            raise ValueError(f"{', '.join(given)}: for --mode generate only (this is --mode {args.mode})")
+    if args.prompt_len is not None and args.prompt_lens is not None:
+        raise ValueError("--prompt-len spreads prompt lengths around one length, --prompt-lens gives them: "
+                         "choose one")
     sweep = len(args.seq or [1]) > 1 or len(args.batch or [1]) > 1
     if sweep and (args.mode not in ("prefill", "train") or getattr(args, "command", "") != "compare"):
         raise ValueError("a sweep (--seq or --batch lists) is a `compare` of prefill or train steps")
@@ -141,33 +160,40 @@ def _check_options(args) -> None:
     if getattr(args, "warmup", None) is not None and args.warmup < 0:
         raise ValueError(f"--warmup must be 0 or more, got {args.warmup}")
     if getattr(args, "compile", None) is not None:
-        from .compiling import parse_compile
+        from .compiling import parse_compile  # (torch-free)
 
         compiled = [m for m in parse_compile(args.compile) if m is not None]
         if compiled and (args.device_map or args.tp):
             raise ValueError("--compile runs one process's model on one device; not with --device-map or --tp")
-    _check_out(getattr(args, "out", None))
 
 
-def _check_out(out: str | None) -> None:
-    """``--out`` must be a folder this process can write (made if missing)."""
-    if not out:
-        return
-    d = Path(out)
-    if d.exists() and not d.is_dir():
-        raise ValueError(f"--out {out}: exists and is not a folder")
-    made = [p for p in (d, *d.parents) if not p.exists()]  # deepest first: removed after the probe
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-        probe = d / ".attnswitch-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise ValueError(f"--out {out}: cannot write there ({e.strerror or e})") from None
-    finally:  # nothing left behind by a run that fails later: the outputs make the folder when written
-        for p in made:
-            with contextlib.suppress(OSError):
-                p.rmdir()
+def _registered() -> list[str]:
+    """Backends registered in this process (a program that registers its own kernel, then calls ``main``);
+    none where the registry is not loaded yet (the built-ins' names are known without it)."""
+    registry = sys.modules.get("attnswitch.backends.registry")
+    return list(registry.REGISTRY) if registry is not None else []
+
+
+def _check_values(args) -> None:
+    """Every name and number the library checks, checked here as the library does (``options``), without
+    torch: the model (where its name or path decides), backends, dtype, placement, shapes, generation."""
+    options.check_backends(args.backends, _registered())
+    if args.dtype is not None:
+        options.dtype_name(args.dtype)
+    options.check_placement(args.device_map, args.tp)
+    options.check_layers(args.num_layers)
+    seqs, batches = args.seq or [128], args.batch or [2]  # (the defaults on a CPU: a GPU's are larger)
+    for b in batches:
+        options.check_shape(b, seqs[0], args.mode, args.padding)
+    generate = args.mode == "generate"
+    new_tokens, prompt_len = args.new_tokens or 8, args.prompt_len or 32
+    if generate:
+        options.check_generation(args.new_tokens if args.new_tokens is not None else 8, args.prompt_lens,
+                                 args.cache, args.prompt_len)
+    if args.model is not None:
+        source = options.model_source(args.model)
+        for seq in ([prompt_len] if generate else seqs):  # positions a preset's table has no row for
+            options.check_model_workload(source, args.mode, seq, new_tokens, args.prompt_lens)
 
 
 def _setup(args):
@@ -179,7 +205,6 @@ def _setup(args):
     from .models import default_preset, load_model, parse_dtype
     from .workload import make_workload
 
-    _check_options(args)
     dev = parse_device(args.device)
     parse_backends(args.backends, dev)  # bad names are bad input, before the model is loaded
     gpu = dev.type == "cuda"
@@ -213,21 +238,40 @@ def _command_line(s: Session) -> str:
     return f"torchrun --nproc-per-node {w[1]} -m {command}" if w is not None else command
 
 
-def _write_outputs(report, out: str | None, console) -> None:
-    if not out:
-        return
-    t0 = time.perf_counter()
-    d = Path(out)
-    d.mkdir(parents=True, exist_ok=True)
+def _write_outputs(report, d: Path) -> None:
+    """Every file of the report into the folder ``d`` (its traces are there already: they were written
+    into ``d / "traces"`` as they were recorded)."""
     report.to_json(d / "report.json")
     report.to_csv(d / "report.csv")
     report.to_markdown(d / "report.md")
     report.write_html(d / "report.html")
-    report.save_traces(d / "traces")
     if report.command:
         (d / "command.txt").write_text(report.command + "\n")
-    console.print(f"wrote {d}/report.json, report.csv, report.md, report.html, traces/ in "
-                  f"{time.perf_counter() - t0:.1f} s")
+
+
+def _moved(report, src: Path, dst: Path):
+    """The report with the paths of its traces under ``src`` (the folder it was staged in) under ``dst``."""
+    import dataclasses
+
+    def move(p):
+        return str(dst / Path(p).relative_to(src)) if p and Path(p).is_relative_to(src) else p
+
+    def fix(b):
+        return dataclasses.replace(b, trace_path=move(b.trace_path),
+                                   rank_trace_paths=tuple(move(p) for p in b.rank_trace_paths))
+    return dataclasses.replace(report, backends=tuple(map(fix, report.backends)), sweep=tuple(
+        dataclasses.replace(p, backends=tuple(map(fix, p.backends))) for p in report.sweep))
+
+
+def _printed(s: Session, report) -> bool:
+    """The report printed on stdout; False where its reader went away (``| head``): the files are still
+    written, and the command ends with ``EXIT_BROKEN_PIPE``."""
+    try:
+        report.render(s.out, layers=s.args.layers, fold=not s.args.unfold)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return False
+    return True
 
 
 # -- subcommands ----------------------------------------------------------------------------------
@@ -250,9 +294,7 @@ def _env(s: Session) -> int:
 
 
 def _presets(s: Session) -> int:
-    from .models import PRESETS
-
-    for p in PRESETS.values():
+    for p in options.PRESETS.values():
         s.out.print(f"{p.name:>14}  {p.about}")
     return EXIT_OK
 
@@ -308,15 +350,35 @@ def _not_bad_input():
 
 
 def _measured(s: Session, run: Callable, sweep: Callable | None = None) -> int:
-    import dataclasses
-
     from . import dist
+
+    out = s.args.out
+    # the report is written into a folder beside --out, which takes its place once every file is written
+    staging = outfolder.Staged(out) if out and dist.is_main() else contextlib.nullcontext()
+    with staging as staged:
+        trace_dir = staged / "traces" if staged is not None else (Path(out) / "traces" if out else None)
+        report = _report(s, run, sweep, trace_dir)
+        printed = _printed(s, report)
+        if staged is not None:
+            t0 = time.perf_counter()
+            report.save_traces(trace_dir)  # any trace recorded elsewhere (where written here: nothing to do)
+            _write_outputs(_moved(report, staged, Path(out)), staged)
+    if staged is not None:
+        s.err.print(f"wrote {out}/report.json, report.csv, report.md, report.html, traces/ in "
+                    f"{time.perf_counter() - t0:.1f} s", highlight=False, markup=False, soft_wrap=True)
+    if not printed:
+        return EXIT_BROKEN_PIPE
+    return EXIT_OK if report.ok else EXIT_NOTHING_RAN
+
+
+def _report(s: Session, run: Callable, sweep: Callable | None, trace_dir: Path | None):
+    """The model loaded, measured, and the report with the command line and the command's own time."""
+    import dataclasses
 
     t0 = time.perf_counter()
     importing = t0 - s.started if s.started else 0.0  # the subcommand's imports (torch, transformers)
     model, work, spec = _loaded(s)
     loading = time.perf_counter() - t0
-    trace_dir = Path(s.args.out) / "traces" if s.args.out else None
     backends = None if s.args.backends == "all" else s.args.backends
     with _progress(s.err) as progress, _not_bad_input():
         kw = dict(backends=backends, trace_dir=trace_dir, progress=progress, model_name=spec, compile=s.args.compile,
@@ -326,11 +388,7 @@ def _measured(s: Session, run: Callable, sweep: Callable | None = None) -> int:
     spent = {"imports": round(importing, 3), "loading the model": round(loading, 3),
              **report.settings.get("time_s", {})}
     spent["total"] = round(spent.get("total", 0) + importing + loading, 3)
-    report = dataclasses.replace(report, command=_command_line(s), settings={**report.settings, "time_s": spent})
-    report.render(s.out, layers=s.args.layers, fold=not s.args.unfold)
-    if dist.is_main():
-        _write_outputs(report, s.args.out, s.err)
-    return EXIT_OK if report.ok else EXIT_NOTHING_RAN
+    return dataclasses.replace(report, command=_command_line(s), settings={**report.settings, "time_s": spent})
 
 
 def _profile(s: Session) -> int:
@@ -402,19 +460,55 @@ def _error(err, e: BaseException) -> None:
     err.print(Text.assemble(("error:", "bold red"), " ", str(e)), highlight=False, soft_wrap=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    started = time.perf_counter()
+def _speaks() -> bool:
+    """Whether this process prints: rank 0 under torchrun (its ``RANK``, before any process group is up)."""
+    if "torch" in sys.modules:
+        from . import dist
+
+        return dist.is_main()
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _interrupted(out: str | None, kept: bool) -> str:
+    if not out:
+        return "interrupted"
+    return f"interrupted; kept the previous report in {out}" if kept else f"interrupted; nothing written to {out}"
+
+
+def _console(**kw):
+    """A rich Console that raises ``BrokenPipeError`` when its reader goes away (rich's own ends the
+    process with exit 1, which says that nothing ran), and prints nothing more after."""
     from rich.console import Console
 
+    class Answer(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError(errno.EPIPE, "the reader went away")
+
+    return Answer(**kw)
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    from . import dist
-
-    quiet = not dist.is_main()  # under torchrun only rank 0 speaks (and writes)
-    out = Console(width=None if sys.stdout.isatty() else prose_width(), quiet=quiet)
-    err = Console(stderr=True, quiet=quiet)
+    quiet = not _speaks()  # under torchrun only rank 0 speaks (and writes)
+    out = _console(width=None if sys.stdout.isatty() else prose_width(), quiet=quiet)
+    err = _console(stderr=True, quiet=quiet)
+    folder = getattr(args, "out", None)
+    kept = bool(folder) and outfolder.previous_report(folder)
     try:
+        if COMMANDS[args.command].options is not None:
+            _check_options(args)  # before torch and transformers are imported
         return COMMANDS[args.command].run(Session(args, argv, out, err, started))
+    except KeyboardInterrupt:
+        err.print(_interrupted(folder, kept), highlight=False, markup=False, soft_wrap=True)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # printing the answer: its reader went away
+        return EXIT_BROKEN_PIPE
+    except options.OptionError as e:
+        _error(err, e.worded(FLAGS))
+        return EXIT_BAD_INPUT
     except (ValueError, FileNotFoundError, TypeError) as e:
         _error(err, e)
         return EXIT_BAD_INPUT
@@ -426,7 +520,9 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_BAD_INPUT
         raise
     finally:
-        if getattr(args, "tp", False):
+        if getattr(args, "tp", False) and "torch" in sys.modules:
+            from . import dist
+
             dist.destroy()
 
 
@@ -444,6 +540,13 @@ def run() -> None:
     """
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     code = main()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # the answer's reader went away before its last lines
+        code = code or EXIT_BROKEN_PIPE
+    if code == EXIT_BROKEN_PIPE:  # nothing more can reach the reader: what is left goes nowhere, silently
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     if "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ or _observed():
         sys.exit(code)
     for stream in (sys.stdout, sys.stderr):

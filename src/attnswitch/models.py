@@ -34,7 +34,7 @@ from transformers import (
     T5Config,
 )
 
-from . import dist
+from . import dist, options
 from .workload import task_of
 
 __all__ = ["PRESETS", "Preset", "DEVICE_MAPS", "default_preset", "load_model", "parse_dtype"]
@@ -84,16 +84,11 @@ def _tiny_llama():
                        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
 
 
-PRESETS: dict[str, Preset] = {p.name: p for p in [
-    Preset("llama-3.2-1b", _llama_1b, "causal-lm", "Llama-3.2-1B shape: 16 layers, 32 q / 8 kv heads, d 64"),
-    Preset("qwen2.5-0.5b", _qwen25_05b, "causal-lm", "Qwen2.5-0.5B shape: 24 layers, 14 q / 2 kv heads, d 64"),
-    Preset("mistral-7b", _mistral_7b, "causal-lm", "Mistral-7B shape: 32 layers, 32 q / 8 kv heads, window 4096"),
-    Preset("gpt2", GPT2Config, "causal-lm", "GPT-2 (124M): 12 layers, 12 heads, d 64"),
-    Preset("bert-base", BertConfig, "masked-lm", "BERT-base: 12 layers, 12 heads, bidirectional encoder"),
-    Preset("t5-small", _t5_small, "seq2seq", "T5-small: encoder-decoder with relative position bias"),
-    Preset("tiny-llama", _tiny_llama, "causal-lm", "a 4-layer Llama with GQA, for CPUs and tests"),
-    Preset("tiny-mistral", _tiny_mistral, "causal-lm", "a 2-layer Mistral with a 16-token sliding window"),
-]}
+_CONFIGS: dict[str, Callable[[], Any]] = {
+    "llama-3.2-1b": _llama_1b, "qwen2.5-0.5b": _qwen25_05b, "mistral-7b": _mistral_7b, "gpt2": GPT2Config,
+    "bert-base": BertConfig, "t5-small": _t5_small, "tiny-llama": _tiny_llama, "tiny-mistral": _tiny_mistral}
+#: the presets (their names, tasks and descriptions are ``options.PRESETS``', which needs no torch)
+PRESETS: dict[str, Preset] = {n: Preset(n, _CONFIGS[n], p.task, p.about) for n, p in options.PRESETS.items()}
 
 
 def default_preset(device: torch.device | str) -> str:
@@ -101,17 +96,13 @@ def default_preset(device: torch.device | str) -> str:
     return "llama-3.2-1b" if torch.device(device).type == "cuda" else "tiny-llama"
 
 
-_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
-           "half": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     if isinstance(name, torch.dtype):
         return name
-    try:
-        return _DTYPES[name.lower()]
-    except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; use one of fp32, fp16, bf16") from None
+    return _DTYPES[options.dtype_name(name)]
 
 
 _AUTO = {"causal-lm": AutoModelForCausalLM, "masked-lm": AutoModelForMaskedLM, "seq2seq": AutoModelForSeq2SeqLM}
@@ -130,7 +121,7 @@ def _from_config(config, task: str, dtype: torch.dtype, device: torch.device, se
     return model.eval()
 
 
-DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+DEVICE_MAPS = options.DEVICE_MAPS
 
 
 def load_model(spec: str, *, dtype: torch.dtype | str = torch.float32, device: torch.device | str = "cpu",
@@ -149,38 +140,27 @@ def load_model(spec: str, *, dtype: torch.dtype | str = torch.float32, device: t
     ``from_pretrained``, so the distributed model is exactly what a checkpoint gives.
     """
     dtype, device = parse_dtype(dtype), torch.device(device)
-    if device_map is not None and tp:
-        raise ValueError("device_map and tensor parallelism exclude each other; choose one")
-    if isinstance(device_map, str) and device_map not in DEVICE_MAPS:
-        raise ValueError(f"device_map {device_map!r}: use one of {', '.join(DEVICE_MAPS)} or a dict")
+    options.check_placement(device_map, tp)
+    options.check_layers(layers)
+    source = options.model_source(spec)  # a bad name or path is refused here, before anything is loaded
     if device_map is not None or tp:
         return _load_distributed(spec, dtype, device, trust_remote_code, layers, seed, device_map, tp)
-    if spec in PRESETS:
+    if source.kind == "preset":
         preset = PRESETS[spec]
         config = preset.make_config()
         cut = _set_layers(config, layers, grow=True)
         return (_from_config(config, preset.task, dtype, device, seed),
                 f"preset {spec} ({preset.about}){cut}, random weights")
-    path = Path(spec)
-    if path.is_file():
-        if path.suffix != ".json":
-            raise ValueError(f"{spec}: expected a config.json, a model folder, a preset or a hub id")
+    if source.kind == "config":
         try:
-            config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+            config = AutoConfig.from_pretrained(spec, trust_remote_code=trust_remote_code)
         except (OSError, ValueError, json.JSONDecodeError, KeyError) as e:
             raise ValueError(f"{spec}: cannot read this config ({type(e).__name__}: {e})") from None
         cut = _set_layers(config, layers, grow=True)
         return _from_config(config, task_of(config), dtype, device, seed), f"config {spec}{cut}, random weights"
-    if path.is_dir():
-        if not any(path.glob("*.safetensors")):
-            raise ValueError(f"{spec}: no *.safetensors weights in this folder (pickle weights are not loaded)")
-        return (_pretrained(str(path), dtype, device, trust_remote_code, layers),
+    if source.kind == "folder":
+        return (_pretrained(spec, dtype, device, trust_remote_code, layers),
                 f"folder {spec}" + (f", first {layers} layers" if layers is not None else ""))
-    if (os.sep in spec and not _looks_like_hub_id(spec)) or spec.startswith((".", "/", "~")):
-        raise ValueError(f"{spec}: no such file or folder, and not a preset ({', '.join(PRESETS)})")
-    if not _looks_like_hub_id(spec):
-        raise ValueError(f"unknown model {spec!r}: not a preset ({', '.join(PRESETS)}), a folder, a config.json "
-                         "or a hub id (owner/name)")
     cached_only = _hub_unresolvable()
     try:
         model = _pretrained(spec, dtype, device, trust_remote_code, layers, local_files_only=cached_only)
@@ -206,11 +186,6 @@ def _hub_unresolvable() -> bool:
     return False
 
 
-def _looks_like_hub_id(spec: str) -> bool:
-    parts = spec.split("/")
-    return len(parts) == 2 and all(parts) and not spec.startswith((".", "/"))
-
-
 _LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers", "encoder_layers",
                  "decoder_layers")
 
@@ -221,14 +196,15 @@ def _set_layers(config, layers: int | None, grow: bool = False) -> str:
     if layers is None:
         return ""
     counts = [getattr(config, a) for a in _LAYER_COUNTS if isinstance(getattr(config, a, None), int)]
-    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-        raise ValueError(f"--num-layers must be a whole number of at least 1, got {layers!r}")
+    options.check_layers(layers)
+    layers = int(layers)  # (numpy's integers too)
     if not counts:
-        raise ValueError(f"--num-layers: {type(config).__name__} states no layer count to truncate")
+        raise options.OptionError("{layers}: {config} states no layer count to truncate",
+                                  config=type(config).__name__)
     have = min(counts)
     if layers > have and not grow:
-        raise ValueError(f"--num-layers {layers}: the checkpoint has {have} layers; --num-layers keeps the first N "
-                         "(more would be layers of random weights)")
+        raise options.OptionError("{layers} {n}: the checkpoint has {have} layers; {layers} keeps the first N (more "
+                                  "would be layers of random weights)", n=layers, have=have)
     for attr in _LAYER_COUNTS:
         if isinstance(getattr(config, attr, None), int):
             setattr(config, attr, layers)
@@ -286,8 +262,6 @@ def _load_distributed(spec, dtype, device, trust_remote_code, layers, seed, devi
             del model
         folder = dist.broadcast(tmp) if tp else tmp
         layers = None  # already truncated in the saved config
-    elif not Path(spec).is_dir() and not _looks_like_hub_id(spec):
-        load_model(spec)  # the single-device loader's clear error for a bad spec
     try:
         model = _pretrained(folder, dtype, device, trust_remote_code, layers, **load)
     except OSError as e:

@@ -13,7 +13,6 @@ import copy
 import dataclasses
 import inspect
 import itertools
-import operator
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,15 +20,14 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from . import options
 from .device import device_of
 
 __all__ = ["Workload", "Generation", "make_workload", "position_limit", "cache_kwarg", "task_of", "loss_of",
            "prompt_lengths", "MODES", "CACHES"]
 
-#: what one step of a workload is
-MODES = ("prefill", "decode", "generate", "train")
-#: KV caches a generate workload can use: the model's default (grows per token) or transformers' static one
-CACHES = ("dynamic", "static")
+MODES, CACHES = options.MODES, options.CACHES
+prompt_lengths = options.prompt_lengths
 
 
 @dataclass(frozen=True)
@@ -40,14 +38,6 @@ class Generation:
     prompt_lens: tuple[int, ...]
     new_tokens: int
     cache: str = "dynamic"
-
-
-def prompt_lengths(prompt_len: int, new_tokens: int, n: int = 5) -> tuple[int, ...]:
-    """``n`` prompt lengths spread around ``prompt_len``, a quarter of ``new_tokens`` apart, so that each
-    generate sees key lengths the previous ones saw, and some new ones."""
-    gap = max(1, new_tokens // 4)
-    lens = [prompt_len + (i - n // 2) * gap for i in range(n)]
-    return tuple(sorted({max(1, x) for x in lens}))
 
 
 def task_of(config) -> str:
@@ -237,15 +227,11 @@ def _padding(mask: torch.Tensor, seq: int, task: str) -> None:
             mask[i, seq - pad:] = 0
 
 
-def _check_generation(model: nn.Module, prompt_lens, new_tokens: int, cache: str) -> None:
-    if new_tokens < 1:
-        raise ValueError(f"--new-tokens must be at least 1, got {new_tokens}")
-    if cache not in CACHES:
-        raise ValueError(f"cache must be one of {', '.join(CACHES)}, not {cache!r}")
+def _check_generation(model: nn.Module, prompt_lens, new_tokens: int) -> None:
     if not (hasattr(model, "can_generate") and model.can_generate()):
-        raise ValueError(f"{type(model).__name__} cannot generate (no language-model head): use --mode prefill")
-    _check_positions(model, max(prompt_lens) + new_tokens,
-                     f"a prompt of {max(prompt_lens)} tokens plus {new_tokens} new ones")
+        raise options.OptionError("{model} cannot generate (no language-model head): use {mode} prefill or train",
+                                  model=type(model).__name__)
+    options.check_positions(position_limit(model), "generate", 0, new_tokens, prompt_lens)
 
 
 def position_limit(model: nn.Module) -> int | None:
@@ -263,24 +249,6 @@ def position_limit(model: nn.Module) -> int | None:
     return None
 
 
-def _whole(n) -> bool:
-    """An integer (numpy's too), not a bool."""
-    if isinstance(n, bool):
-        return False
-    try:
-        operator.index(n)
-    except TypeError:
-        return False
-    return True
-
-
-def _check_positions(model: nn.Module, tokens: int, what: str) -> None:
-    """``tokens`` positions within the model's table of positions, where it has one."""
-    limit = position_limit(model)
-    if limit is not None and tokens > limit:
-        raise ValueError(f"{what} ({tokens}) is beyond the {limit} positions of the model's position table")
-
-
 def _train_kwargs(model: nn.Module, kwargs: dict[str, Any], task: str) -> tuple[dict[str, Any], str]:
     if "labels" not in inspect.signature(model.forward).parameters:
         return kwargs, "stand-in: the mean square of the model's output (the model computes no loss)"
@@ -295,12 +263,8 @@ def _train_kwargs(model: nn.Module, kwargs: dict[str, Any], task: str) -> tuple[
 
 
 def _generate_workload(model, ids_of, batch, seq, new_tokens, prompt_lens, cache, device) -> Workload:
-    if prompt_lens is not None and not len(prompt_lens):
-        raise ValueError("prompt_lens is empty: give the prompt lengths, or None for lengths around seq")
-    lens = tuple(prompt_lens) if prompt_lens is not None else prompt_lengths(seq, new_tokens)
-    if any(n < 1 for n in lens):
-        raise ValueError(f"prompt lengths must be positive, got {lens}")
-    _check_generation(model, lens, new_tokens, cache)
+    lens = tuple(int(n) for n in prompt_lens) if prompt_lens is not None else prompt_lengths(seq, new_tokens)
+    _check_generation(model, lens, new_tokens)
     prompts = []
     for n in lens:
         ids = ids_of(n).to(device)
@@ -318,21 +282,17 @@ def make_workload(model: nn.Module, *, batch: int = 1, seq: int = 128, padding: 
     encoder's); ``mode="decode"`` is one new token against a KV cache of ``seq`` tokens;
     ``mode="generate"`` generates ``new_tokens`` tokens for prompts of ``prompt_lens`` tokens (default:
     five lengths around ``seq``); ``mode="train"`` is forward and backward of the loss on ``seq`` tokens."""
-    if not all(_whole(n) and n >= 1 for n in (batch, seq)):
-        raise ValueError(f"batch and seq must be positive whole numbers, got batch={batch!r}, seq={seq!r}")
+    options.check_shape(batch, seq, mode, padding)
+    if mode == "generate":
+        options.check_generation(new_tokens, prompt_lens, cache)
     batch, seq = int(batch), int(seq)
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
-    if padding and (mode == "generate" or batch < 2):
-        raise ValueError("padding pads a prefill, decode or train batch of 2 or more (the first row keeps every "
-                         "position, the others are padded); a generate's prompts are whole")
     config = model.config
     task = task_of(config)
     if mode == "decode" and task != "causal-lm":
-        raise ValueError("decode mode needs a causal language model")
+        raise options.OptionError("{mode} decode needs a causal language model; {model} is {task}",
+                                  model=type(model).__name__, task=task)
     if mode != "generate":
-        _check_positions(model, seq + (mode == "decode"), f"seq {seq}" + (" plus the decoded token" if mode == "decode"
-                                                                         else ""))
+        options.check_positions(position_limit(model), mode, seq)
     device = device_of(model)
     g = torch.Generator().manual_seed(seed)
     vocab = getattr(config, "vocab_size", 1000)

@@ -18,6 +18,7 @@ from .registry import (
     get,
     kernel_family,
     names,
+    not_offered,
     package_of,
     register_backend,
     resolve_name,
@@ -31,9 +32,9 @@ BACKENDS: tuple[str, ...] = tuple(names(compared=True))
 
 __all__ = ["BACKENDS", "KERNEL_OPS", "MODEL_LEVEL", "REFERENCE", "FORCED", "GPU_ONLY", "Backend", "Call",
            "auto_choice", "default_backends", "eligibility", "flex_check", "flex_sdpa", "get", "kernel_family",
-           "naive_attention", "names", "package_of", "parse_backends", "recording_notes", "register_backend",
-           "register_hub_kernel", "resolve_name", "run", "unregister_backend", "validate", "Policy", "choose",
-           "resolve_selection"]
+           "naive_attention", "names", "not_offered", "package_of", "parse_backends", "recording_notes",
+           "register_backend", "register_hub_kernel", "resolve_name", "run", "unregister_backend", "validate",
+           "Policy", "choose", "resolve_selection"]
 
 
 def run(name: str, call: Call):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .. import options
 from .registry import default_backends, resolve_name
 
 __all__ = ["Policy", "Selection", "resolve_selection", "choose", "parse_backends"]
@@ -26,39 +27,18 @@ class Policy:
 
 
 Selection = str | Policy
-_PHASE_KEYS = {"prefill", "decode", "decode_max_query"}
-
-
-def _parse_policy(text: str) -> dict:
-    out = {}
-    for part in text.split("/"):
-        key, eq, value = part.partition("=")
-        if not eq or not key.strip() or not value.strip():
-            raise ValueError(f"a backend policy is written phase=backend/phase=backend "
-                             f"(e.g. prefill=cudnn/decode=flash), not {text!r}")
-        out[key.strip()] = int(value) if key.strip() == "decode_max_query" and value.strip().isdigit() \
-            else value.strip()
-    return out
 
 
 def resolve_selection(x) -> Selection:
     """A backend name (or alias), a ``Policy``, a dict ``{"prefill": ..., "decode": ...}`` or its text
     ``"prefill=cudnn/decode=flash"``, checked."""
     if isinstance(x, str) and "=" in x:
-        x = _parse_policy(x)
+        x = options.parse_policy(x)
     if isinstance(x, Policy):
         x = {"prefill": x.prefill, "decode": x.decode, "decode_max_query": x.decode_max_query}
     if isinstance(x, Mapping):
-        unknown = set(x) - _PHASE_KEYS
-        if unknown:
-            raise ValueError(f"unknown phase key(s) {', '.join(map(repr, sorted(unknown)))}; a policy takes "
-                             "'prefill', 'decode' and optionally 'decode_max_query'")
-        if "prefill" not in x or "decode" not in x:
-            raise ValueError("a backend policy needs both 'prefill' and 'decode'")
-        limit = x.get("decode_max_query", 1)
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"decode_max_query must be a positive int, got {limit!r}")
-        return Policy(resolve_name(x["prefill"]), resolve_name(x["decode"]), limit)
+        prefill, decode, limit = options.policy_fields(x)
+        return Policy(resolve_name(prefill), resolve_name(decode), limit)
     return resolve_name(x)
 
 
@@ -79,5 +59,5 @@ def parse_backends(spec, device) -> list[str]:
         spec = [b for b in spec.split(",") if b.strip()]
     result = [str(resolve_selection(b)) if not isinstance(b, str) or "=" in b else resolve_name(b) for b in spec]
     if not result:
-        raise ValueError("no backends given: name at least one, or 'all'")
+        raise options.OptionError("no backends given: name at least one, or 'all'")
     return list(dict.fromkeys(result))

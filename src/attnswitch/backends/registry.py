@@ -18,6 +18,7 @@ from importlib.metadata import PackageNotFoundError, packages_distributions, ver
 import torch
 from torch.nn.attention import SDPBackend
 
+from .. import options
 from ..errors import Refused
 from . import adapters, flex
 from .call import Call, note, repeat_kv, unavailable, validate
@@ -26,7 +27,7 @@ from .sdpa import GPU_ONLY, runner, sdpa_auto
 
 __all__ = ["Backend", "REFERENCE", "MODEL_LEVEL", "REGISTRY", "get", "names", "resolve_name", "register_backend",
            "unregister_backend", "define_backend", "default_backends", "kernel_family", "KERNEL_OPS",
-           "offered", "package_of"]
+           "offered", "not_offered", "package_of"]
 
 Runner = Callable[[Call], "tuple[torch.Tensor, torch.Tensor | None]"]
 
@@ -76,12 +77,9 @@ assert GPU_ONLY == {b.name for b in _FIRST if b.devices == frozenset({"cuda"})}
 
 #: name -> Backend, every one registered; read it anywhere, change it only through (un)register_backend
 REGISTRY: dict[str, Backend] = {b.name: b for b in _FIRST}
-_ALIASES = {
-    "naive_inplace": "naive-inplace", "naiveinplace": "naive-inplace", "mem_efficient": "efficient",
-    "mem-efficient": "efficient", "memory_efficient": "efficient", "efficient_attention": "efficient",
-    "flash_attention": "flash", "cudnn_attention": "cudnn", "sdpa": "auto",
-    **{f"sdpbackend.{b.name.lower()}": n for n, b in _SDPA_ENUM.items()},
-}
+# every built-in alias (flex's and the adapters' too, which they declare again when registered); the names
+# and aliases the command line checks before torch is imported are these (checked below)
+_ALIASES = dict(options.ALIASES)
 _LOCK = threading.Lock()
 
 
@@ -119,7 +117,7 @@ def resolve_name(name: str | SDPBackend) -> str:
         return key
     if key in _ALIASES:
         return _ALIASES[key]
-    raise ValueError(f"unknown attention backend {name!r}; valid names: {_valid_names()}")
+    raise options.unknown_backend(name, [*REGISTRY, *_ALIASES], _valid_names())
 
 
 def get(name: str) -> Backend:
@@ -136,6 +134,22 @@ def default_backends(device) -> list[str]:
     whose package is not installed everywhere)."""
     dev = torch.device(device).type
     return [n for n in names(True) if REGISTRY[n].devices is None or dev in REGISTRY[n].devices]
+
+
+def not_offered(device) -> dict[str, str]:
+    """The backends ``default_backends`` leaves out on the device, each with why in a few words: a device it
+    does not run on, or a package that is not installed."""
+    dev = torch.device(device).type
+    out = {}
+    for n, b in REGISTRY.items():
+        if not b.compared:
+            continue
+        if b.devices is not None and dev not in b.devices:
+            out[n] = ", ".join("CUDA" if d == "cuda" else d for d in sorted(b.devices)) + " only"
+        elif not offered(b):
+            out[n] = f"not installed: {b.run.install}" if isinstance(b.run, _Kernel) and b.run.install else \
+                "its package is not installed"
+    return out
 
 
 def package_of(name: str) -> str | None:
@@ -275,7 +289,7 @@ def define_backend(name: str, fn: Callable, *, devices=None, check: Callable | N
                       module=module)
     with _LOCK:
         for n in [key, *aliases]:
-            if n in _ALIASES or (n in REGISTRY and REGISTRY[n].builtin):
+            if (n in _ALIASES and not (builtin and _ALIASES[n] == key)) or (n in REGISTRY and REGISTRY[n].builtin):
                 raise ValueError(f"{n!r} names a built-in backend; choose another name")
             if n in REGISTRY:
                 raise ValueError(f"a backend {n!r} is already registered; unregister_backend({n!r}) first")
@@ -344,3 +358,4 @@ for _a in adapters.ADAPTERS:
     define_backend(_a.name, _a.fn, devices={"cuda"}, check=_a.check, gqa=True, softcap=_a.softcap, about=_a.about,
                    package=_a.package, module=_a.module, install=_a.install, aliases=_a.aliases, builtin=True)
 REGISTRY.update({b.name: b for b in _LAST})
+assert tuple(REGISTRY) == options.BACKENDS and _ALIASES == options.ALIASES, "options.py's backend tables are stale"

@@ -246,11 +246,23 @@ def transfer_table(report, backend) -> Table:
                  frozenset({"boundary", "from → to"}))
 
 
+def _setting_rows(key: str, value) -> list[tuple[str, str]]:
+    """A setting as rows: a mapping (the command's own time, ``time_s``) one row per entry, in seconds."""
+    if not isinstance(value, dict):
+        return [(key.replace("_", " "), str(value))]
+    if key == "time_s":
+        return [(f"time: {k}", f"{v:.2f} s" if isinstance(v, (int, float)) else str(v)) for k, v in value.items()]
+    return [(f"{key.replace('_', ' ')}: {k}", str(v)) for k, v in value.items()]
+
+
 def environment_table(report) -> Table:
-    """The machine, the libraries, the workload and the measurement settings."""
-    rows = [(k, str(v)) for k, v in report.environment.items() if v not in (None, "")]
-    rows += [(f"workload {k}", str(v)) for k, v in report.workload.items() if v not in (None, "")]
-    rows += [(k.replace("_", " "), str(v)) for k, v in report.settings.items() if v not in (None, "")]
+    """The machine, the libraries, the workload and the measurement settings (what "all" left out is the Not
+    run section's)."""
+    rows = [row for k, v in report.environment.items() if v not in (None, "", {}) for row in _setting_rows(k, v)]
+    rows += [row for k, v in report.workload.items() if v not in (None, "", {})
+             for row in _setting_rows(f"workload {k}", v)]
+    rows += [row for k, v in report.settings.items() if v not in (None, "", {}) and k != "not_offered"
+             for row in _setting_rows(k, v)]
     if distribution_text(report):
         rows.append(("distribution", distribution_text(report)))
     return Table("", ("item", "value"), tuple(rows), frozenset({"item", "value"}), sortable=False)
@@ -369,12 +381,26 @@ def _layers(report, opts: Options) -> Section | None:
                 collapsible=True, open=i == 0) for i, b in enumerate(shown)), key="layers")
 
 
+def _not_offered(report) -> Text | None:
+    """One line: the backends "all" left out on this device, grouped by why."""
+    left = report.settings.get("not_offered") or {}
+    if not left:
+        return None
+    why: dict[str, list[str]] = {}
+    for name, reason in left.items():
+        why.setdefault(reason, []).append(name)
+    return Text("Not offered here: " + "; ".join(f"{', '.join(names)} ({reason})" for reason, names in why.items()),
+                "note")
+
+
 def _not_run(report, opts: Options) -> Section | None:
     bad = [b for b in report.backends if not b.ok]
-    if not bad:
-        return None
-    return Section("Not run", tuple(Text(f"{b.backend} {b.status}" + (f" at {b.where}" if b.where else "") + ": "
-                                         + "; ".join(b.reasons), "error") for b in bad), key="not-run")
+    blocks = [Text(f"{b.backend} {b.status}" + (f" at {b.where}" if b.where else "") + ": " + "; ".join(b.reasons),
+                   "error") for b in bad]
+    left = _not_offered(report)
+    if left is not None:
+        blocks.append(left)
+    return Section("Not run", tuple(blocks), key="not-run") if blocks else None
 
 
 def _notes(report, opts: Options) -> Section | None:
@@ -420,7 +446,7 @@ def _generate(report, opts: Options) -> Section | None:
                   _ms(b.generate.cold_e2e_ms), _ms(b.generate.new_shape_step_ms), _ms(b.generate.seen_shape_step_ms),
                   _n(b.generate.slow_attn_calls, 0), _n(b.generate.plan_cache_host_mb, 1),
                   "-" if b.generate.token_agreement is None else f"{b.generate.token_agreement:.3f}") for b in ran)
-    table = drop_empty_columns(Table("Generation", (
+    table = drop_empty_columns(Table("", (  # (titled by its section)
         "backend", "workload ms", "wall ms", "ttft ms", "step p50 ms", "step p90 ms", "step p99 ms", "tokens/s",
         "first workload ms", "new-length step ms", "seen-length step ms", "slow attn calls", "host MB grown",
         "tokens agree"), rows, frozenset({"backend"})))

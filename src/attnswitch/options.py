@@ -1,0 +1,350 @@
+"""What attnswitch takes, checked without torch or transformers: backend names and policies, presets and
+model sources, dtypes, modes, caches, placements and the numbers of a workload.
+
+The library (``backends``, ``models``, ``workload``) and the command line check their input here, so that a
+misspelt name is answered at once, with the nearest valid one. An ``OptionError`` names the library's
+parameters (``new_tokens``); the command line words the same error with its flags (``--new-tokens``).
+A leaf module: it imports nothing of attnswitch, nor torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import operator
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["OptionError", "near", "BACKENDS", "ALIASES", "COMPARED", "backend_key", "unknown_backend",
+           "parse_policy", "policy_fields", "check_backends", "DTYPES", "dtype_name", "MODES", "CACHES",
+           "DEVICE_MAPS", "check_choice", "check_placement", "check_layers", "check_shape", "check_generation",
+           "prompt_lengths", "positions_needed", "check_positions", "Preset", "PRESETS", "Source", "model_source",
+           "check_model_workload", "looks_like_hub_id"]
+
+
+class OptionError(ValueError):
+    """Bad input, worded with the names of the parameters it is about: ``{new_tokens}`` in ``template`` is
+    ``new_tokens`` in the library's message and whatever ``worded(names)`` maps it to (``--new-tokens``);
+    ``values`` fill the other fields (user input goes there, never into the template)."""
+
+    def __init__(self, template: str, **values):
+        self.template, self.values = template, values
+        super().__init__(self.worded())
+
+    def worded(self, names: Mapping[str, str] | None = None) -> str:
+        return self.template.format_map(_Words(self.values, names or {}))
+
+    def __reduce__(self):  # (through a process group or a pool: rebuilt from its template, not its text)
+        return functools.partial(OptionError, self.template, **self.values), ()
+
+
+class _Words(dict):
+    def __init__(self, values: dict, names: Mapping[str, str]):
+        super().__init__(values)
+        self.names = names
+
+    def __missing__(self, key: str) -> str:  # a parameter's name
+        return self.names.get(key, key)
+
+
+def near(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean `x`?)`` for the choice closest to ``word``, or nothing when none is close."""
+    if not isinstance(word, str):
+        return ""
+    match = difflib.get_close_matches(word.strip().lower(), list(choices), n=1, cutoff=0.6)
+    return f" (did you mean `{match[0]}`?)" if match else ""
+
+
+# -- backends ------------------------------------------------------------------------------------------
+
+#: every built-in backend, in the order the registry holds them (``backends/registry.py`` checks it at import)
+BACKENDS = ("naive", "naive-inplace", "math", "efficient", "flash", "cudnn", "flex", "fa2", "fa3", "auto", "eager",
+            "eager-fp32")
+#: the built-ins compared by default (fa2, fa3: where their package is installed)
+COMPARED = tuple(b for b in BACKENDS if b != "eager-fp32")
+#: alias -> built-in backend
+ALIASES = {
+    "naive_inplace": "naive-inplace", "naiveinplace": "naive-inplace", "mem_efficient": "efficient",
+    "mem-efficient": "efficient", "memory_efficient": "efficient", "efficient_attention": "efficient",
+    "flash_attention": "flash", "cudnn_attention": "cudnn", "sdpa": "auto",
+    "sdpbackend.math": "math", "sdpbackend.efficient_attention": "efficient",
+    "sdpbackend.flash_attention": "flash", "sdpbackend.cudnn_attention": "cudnn",
+    "flex_attention": "flex", "flexattention": "flex",
+    "flash_attention_2": "fa2", "flash_attn_2": "fa2", "flash_attention_3": "fa3", "flash_attn_3": "fa3",
+}
+_VALID = ", ".join(b for b in COMPARED if b not in ("fa2", "fa3")) + " (and fa2, fa3 where their packages are " \
+    "installed)"
+
+
+def unknown_backend(name, choices: Iterable[str], valid: str = _VALID) -> OptionError:
+    """The error for a backend name that is none of ``choices`` (names and aliases)."""
+    return OptionError("unknown attention backend {given!r}{hint}; valid names: {valid}", given=name,
+                       hint=near(name, choices), valid=valid)
+
+
+def backend_key(name, registered: Iterable[str] = ()) -> str:
+    """The canonical name of a built-in backend, an alias of one, or one of ``registered`` (a user's)."""
+    if not isinstance(name, str):
+        raise TypeError(f"backend name must be a str or SDPBackend, not {type(name).__name__}")
+    key = name.strip().lower()
+    registered = set(registered)
+    if key in BACKENDS or key in registered:
+        return key
+    if key in ALIASES:
+        return ALIASES[key]
+    raise unknown_backend(name, [*BACKENDS, *ALIASES, *registered])
+
+
+_PHASE_KEYS = ("prefill", "decode", "decode_max_query")
+
+
+def parse_policy(text: str) -> dict:
+    """``prefill=cudnn/decode=flash[/decode_max_query=N]`` as a dict (names unchecked)."""
+    out: dict = {}
+    for part in text.split("/"):
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise OptionError("a backend policy is written phase=backend/phase=backend (e.g. prefill=cudnn/"
+                              "decode=flash), not {given!r}", given=text)
+        key, value = key.strip(), value.strip()
+        out[key] = int(value) if key == "decode_max_query" and value.isdigit() else value
+    return out
+
+
+def policy_fields(policy: Mapping) -> tuple[str, str, int]:
+    """``(prefill backend, decode backend, decode_max_query)`` of a policy's mapping, its keys checked."""
+    unknown = set(policy) - set(_PHASE_KEYS)
+    if unknown:
+        raise OptionError("unknown phase key(s) {keys}{hint}; a policy takes 'prefill', 'decode' and optionally "
+                          "'decode_max_query'", keys=", ".join(map(repr, sorted(unknown, key=str))),
+                          hint=near(str(min(unknown, key=str)), _PHASE_KEYS))
+    if "prefill" not in policy or "decode" not in policy:
+        raise OptionError("a backend policy needs both 'prefill' and 'decode'")
+    limit = policy.get("decode_max_query", 1)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise OptionError("decode_max_query must be a positive int, got {got!r}", got=limit)
+    return policy["prefill"], policy["decode"], limit
+
+
+def check_backends(spec, registered: Iterable[str] = ()) -> list[str]:
+    """Each name or policy of ``spec`` (``"all"``, a comma-separated string or an iterable of names) checked:
+    the canonical names, in order, without repeats (policies as written, their names canonical)."""
+    if spec is None or spec == "all":
+        return ["all"]
+    registered = tuple(registered)
+    items = [b for b in spec.split(",") if b.strip()] if isinstance(spec, str) else list(spec)
+    out = []
+    for item in items:
+        if isinstance(item, Mapping) or (isinstance(item, str) and "=" in item):
+            prefill, decode, limit = policy_fields(parse_policy(item) if isinstance(item, str) else item)
+            limit_text = f"/decode_max_query={limit}" if limit != 1 else ""
+            out.append(f"prefill={backend_key(prefill, registered)}/decode={backend_key(decode, registered)}"
+                       + limit_text)
+        else:
+            out.append(backend_key(item, registered))
+    if not out:
+        raise OptionError("no backends given: name at least one, or 'all'")
+    return list(dict.fromkeys(out))
+
+
+# -- dtypes, modes, caches, placement, numbers --------------------------------------------------------
+
+#: names of dtypes -> the canonical one
+DTYPES = {"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16",
+          "bfloat16": "bf16"}
+#: what one step of a workload is
+MODES = ("prefill", "decode", "generate", "train")
+#: KV caches a generate workload can use: the model's default (grows per token) or transformers' static one
+CACHES = ("dynamic", "static")
+#: accelerate's named device maps
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def dtype_name(name: str) -> str:
+    """``fp32``, ``fp16`` or ``bf16`` for any of their names."""
+    key = name.strip().lower() if isinstance(name, str) else name
+    if key not in DTYPES:
+        raise OptionError("unknown {dtype} {given!r}{hint}; use one of fp32, fp16, bf16", given=name,
+                          hint=near(name, DTYPES))
+    return DTYPES[key]
+
+
+def check_choice(param: str, value, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise OptionError("{" + param + "} must be one of {choices}, not {given!r}{hint}", choices=", ".join(choices),
+                          given=value, hint=near(value, choices))
+    return value
+
+
+def check_placement(device_map, tp: bool) -> None:
+    """A ``device_map`` (a name of accelerate's, or a dict) or tensor parallelism, not both."""
+    if device_map is not None and tp:
+        raise OptionError("{device_map} and tensor parallelism ({tp}) exclude each other; choose one")
+    if isinstance(device_map, str) and device_map not in DEVICE_MAPS:
+        raise OptionError("{device_map} {given!r}{hint}: use one of {maps} or a dict", given=device_map,
+                          hint=near(device_map, DEVICE_MAPS), maps=", ".join(DEVICE_MAPS))
+
+
+def _whole(n) -> bool:
+    """An integer (numpy's too), not a bool."""
+    if isinstance(n, bool):
+        return False
+    try:
+        operator.index(n)
+    except TypeError:
+        return False
+    return True
+
+
+def check_layers(layers) -> None:
+    if layers is not None and not (_whole(layers) and layers >= 1):
+        raise OptionError("{layers} must be at least 1 (a whole number), got {got!r}", got=layers)
+
+
+def check_shape(batch, seq, mode: str = "prefill", padding: bool = False) -> None:
+    """A workload's batch and length, its mode, and padding where it applies."""
+    if not all(_whole(n) and n >= 1 for n in (batch, seq)):
+        raise OptionError("{batch} and {seq} must be positive whole numbers, got {b!r} and {s!r}", b=batch, s=seq)
+    check_choice("mode", mode, MODES)
+    if padding and mode == "generate":
+        raise OptionError("{padding} pads a prefill, decode or train batch; a generate's prompts are whole")
+    if padding and batch < 2:
+        raise OptionError("{padding} needs a batch of 2 or more (the first row keeps every position, the others "
+                          "are padded)")
+
+
+def check_generation(new_tokens, prompt_lens=None, cache: str = "dynamic", prompt_len=None) -> None:
+    if not (_whole(new_tokens) and new_tokens >= 1):
+        raise OptionError("{new_tokens} must be at least 1, got {got!r}", got=new_tokens)
+    if prompt_len is not None and not (_whole(prompt_len) and prompt_len >= 1):
+        raise OptionError("{prompt_len} must be positive, got {got!r}", got=prompt_len)
+    if prompt_lens is not None:
+        lens = list(prompt_lens)
+        if not lens:
+            raise OptionError("{prompt_lens} is empty: give the prompt lengths, or none for lengths around the "
+                              "prompt length")
+        if not all(_whole(n) and n >= 1 for n in lens):
+            raise OptionError("{prompt_lens} must be positive whole numbers, got {got}", got=tuple(lens))
+    check_choice("cache", cache, CACHES)
+
+
+def prompt_lengths(prompt_len: int, new_tokens: int, n: int = 5) -> tuple[int, ...]:
+    """``n`` prompt lengths spread around ``prompt_len``, a quarter of ``new_tokens`` apart, so that each
+    generate sees key lengths the previous ones saw, and some new ones."""
+    gap = max(1, new_tokens // 4)
+    lens = [prompt_len + (i - n // 2) * gap for i in range(n)]
+    return tuple(sorted({max(1, x) for x in lens}))
+
+
+def positions_needed(mode: str, seq: int, new_tokens: int | None = None,
+                     prompt_lens: Iterable[int] | None = None) -> tuple[int, str, dict]:
+    """The positions a workload takes, and how to say so: ``(tokens, template, values)``. For a generate
+    ``seq`` is the prompt length the lengths spread around (unless ``prompt_lens`` are given)."""
+    if mode == "generate":
+        longest = max(prompt_lens) if prompt_lens else max(prompt_lengths(seq, new_tokens))
+        return longest + new_tokens, "a prompt of {p} tokens plus {n} new ones", {"p": longest, "n": new_tokens}
+    if mode == "decode":
+        return seq + 1, "{seq} {s} plus the decoded token", {"s": seq}
+    return seq, "{seq} {s}", {"s": seq}
+
+
+def check_positions(limit: int | None, mode: str, seq: int, new_tokens: int | None = None,
+                    prompt_lens: Iterable[int] | None = None) -> None:
+    """The workload's positions within a table of ``limit`` absolute positions (None: no such table)."""
+    tokens, what, values = positions_needed(mode, seq, new_tokens, prompt_lens)
+    if limit is not None and tokens > limit:
+        raise OptionError(what + " ({tokens}) is beyond the {limit} positions of the model's position table",
+                          tokens=tokens, limit=limit, **values)
+
+
+# -- presets and where a model comes from ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Preset:
+    """A built-in model: a real architecture's config (``models.py`` makes it), random weights."""
+
+    name: str
+    task: str  # "causal-lm", "masked-lm" or "seq2seq"
+    about: str
+    positions: int | None = None  # rows of its table of absolute positions; None where positions are computed
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in [
+    Preset("llama-3.2-1b", "causal-lm", "Llama-3.2-1B shape: 16 layers, 32 q / 8 kv heads, d 64"),
+    Preset("qwen2.5-0.5b", "causal-lm", "Qwen2.5-0.5B shape: 24 layers, 14 q / 2 kv heads, d 64"),
+    Preset("mistral-7b", "causal-lm", "Mistral-7B shape: 32 layers, 32 q / 8 kv heads, window 4096"),
+    Preset("gpt2", "causal-lm", "GPT-2 (124M): 12 layers, 12 heads, d 64", positions=1024),
+    Preset("bert-base", "masked-lm", "BERT-base: 12 layers, 12 heads, bidirectional encoder", positions=512),
+    Preset("t5-small", "seq2seq", "T5-small: encoder-decoder with relative position bias"),
+    Preset("tiny-llama", "causal-lm", "a 4-layer Llama with GQA, for CPUs and tests"),
+    Preset("tiny-mistral", "causal-lm", "a 2-layer Mistral with a 16-token sliding window"),
+]}
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a model comes from: ``kind`` is ``preset``, ``config`` (a config.json: random weights),
+    ``folder`` (``from_pretrained``) or ``hub`` (an id, loaded where the hub is reachable)."""
+
+    kind: str
+    spec: str
+    preset: Preset | None = None
+
+
+def looks_like_hub_id(spec: str) -> bool:
+    parts = spec.split("/")
+    return len(parts) == 2 and all(parts) and not spec.startswith((".", "/"))
+
+
+def _folder_without_weights(spec: str, path: Path) -> OptionError:
+    pickled = any(path.glob("*.bin")) or any(path.glob("*.pt"))
+    why = "only pickle weights (*.bin), which are not loaded" if pickled else "no weights"
+    config = path / "config.json"
+    hint = (f"; its config.json alone gives this model with random weights: pass {config}" if config.is_file()
+            else "")
+    return OptionError("{given}: no *.safetensors in this folder ({why}){hint}", given=spec, why=why, hint=hint)
+
+
+def model_source(spec: str) -> Source:
+    """What ``spec`` names, decided from the name and the file system alone; bad ones raise ``OptionError``."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise OptionError("a model is a preset, a folder, a config.json or a hub id, not {given!r}", given=spec)
+    if spec in PRESETS:
+        return Source("preset", spec, PRESETS[spec])
+    path = Path(spec)
+    if path.is_file():
+        if path.suffix != ".json":
+            raise OptionError("{given}: expected a config.json, a model folder, a preset or a hub id", given=spec)
+        return Source("config", spec)
+    if path.is_dir():
+        if not any(path.glob("*.safetensors")):
+            raise _folder_without_weights(spec, path)
+        return Source("folder", spec)
+    presets = ", ".join(PRESETS)
+    if (os.sep in spec and not looks_like_hub_id(spec)) or spec.startswith((".", "/", "~")):
+        raise OptionError("{given}: no such file or folder, and not a preset ({presets})", given=spec,
+                          presets=presets)
+    if not looks_like_hub_id(spec):
+        raise OptionError("unknown model {given!r}{hint}: not a preset ({presets}), a folder, a config.json or a "
+                          "hub id (owner/name)", given=spec, hint=near(spec, PRESETS), presets=presets)
+    return Source("hub", spec)
+
+
+def check_model_workload(source: Source, mode: str, seq: int | None = None, new_tokens: int | None = None,
+                         prompt_lens: Iterable[int] | None = None) -> None:
+    """What a preset's static facts refuse: a step its head cannot run, positions beyond its table
+    (``seq`` None: lengths not known yet). Other sources are checked once loaded."""
+    p = source.preset
+    if p is None:
+        return
+    if mode in ("decode", "generate") and p.task == "masked-lm":
+        verb = "cannot generate" if mode == "generate" else "cannot decode"
+        raise OptionError("preset {given} ({about}) {verb} (no language-model head): use {mode} prefill or train",
+                          given=p.name, about=p.about, verb=verb)
+    if mode == "decode" and p.task != "causal-lm":
+        raise OptionError("{mode} decode needs a causal language model; preset {given} is {task}", given=p.name,
+                          task=p.task)
+    if seq is not None:
+        check_positions(p.positions, mode, seq, new_tokens, prompt_lens)

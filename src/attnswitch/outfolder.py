@@ -1,0 +1,147 @@
+"""The folder a report is written into, replaced whole: the new report is written into a hidden sibling
+folder, which takes the folder's place only once every file is written. An interrupt or a failure before
+then leaves the folder as it was (or absent), and a finished run leaves nothing of the one before it.
+
+A folder is only ever replaced when it is empty or holds what a report holds (``REPORT_ENTRIES``): a
+folder with anything else in it is refused before any work, never deleted. Torch-free: the command line
+checks ``--out`` with it before torch is imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import secrets
+import shutil
+from pathlib import Path
+
+from .options import OptionError
+
+__all__ = ["REPORT_ENTRIES", "check", "Staged", "previous_report"]
+
+#: what a report folder holds
+REPORT_ENTRIES = frozenset({"report.json", "report.csv", "report.md", "report.html", "command.txt", "traces"})
+_PREFIX = ".attnswitch-"  # the staging folder: .<name>.attnswitch-XXXX beside the folder
+
+
+def previous_report(out: str | Path) -> bool:
+    """Whether ``out`` holds a report now (one a failed or interrupted run keeps)."""
+    d = Path(out)
+    return d.is_dir() and any(d.iterdir())
+
+
+def _new_folder(parent: Path, prefix: str) -> Path:
+    """A new folder ``parent/prefixXXXXXXXX``, with the permissions any folder made here gets (``mkdtemp``'s
+    are the owner's alone, which the report folder would keep)."""
+    for _ in range(100):
+        path = parent / f"{prefix}{secrets.token_hex(4)}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free name for a folder {prefix}... in {parent}")
+
+
+def _nearest_existing(d: Path) -> Path:
+    for p in (d, *d.parents):
+        if p.exists():
+            return p
+    return Path(".")
+
+
+def check(out: str) -> None:
+    """``out`` can take a report: absent (its parent folders are made), empty, or a report of an earlier
+    run, and the folder it sits in can be written. Raises ``OptionError`` (about ``out``) otherwise."""
+    d = Path(out)
+    if d.exists() and not d.is_dir():
+        raise OptionError("{out} {given}: exists and is not a folder", given=out)
+    here = Path.cwd().resolve()
+    if d.resolve() == here or d.resolve() in here.parents:  # replacing it would pull the floor from under us
+        raise OptionError("{out} {given}: is the current folder or holds it; give the report a folder of its own",
+                          given=out)
+    if d.is_dir():
+        strange = sorted(p.name for p in d.iterdir() if p.name not in REPORT_ENTRIES)
+        if strange:
+            shown = ", ".join(strange[:5]) + (", ..." if len(strange) > 5 else "")
+            raise OptionError("{out} {given}: holds what is not a report ({shown}), and a report replaces the "
+                              "folder whole; give a new or empty folder, or an earlier report's", given=out,
+                              shown=shown)
+    where = _nearest_existing(d.resolve().parent)
+    try:  # the staging folder is made beside ``out``: try making one there
+        _new_folder(where, _PREFIX).rmdir()
+    except OSError as e:
+        raise OptionError("{out} {given}: cannot write there ({why})", given=out,
+                          why=e.strerror or str(e)) from None
+
+
+_RENAME_EXCHANGE = 2  # renameat2's flag: swap two paths in one step (Linux 3.15+, glibc 2.28+)
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the folders ``a`` and ``b`` in one step, where the system can; False where it cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    return renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
+
+
+def _replace(new: Path, final: Path) -> None:
+    """``new`` takes ``final``'s place; what ``final`` held is removed after."""
+    if not final.exists():
+        os.rename(new, final)
+        return
+    if _exchange(new, final):
+        shutil.rmtree(new, ignore_errors=True)  # now the earlier report
+        return
+    old = _new_folder(final.parent, f".{final.name}{_PREFIX}old-")
+    os.rename(final, old)  # (onto the empty folder just made)
+    try:
+        os.rename(new, final)
+    except BaseException:
+        os.rename(old, final)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+class Staged:
+    """``with Staged(out) as path:`` write the report under ``path``; when the block ends without an
+    exception, ``path`` becomes ``out`` (an earlier report there is replaced whole). When it raises, what
+    was staged is removed, with the parent folders made for it, and ``out`` is as it was."""
+
+    def __init__(self, out: str | Path):
+        self.final = Path(out).resolve()
+        self.path: Path | None = None
+        self._made: list[Path] = []
+
+    def __enter__(self) -> Path:
+        parent = self.final.parent
+        self._made = [p for p in (parent, *parent.parents) if not p.exists()]  # deepest first
+        parent.mkdir(parents=True, exist_ok=True)
+        self.path = _new_folder(parent, f".{self.final.name}{_PREFIX}")
+        return self.path
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            from .hf.critical import interrupts_deferred  # (loaded by then: the report was measured)
+
+            try:
+                with interrupts_deferred():  # a SIGINT waits until the folders are swapped, never half
+                    _replace(self.path, self.final)
+                return
+            except BaseException:
+                self._discard()
+                raise
+        self._discard()
+
+    def _discard(self) -> None:
+        if self.path is not None and self.path.exists():
+            shutil.rmtree(self.path, ignore_errors=True)
+        for p in self._made:
+            with contextlib.suppress(OSError):
+                p.rmdir()
+
