@@ -34,12 +34,22 @@ BAD = [
     (["compare", "--mode", "train", "--cache", "static"], "--cache: for --mode generate only"),
     (["compare", "--mode", "generate", "--prompt-len", "8", "--prompt-lens", "8,9"], "choose one"),
     (["compare", "--padding", "--batch", "1"], "--padding needs a batch of 2 or more"),
+    (["compare", "--mode", "generate", "--prompt-lens-from", "missing.txt"], "missing.txt: cannot read it"),
+    (["compare", "--mode", "generate", "--prompt-lens-from", "lens.txt"], "lens.txt:2: expected one prompt length"),
+    (["compare", "--mode", "generate", "--requests", "9"], "--requests charges the first-met shapes of a length mix"),
+    (["compare", "--prompt-lens-from", "lens.txt"], "--prompt-lens-from: for --mode generate only"),
+    (["compare", "--mode", "generate", "--prompt-len", "8", "--prompt-lens-from", "lens.txt"], "choose one"),
+    (["profile", "--mode", "generate", "--prompt-len", "8,16"], "is a `compare`"),
+    (["compare", "--mode", "decode", "--seq", "8,16"], "a sweep of --seq is of prefill or train steps"),
+    (["compare", "gpt2", "--mode", "generate", "--prompt-len", "64,1000", "--new-tokens", "100"],
+     "a prompt of 1050 tokens plus 100 new ones (1150) is beyond the 1024 positions"),
 ]
 
 
 def test_bad_input_is_answered_without_importing_torch_with_the_near_miss(tmp_path):
     folder = tmp_path / "weightless"
     folder.mkdir()
+    (tmp_path / "lens.txt").write_text("512\nmany\n")
     (folder / "config.json").write_text("{}")
     cases = [*BAD, (["check", str(folder)], f"pass {folder / 'config.json'}")]
     code = ("import json, sys\nfrom attnswitch.cli import main\n"

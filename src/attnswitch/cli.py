@@ -72,11 +72,19 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=["prefill", "decode", "generate", "train"], default="prefill",
                    help="prefill: the whole sequence; decode: one new token against a KV cache of --seq; generate: "
                         "greedy generation end to end; train: forward + backward of the loss")
-    p.add_argument("--prompt-len", type=int, default=None,
-                   help="generate: prompts spread around this length (default: 512 on a GPU, 32 on a CPU)")
+    p.add_argument("--prompt-len", type=_ints, default=None,
+                   help="generate: prompts spread around this length (default: 512 on a GPU, 32 on a CPU), or a list "
+                        "(256,1024,4096) for a sweep of prompt lengths")
     p.add_argument("--prompt-lens", type=_ints, default=None, help="generate: these prompt lengths instead")
-    p.add_argument("--new-tokens", type=int, default=None,
-                   help="generate: exactly this many new tokens per prompt (default: 128 on a GPU, 8 on a CPU)")
+    p.add_argument("--prompt-lens-from", default=None, metavar="FILE",
+                   help="generate: the prompt lengths a deployment sees (one a line, or a JSON histogram "
+                        "{\"512\": 120, ...}): a sweep at its representative lengths, weighted as the file says")
+    p.add_argument("--requests", type=int, default=None, metavar="N",
+                   help="with --prompt-lens-from: the run of requests to charge each backend's first-met shapes "
+                        "over (default: 1000)")
+    p.add_argument("--new-tokens", type=_ints, default=None,
+                   help="generate: exactly this many new tokens per prompt (default: 128 on a GPU, 8 on a CPU), or a "
+                        "list for a sweep")
     p.add_argument("--cache", choices=["dynamic", "static"], default="dynamic",
                    help="generate: the model's default KV cache, or transformers' static cache")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
@@ -130,7 +138,8 @@ def _check_options(args) -> None:
         outfolder.check(args.out)
 
 
-_GENERATE_ONLY = (("prompt_len", "--prompt-len"), ("prompt_lens", "--prompt-lens"), ("new_tokens", "--new-tokens"))
+_GENERATE_ONLY = (("prompt_len", "--prompt-len"), ("prompt_lens", "--prompt-lens"), ("new_tokens", "--new-tokens"),
+                  ("prompt_lens_from", "--prompt-lens-from"), ("requests", "--requests"))
 
 
 def _check_combinations(args) -> None:
@@ -145,12 +154,22 @@ def _check_combinations(args) -> None:
         given += ["--cache"] if args.cache != "dynamic" else []
         if given:
             raise ValueError(f"{', '.join(given)}: for --mode generate only (this is --mode {args.mode})")
-    if args.prompt_len is not None and args.prompt_lens is not None:
-        raise ValueError("--prompt-len spreads prompt lengths around one length, --prompt-lens gives them: "
-                         "choose one")
-    sweep = len(args.seq or [1]) > 1 or len(args.batch or [1]) > 1
-    if sweep and (args.mode not in ("prefill", "train") or getattr(args, "command", "") != "compare"):
-        raise ValueError("a sweep (--seq or --batch lists) is a `compare` of prefill or train steps")
+    given = [f for a, f in (("prompt_len", "--prompt-len"), ("prompt_lens", "--prompt-lens"),
+                            ("prompt_lens_from", "--prompt-lens-from")) if getattr(args, a) is not None]
+    if len(given) > 1:
+        raise ValueError(f"{' and '.join(given)}: each says which prompt lengths to measure; choose one")
+    if args.requests is not None and args.prompt_lens_from is None:
+        raise ValueError("--requests charges the first-met shapes of a length mix: give --prompt-lens-from FILE")
+    if args.requests is not None and args.requests < 1:
+        raise ValueError(f"--requests must be at least 1, got {args.requests}")
+    if args.prompt_lens is not None and len(args.new_tokens or [1]) > 1:
+        raise ValueError("--prompt-lens gives one generate workload; a list of --new-tokens is a sweep over "
+                         "--prompt-len (or --prompt-lens-from)")
+    if _sweep(args) and getattr(args, "command", "") != "compare":
+        raise ValueError("a sweep (lists of --seq, --batch, --prompt-len or --new-tokens, or --prompt-lens-from) "
+                         "is a `compare`")
+    if len(args.seq or [1]) > 1 and args.mode not in ("prefill", "train"):
+        raise ValueError("a sweep of --seq is of prefill or train steps; a generate's is of --prompt-len")
     if getattr(args, "iters", None) is not None and args.iters < 1:
         raise ValueError(f"--iters must be at least 1, got {args.iters}")
     if getattr(args, "rounds", None) is not None and args.rounds < 1:
@@ -165,6 +184,19 @@ def _check_combinations(args) -> None:
         compiled = [m for m in parse_compile(args.compile) if m is not None]
         if compiled and (args.device_map or args.tp):
             raise ValueError("--compile runs one process's model on one device; not with --device-map or --tp")
+
+
+def _sweep(args) -> bool:
+    """Whether the options ask for a sweep: lists of lengths, batches or new tokens, or a length mix."""
+    lists = (args.seq, args.batch, args.prompt_len, args.new_tokens)
+    return any(len(x or [1]) > 1 for x in lists) or args.prompt_lens_from is not None
+
+
+def _lengths(args):
+    """The length mix of ``--prompt-lens-from`` (torch-free: read before anything is imported)."""
+    from .lengths import read_lengths
+
+    return read_lengths(args.prompt_lens_from) if args.prompt_lens_from else None
 
 
 def _registered() -> list[str]:
@@ -186,14 +218,25 @@ def _check_values(args) -> None:
     for b in batches:
         options.check_shape(b, seqs[0], args.mode, args.padding)
     generate = args.mode == "generate"
-    new_tokens, prompt_len = args.new_tokens or 8, args.prompt_len or 32
-    if generate:
-        options.check_generation(args.new_tokens if args.new_tokens is not None else 8, args.prompt_lens,
-                                 args.cache, args.prompt_len)
-    if args.model is not None:
-        source = options.model_source(args.model)
-        for seq in ([prompt_len] if generate else seqs):  # positions a preset's table has no row for
-            options.check_model_workload(source, args.mode, seq, new_tokens, args.prompt_lens)
+    lengths = _lengths(args) if generate else None  # a bad file: one line, now
+    prompt_lens = list(lengths.representative()) if lengths else (args.prompt_len or [32])
+    for new in (args.new_tokens or [8]):
+        if generate:
+            for prompt_len in prompt_lens:
+                options.check_generation(new, args.prompt_lens, args.cache, prompt_len)
+        if args.model is not None:
+            source = options.model_source(args.model)
+            for seq in (prompt_lens if generate else seqs):  # positions a preset's table has no row for
+                options.check_model_workload(source, args.mode, seq, new, args.prompt_lens)
+
+
+class Shapes(list):
+    """A sweep's ``(batch, length)`` shapes, and what else its sweep takes (``kw``: a generate's new tokens,
+    cache and length mix)."""
+
+    def __init__(self, shapes=(), kw: dict | None = None):
+        super().__init__(shapes)
+        self.kw = dict(kw or {})
 
 
 def _setup(args):
@@ -216,15 +259,25 @@ def _setup(args):
                              layers=args.num_layers, device_map=args.device_map, tp=args.tp)
     batches = args.batch or [4 if gpu else 2]
     seqs = args.seq or [2048 if gpu else 128]
-    if len(batches) > 1 or len(seqs) > 1:
-        shapes = [(b, s) for b in batches for s in seqs]
+    if args.mode == "generate":
+        lengths = _lengths(args)
+        prompts = list(lengths.representative()) if lengths else (args.prompt_len or [512 if gpu else 32])
+        news = args.new_tokens or [128 if gpu else 8]
+        if _sweep(args):
+            shapes = Shapes(((b, n) for b in batches for n in prompts),
+                            {"new_tokens": news, "cache": args.cache, "lengths": lengths,
+                             "requests": args.requests or 1000})
+            for b, n in shapes:  # each shape's inputs checked (and dropped) before the first is measured
+                for new in news:
+                    make_workload(model, batch=b, seq=n, mode="generate", new_tokens=new, cache=args.cache)
+            return model, shapes, spec, desc
+        work = make_workload(model, batch=batches[0], seq=prompts[0], mode="generate", new_tokens=news[0],
+                             prompt_lens=args.prompt_lens, cache=args.cache)
+    elif len(batches) > 1 or len(seqs) > 1:
+        shapes = Shapes((b, s) for b in batches for s in seqs)
         for b, s in shapes:  # each shape's inputs checked (and dropped) before the first is measured
             make_workload(model, batch=b, seq=s, padding=args.padding, mode=args.mode)
         return model, shapes, spec, desc
-    if args.mode == "generate":
-        work = make_workload(model, batch=batches[0], seq=args.prompt_len or (512 if gpu else 32), mode="generate",
-                             new_tokens=args.new_tokens or (128 if gpu else 8), prompt_lens=args.prompt_lens,
-                             cache=args.cache)
     else:
         work = make_workload(model, batch=batches[0], seq=seqs[0], padding=args.padding, mode=args.mode)
     return model, work, spec, desc
@@ -240,11 +293,14 @@ def _command_line(s: Session) -> str:
 
 def _write_outputs(report, d: Path) -> None:
     """Every file of the report into the folder ``d`` (its traces are there already: they were written
-    into ``d / "traces"`` as they were recorded)."""
+    into ``d / "traces"`` as they were recorded), and the pick as ``policy.json``."""
+    from .deploy import write_policy
+
     report.to_json(d / "report.json")
     report.to_csv(d / "report.csv")
     report.to_markdown(d / "report.md")
     report.write_html(d / "report.html")
+    write_policy(report, d / "policy.json")  # the pick, to apply in a serving process (attnswitch.load_policy)
     if report.command:
         (d / "command.txt").write_text(report.command + "\n")
 
@@ -364,7 +420,7 @@ def _measured(s: Session, run: Callable, sweep: Callable | None = None) -> int:
             report.save_traces(trace_dir)  # any trace recorded elsewhere (where written here: nothing to do)
             _write_outputs(_moved(report, staged, Path(out)), staged)
     if staged is not None:
-        s.err.print(f"wrote {out}/report.json, report.csv, report.md, report.html, traces/ in "
+        s.err.print(f"wrote {out}/report.json, report.csv, report.md, report.html, policy.json, traces/ in "
                     f"{time.perf_counter() - t0:.1f} s", highlight=False, markup=False, soft_wrap=True)
     if not printed:
         return EXIT_BROKEN_PIPE
@@ -383,8 +439,8 @@ def _report(s: Session, run: Callable, sweep: Callable | None, trace_dir: Path |
     with _progress(s.err) as progress, _not_bad_input():
         kw = dict(backends=backends, trace_dir=trace_dir, progress=progress, model_name=spec, compile=s.args.compile,
                   **_steps(s.args, work))
-        report = sweep(model, work, mode=s.args.mode, padding=s.args.padding, **kw) if isinstance(work, list) \
-            else run(model, work, **kw)
+        report = sweep(model, work, mode=s.args.mode, padding=s.args.padding, **work.kw, **kw) \
+            if isinstance(work, Shapes) else run(model, work, **kw)
     spent = {"imports": round(importing, 3), "loading the model": round(loading, 3),
              **report.settings.get("time_s", {})}
     spent["total"] = round(spent.get("total", 0) + importing + loading, 3)

@@ -21,7 +21,7 @@ from .lengths import Lengths
 from .numerics import REFERENCES, grad_numerics, numerics, token_agreement
 from .profiling import profile
 from .profiling.compiled import compiled_forward
-from .ranking import rank, ranked, verdict
+from .ranking import BUSY_PREFIX, rank, ranked, verdict
 from .recommend import recommend, recommend_sweep
 from .results import BackendResult, Numerics, Report, SweepPoint
 from .serving import serving_estimate
@@ -163,7 +163,9 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
     serving, lines = _serving(points, lengths, requests)
     if lengths is not None:
         workload["lengths_from"] = lengths.source or "given"
-    cautions = tuple(dict.fromkeys(said))  # every shape's, once
+    # every shape's, once; a busy machine said once (each shape's probes differ only in their figures)
+    busy = [c for c in said if c.startswith(BUSY_PREFIX)]
+    cautions = tuple(dict.fromkeys(c for c in said if not c.startswith(BUSY_PREFIX))) + tuple(busy[:1])
     report = dataclasses.replace(last, sweep=tuple(points), workload=workload, cautions=cautions, serving=serving,
                                  settings={**last.settings, "time_s": spent},
                                  recommendation="\n".join([recommend_sweep(points), *lines, *cautions]))

@@ -21,13 +21,16 @@ from .compiling import label, split
 from .results import BackendResult, Margin, candidates
 from .stats import paired_margin
 
-__all__ = ["Verdict", "verdict", "rank", "ranked", "busy_host", "BUSY_LOAD", "BUSY_SPREAD", "BUSY_DRIFT"]
+__all__ = ["Verdict", "verdict", "rank", "ranked", "busy_host", "BUSY_LOAD", "BUSY_SPREAD", "BUSY_DRIFT",
+           "BUSY_PREFIX"]
 
 #: a fixed task's time varying by more than this (median over fastest, or after over before) on the host
 BUSY_SPREAD = 1.25
 BUSY_DRIFT = 1.25
 #: a load average this far above the number of CPUs (this process counts once)
 BUSY_LOAD = 0.5
+#: how the caution of a busy machine begins
+BUSY_PREFIX = "The machine was busy while measuring"
 
 
 @dataclass(frozen=True)
@@ -173,5 +176,5 @@ def busy_host(host: Mapping | None, results: Iterable[BackendResult] = ()) -> tu
         said.append(f"`{worst[1]}`'s host time per step, measured apart, was {worst[0]:.2f}x its time in the rounds")
     if not said:
         return ()
-    return (f"The machine was busy while measuring ({'; '.join(said)}): intervals are wider and host times less "
-            "certain; rerun on an idle machine for a sharper answer.",)
+    return (f"{BUSY_PREFIX} ({'; '.join(said)}): intervals are wider and host times less certain; rerun on an idle "
+            "machine for a sharper answer.",)

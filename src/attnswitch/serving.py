@@ -70,6 +70,16 @@ def _per_prompt(b) -> float | None:
     return b.time_ms / width if b.time_ms and width else None
 
 
+def _first_met_cost(b) -> float:
+    """What a backend's step paid more for a key length met first (ms), where that is beyond the step's own
+    noise (at least 10 %, as the recommendation tells new-length costs); 0 where it is not."""
+    g = b.generate
+    if g is None or g.new_shape_step_ms is None or g.seen_shape_step_ms is None:
+        return 0.0
+    extra = g.new_shape_step_ms - g.seen_shape_step_ms
+    return extra if extra > g.seen_shape_step_ms * max(b.noise_pct or 0.0, 10.0) / 100 else 0.0
+
+
 def _costs(points, lengths: Lengths, new_tokens: int):
     names = [n for n in candidates(points[0].ranking) if all(n in p.ranking for p in points)]
     steady, first = {}, {}
@@ -78,9 +88,7 @@ def _costs(points, lengths: Lengths, new_tokens: int):
         if any(t is None for _, t in per):
             continue
         steady[name] = sum(w * _at(per, n) for n, w in lengths.weights)
-        extra = [max(0.0, g.new_shape_step_ms - g.seen_shape_step_ms) for p in points for b in p.backends
-                 if b.backend == name and (g := b.generate) is not None
-                 and g.new_shape_step_ms is not None and g.seen_shape_step_ms is not None]
+        extra = [_first_met_cost(b) for p in points for b in p.backends if b.backend == name]
         # where a shape is new to the process: a later length may meet shapes an earlier one's runs cached
         first[name] = max(extra) if extra else 0.0
     return steady, first
