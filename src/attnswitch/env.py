@@ -23,9 +23,14 @@ _SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|KEY|CREDENTIAL", re.IGNORECASE)
 
 
 def relevant_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment variables set in this process that matter to what runs (never a secret)."""
-    environ = os.environ if environ is None else environ
+    """The environment variables that matter to what runs (never a secret), as the process was started
+    with them (taken when attnswitch first read its environment: libraries set some of their own later,
+    inductor its cache folder)."""
+    environ = _STARTED if environ is None else environ
     return {k: v for k, v in sorted(environ.items()) if _RELEVANT.match(k) and not _SECRET.search(k)}
+
+
+_STARTED = dict(os.environ)
 
 
 def package_version(name: str) -> str | None:
