@@ -58,7 +58,9 @@ BACKENDS = ["naive", "naive-inplace", "math", "flash", "auto", "eager"]
 SCOPES = ("model-scoped", "global")
 #: backend -> the same kernel run by transformers' own path (and a second reference shown beside it)
 BASELINE_OF = {"naive": "floor naive", "naive-inplace": "floor naive-inplace", "math": "sdpa + sdpa_kernel(MATH)",
-               "flash": "sdpa + sdpa_kernel(FLASH)", "auto": "sdpa", "eager": "eager"}
+               "flash": "sdpa + sdpa_kernel(FLASH)", "auto": "sdpa", "eager": "eager",
+               "efficient": "sdpa + sdpa_kernel(EFFICIENT)", "cudnn": "sdpa + sdpa_kernel(CUDNN)"}  # (the last: CUDA)
+CUDA_BACKENDS = [*BACKENDS, "efficient", "cudnn"]
 ALSO_AGAINST = {"naive": "eager", "naive-inplace": "eager"}
 TARGET_US = 5.0
 #: what the counted processes run with: valgrind's CPU has no AVX-512, so the native timing takes the
@@ -110,7 +112,13 @@ def _model(args):
     cfg = LlamaConfig(hidden_size=args.hidden, intermediate_size=2 * args.hidden, num_hidden_layers=args.layers,
                       num_attention_heads=args.heads, num_key_value_heads=args.kv_heads, vocab_size=128,
                       attn_implementation="sdpa")
-    return LlamaModel(cfg).eval()
+    return LlamaModel(cfg).to(args.device, _dtype(args)).eval()
+
+
+def _dtype(args):
+    import torch
+
+    return torch.float32 if args.device == "cpu" else torch.bfloat16
 
 
 def _steps(model, args):
@@ -118,13 +126,13 @@ def _steps(model, args):
     import torch
     from transformers import DynamicCache
 
-    ids = torch.randint(0, 128, (1, args.q_len))
+    ids = torch.randint(0, 128, (1, args.q_len), device=args.device)
     # the cache's keyword: ``cache`` in newer transformers, ``past_key_values`` before
     name = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
     with torch.no_grad():
         base = DynamicCache(config=model.config)
         model(input_ids=ids, use_cache=True, **{name: base})
-    token = torch.randint(0, 128, (1, 1))
+    token = torch.randint(0, 128, (1, 1), device=args.device)
 
     def prefill(_):
         with torch.no_grad():
@@ -185,6 +193,8 @@ def variants(model, backends: list[str]) -> dict[str, callable]:
     base = {"sdpa": lambda: _implementation(model, "sdpa"), "eager": lambda: _implementation(model, "eager"),
             "sdpa + sdpa_kernel(MATH)": lambda: _implementation(model, "sdpa", SDPBackend.MATH),
             "sdpa + sdpa_kernel(FLASH)": lambda: _implementation(model, "sdpa", SDPBackend.FLASH_ATTENTION),
+            "sdpa + sdpa_kernel(EFFICIENT)": lambda: _implementation(model, "sdpa", SDPBackend.EFFICIENT_ATTENTION),
+            "sdpa + sdpa_kernel(CUDNN)": lambda: _implementation(model, "sdpa", SDPBackend.CUDNN_ATTENTION),
             **{label: (lambda k=key: _implementation(model, k)) for label, key in floors.items()}}
     for b in backends:
         base[f"{b} | model-scoped"] = lambda b=b: attnswitch.backend(b, model=model)
@@ -229,9 +239,11 @@ def _python_profile(counts: collections.Counter):
     return around
 
 
-def _zero_layers(args):
-    """The same model without layers: what a forward pays once (the guard, the mask), no attention call."""
-    return _model(argparse.Namespace(**{**vars(args), "layers": 0}))
+def _one_layer(args):
+    """The same model with one layer: beside the full one, it tells what a forward pays once (the guard, the
+    mask) from what each call pays (a model without layers would not do: the guard's check of a forward
+    that made no attention call walks the model's modules)."""
+    return _model(argparse.Namespace(**{**vars(args), "layers": 1}))
 
 
 def _isolated(model, args, backends: list[str]) -> dict[str, dict[str, tuple]]:
@@ -252,13 +264,15 @@ def _isolated(model, args, backends: list[str]) -> dict[str, dict[str, tuple]]:
     none = contextlib.nullcontext
     out = {}
     for workload, (sq, sk) in {"prefill": (args.q_len, args.q_len), "decode": (1, args.q_len + 1)}.items():
-        q, k = torch.randn(1, args.heads, sq, d), torch.randn(1, args.kv_heads, sk, d)
-        hide = torch.ones(sq, sk, dtype=torch.bool).triu_(sk - sq + 1)
-        eager_mask = torch.zeros(1, 1, sq, sk).masked_fill_(hide, torch.finfo(torch.float32).min)
+        at = {"device": args.device, "dtype": _dtype(args)}
+        q, k = torch.randn(1, args.heads, sq, d, **at), torch.randn(1, args.kv_heads, sk, d, **at)
+        hide = torch.ones(sq, sk, dtype=torch.bool, device=args.device).triu_(sk - sq + 1)
+        eager_mask = torch.zeros(1, 1, sq, sk, **at).masked_fill_(hide, torch.finfo(at["dtype"]).min)
         kw = {"dropout": 0.0, "scaling": d ** -0.5}
         calls = {"sdpa": (none, lambda q=q, k=k, kw=kw: sdpa_attention_forward(mod, q, k, k, None, **kw)),
                  "eager": (none, lambda q=q, k=k, m=eager_mask, kw=kw: eager_attention_forward(mod, q, k, k, m, **kw))}
-        for flag, sdp in (("MATH", SDPBackend.MATH), ("FLASH", SDPBackend.FLASH_ATTENTION)):
+        for flag, sdp in (("MATH", SDPBackend.MATH), ("FLASH", SDPBackend.FLASH_ATTENTION),
+                          ("EFFICIENT", SDPBackend.EFFICIENT_ATTENTION), ("CUDNN", SDPBackend.CUDNN_ATTENTION)):
             calls[f"sdpa + sdpa_kernel({flag})"] = (lambda sdp=sdp: sdpa_kernel([sdp]), calls["sdpa"][1])
         for label, fn in floors.items():
             calls[label] = (none, lambda fn=fn, q=q, k=k, kw=kw: fn(mod, q, k, k, None, **kw))
@@ -295,8 +309,8 @@ def _parts(args) -> dict[str, tuple]:
     model = _model(args)
     parts = {"forward": (_steps(model, args), variants(model, args.backends), args.layers)}
     if args.mode == "count":
-        zero = _zero_layers(args)
-        parts["per-forward"] = (_steps(zero, args), variants(zero, args.backends), 0)
+        one = _one_layer(args)
+        parts["one-layer"] = (_steps(one, args), variants(one, args.backends), 1)
         iso = _isolated(model, args, args.backends)
         steps = {w: (lambda: None, lambda _, w=w: None) for w in iso}
         parts["isolated"] = (steps, iso, ISOLATED_CALLS)
@@ -323,6 +337,8 @@ def worker(args) -> None:
 
     torch.set_num_threads(1)
     parts = _parts(args)
+    if args.mode == "count" and args.device != "cpu":
+        raise SystemExit("instructions are counted on the CPU (valgrind runs no CUDA driver); --device cpu")
     cg = ClientRequests() if args.mode == "count" else None
     if cg is not None and not cg.on_valgrind():
         raise SystemExit("--mode count runs under valgrind --tool=callgrind (the driver starts it)")
@@ -346,6 +362,12 @@ def worker(args) -> None:
         json.dump({"rows": rows, "load": os.getloadavg(), "code": attnswitch.__file__}, f)
 
 
+def _sync(args):
+    import torch
+
+    return torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+
+
 def _sample(args, cg, tag, row, ctx, prepare, forward) -> None:
     """``args.forwards`` samples of one variant: counted (a callgrind dump each), timed or traced."""
     if args.mode == "count":
@@ -365,8 +387,11 @@ def _sample(args, cg, tag, row, ctx, prepare, forward) -> None:
     elif args.mode == "time":
         cpu, wall = [], []
 
+        sync = _sync(args)
+
         @contextlib.contextmanager
         def around():
+            sync()  # the device idle before each forward: the host time to return is the host's own
             c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
             yield
             cpu.append((time.thread_time_ns() - c0) / 1e3)
@@ -446,7 +471,7 @@ def _worker_args(args, mode: str, results: str) -> list[str]:
                                                                                    else args.timed_forwards // 4),
             "--warmup", str(args.warmup), "--reps", str({"count": args.reps, "time": 4, "trace": 1}[mode]),
             "--layers", str(args.layers), "--hidden", str(args.hidden), "--heads", str(args.heads),
-            "--kv-heads", str(args.kv_heads), "--q-len", str(args.q_len),
+            "--kv-heads", str(args.kv_heads), "--q-len", str(args.q_len), "--device", args.device,
             "--backends", ",".join(args.backends), "--workloads", ",".join(args.workloads), "--src", args.src]
 
 
@@ -533,10 +558,13 @@ def compare(args, dumps: dict, timing: dict | None, trace: dict | None) -> dict:
                            / args.layers, "added_instr_per_call": add, "sample_spread_instr_per_call": spread,
                            "added_us_approx": add / ipus["used"] if ipus else None}
                     if row["primary"]:
-                        once = added("per-forward", workload, variant, base, args.layers)[0]
+                        # added per forward = once + layers x each: from the one-layer and the full forward
+                        one = added("one-layer", workload, variant, base, 1)[0]
+                        each = (add * args.layers - one) / (args.layers - 1)
                         alone = added("isolated", workload, variant, base, ISOLATED_CALLS)[0]
-                        row.update(isolated_instr_per_call=alone, per_forward_instr_per_call=once,
-                                   beyond_instr_per_call=add - alone - once,
+                        row.update(isolated_instr_per_call=alone, per_call_instr=each,
+                                   per_forward_instr_per_call=(one - each) / args.layers,
+                                   beyond_instr_per_call=each - alone,
                                    contributors=_contributors(by[("forward", workload, variant)],
                                                               by[("forward", workload, base)], args.layers))
                         if trace is not None:
@@ -573,6 +601,33 @@ def _instructions_per_us(per_fwd: dict, timing: dict | None) -> dict | None:
             "load_before": timing["load_before"], "load_after": timing["load"]}
 
 
+def python_level(args, trace: dict) -> dict:
+    """Without valgrind: the Python functions and builtins a switched forward runs per attention call beyond
+    its baseline (``sys.setprofile``'s call events: deterministic, the same on any host)."""
+    rows = []
+    for workload in args.workloads:
+        got = {r["variant"]: r for r in trace["rows"] if r["workload"] == workload and r["part"] == "forward"}
+        for b in args.backends:
+            for scope in SCOPES:
+                variant, base = f"{b} | {scope}", BASELINE_OF[b]
+                a, z = got[variant], got[base]
+                added = (sum(a["python_calls"].values()) - sum(z["python_calls"].values())) / a["calls"]
+                rows.append({"workload": workload, "backend": b, "scope": scope, "baseline": base,
+                             "python_events_added_per_call": added,
+                             "python_calls_added_per_call": _python_added(trace, variant, base, workload)})
+    return {"python_level": rows, "trace": trace}
+
+
+def render_python_level(res: dict, args) -> str:
+    lines = [f"Python-level events (function and builtin calls) added per attention call inside forwards, "
+             f"{args.layers}-layer Llama shape on {args.device}; no instruction counts (valgrind not run)"]
+    for r in res["python_level"]:
+        top = "; ".join(f"{fn} {n:+g}" for fn, n in r["python_calls_added_per_call"][:5])
+        lines.append(f"{r['workload']:<8} {r['backend']:<14} {r['scope']:<13} vs {r['baseline']:<30} "
+                     f"{r['python_events_added_per_call']:+6.2f}  ({top})")
+    return "\n".join(lines)
+
+
 # -- printing ---------------------------------------------------------------------------------------------
 
 def render(res: dict, args) -> str:
@@ -597,16 +652,18 @@ def render(res: dict, args) -> str:
         mark = "" if r["primary"] else "  (reference)"
         lines.append(f"{w:<8} {b:<14} {base:<25} {r['baseline_instr_per_call']:>10,.0f} "
                      f"{r['added_instr_per_call']:>13,.0f} {g['added_instr_per_call']:>13,.0f} {us(r)} {us(g)}{mark}")
-    lines += ["", "Where the added instructions per call come from (against the first baseline): the call alone "
-              f"(the entry inside a forward's selection, {ISOLATED_CALLS} calls in a row), the forward's once-per-"
-              "forward part (a forward of the model without layers) over its calls, and the rest",
-              f"{'workload':<8} {'backend':<14} {'scope':<13} {'in forward':>10} {'alone':>8} {'per fwd':>8} "
-              f"{'rest':>8} {'spread':>7}"]
+    lines += ["", "Where the added instructions per call come from (against the first baseline): the forward's "
+              "once-per-forward part over its calls and each call's own part (from a one-layer and the full "
+              f"forward), the call alone (the entry inside a forward's selection, {ISOLATED_CALLS} calls in a row), "
+              "and what a call in a forward pays beyond it alone; spread: a sample's distance from the median",
+              f"{'workload':<8} {'backend':<14} {'scope':<13} {'in forward':>10} {'once/fwd':>9} {'each':>8} "
+              f"{'alone':>8} {'beyond':>8} {'spread':>7}"]
     for r in res["rows"]:
         if r["primary"]:
             lines.append(f"{r['workload']:<8} {r['backend']:<14} {r['scope']:<13} {r['added_instr_per_call']:>10,.0f} "
-                         f"{r['isolated_instr_per_call']:>8,.0f} {r['per_forward_instr_per_call']:>8,.0f} "
-                         f"{r['beyond_instr_per_call']:>8,.0f} {r['sample_spread_instr_per_call']:>7,.0f}")
+                         f"{r['per_forward_instr_per_call']:>9,.0f} {r['per_call_instr']:>8,.0f} "
+                         f"{r['isolated_instr_per_call']:>8,.0f} {r['beyond_instr_per_call']:>8,.0f} "
+                         f"{r['sample_spread_instr_per_call']:>7,.0f}")
     over = [r for r in res["rows"] if r["primary"] and ip and r["added_us_approx"] > TARGET_US]
     lines.append("")
     lines.append(f"over {TARGET_US:g} µs added per call: " + (", ".join(
@@ -637,7 +694,10 @@ def render_contributors(res: dict, k: int = 6) -> str:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", help="write the figures as JSON here")
-    p.add_argument("--backends", default=",".join(BACKENDS), type=lambda s: s.split(","))
+    p.add_argument("--backends", default=None, type=lambda s: s.split(","),
+                   help=f"default: {', '.join(BACKENDS)} (on CUDA also efficient, cudnn)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cuda: Python-level counts only (--no-callgrind), bf16")
     p.add_argument("--workloads", default="prefill,decode", type=lambda s: s.split(","))
     p.add_argument("--layers", type=int, default=16)
     p.add_argument("--hidden", type=int, default=64)
@@ -660,20 +720,23 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    args.backends = args.backends or (CUDA_BACKENDS if args.device == "cuda" else BACKENDS)
     if args.worker:
         sys.path.insert(0, os.path.abspath(args.src))
         worker(args)
         return 0
     unknown = set(args.backends) - set(BASELINE_OF)
     if unknown:
-        raise SystemExit(f"backends measured here: {', '.join(BACKENDS)}; not {', '.join(sorted(unknown))}")
+        raise SystemExit(f"backends measured here: {', '.join(CUDA_BACKENDS)}; not {', '.join(sorted(unknown))}")
     out_dir = args.keep or tempfile.mkdtemp(prefix="host_cost.")
     os.makedirs(out_dir, exist_ok=True)
     try:
         trace = _native(args, out_dir, "trace")
-        if args.no_callgrind or shutil.which("valgrind") is None:
-            print("valgrind not run (--no-callgrind, or not installed): Python-level counts only", file=sys.stderr)
-            res = {"python_level_only": trace}
+        if args.no_callgrind or args.device != "cpu" or shutil.which("valgrind") is None:
+            print("valgrind not run (--no-callgrind, a CUDA device, or not installed): Python-level counts only",
+                  file=sys.stderr)
+            res = python_level(args, trace)
+            print(render_python_level(res, args))
         else:
             dumps = _callgrind(args, out_dir)
             timing = _native(args, out_dir, "time")
