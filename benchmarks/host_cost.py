@@ -27,7 +27,7 @@ a switched forward runs per attention call beyond its baseline; callgrind's per-
 which C functions (CPython's evaluation loop, torch's argument parsing, ATen ops) the added instructions
 went to.
 
-    python benchmarks/host_cost.py --out host_cost.json          # about 15 minutes on a 2-core machine
+    python benchmarks/host_cost.py --out host_cost.json          # 20-35 minutes on a busy 2-core machine
     python benchmarks/host_cost.py --out h.json --no-callgrind   # without valgrind: Python-level counts only
 
 Needs valgrind (``apt-get install valgrind``) on an x86-64 Linux host for the instruction counts.
@@ -354,7 +354,11 @@ def worker(args) -> None:
                     row = {"part": part, "workload": workload, "variant": label, "rep": rep,
                            "calls": args.forwards * calls}
                     ctx, prepare, forward = _sample_fns(part, steps, table, workload, label)
-                    _sample(args, cg, tag, row, ctx, prepare, forward)
+                    try:
+                        _sample(args, cg, tag, row, ctx, prepare, forward)
+                    except Exception as e:  # a kernel that refuses these inputs here: said, the rest measured
+                        row["error"] = f"{type(e).__name__}: {e}"
+                        print(f"{tag}: {row['error']}", file=sys.stderr)
                     rows.append(row)
     import attnswitch
 
@@ -455,7 +459,11 @@ def _callgrind(args, out_dir: str) -> dict[str, dict]:
            sys.executable, os.path.abspath(__file__), *_worker_args(args, "count", results)]
     print("counting:", " ".join(cmd), file=sys.stderr, flush=True)
     t0 = time.time()
-    subprocess.run(cmd, check=True, env={**os.environ, **ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    done = subprocess.run(cmd, env={**os.environ, **ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True)
+    if done.returncode:
+        tail = "\n".join([line for line in done.stderr.splitlines() if not line.startswith("==")][-20:])
+        raise SystemExit(f"the counted worker failed (exit {done.returncode}):\n{tail}")
     print(f"  {time.time() - t0:.0f} s under valgrind", file=sys.stderr, flush=True)
     dumps = {}
     for name in os.listdir(out_dir):
@@ -521,7 +529,10 @@ def _half_iqr(xs: list) -> float:
 
 
 def _python_added(trace: dict, variant: str, baseline: str, workload: str, k: int = 10) -> list:
-    rows = {r["variant"]: r for r in trace["rows"] if r["workload"] == workload and r["part"] == "forward"}
+    rows = {r["variant"]: r for r in trace["rows"] if r["workload"] == workload and r["part"] == "forward"
+            and "error" not in r}
+    if variant not in rows or baseline not in rows:
+        return []
     a, b = rows[variant]["python_calls"], rows[baseline]["python_calls"]
     calls = rows[variant]["calls"]
     diff = {fn: (a.get(fn, 0) - b.get(fn, 0)) / calls for fn in set(a) | set(b)}
@@ -551,6 +562,9 @@ def compare(args, dumps: dict, timing: dict | None, trace: dict | None) -> dict:
             for scope in SCOPES:
                 variant = f"{b} | {scope}"
                 for base in filter(None, (BASELINE_OF[b], ALSO_AGAINST.get(b))):
+                    if not all((p, workload, v) in totals for p in ("forward", "one-layer", "isolated")
+                               for v in (variant, base)):
+                        continue  # a variant that failed (its error is on stderr)
                     add, spread = added("forward", workload, variant, base, args.layers)
                     row = {"workload": workload, "backend": b, "scope": scope, "baseline": base,
                            "primary": base == BASELINE_OF[b],
@@ -581,7 +595,7 @@ def _instructions_per_us(per_fwd: dict, timing: dict | None) -> dict | None:
         return None
     cpu = collections.defaultdict(list)
     wall = collections.defaultdict(list)
-    for r in timing["rows"]:
+    for r in (r for r in timing["rows"] if "error" not in r):
         cpu[(r["workload"], r["variant"])] += r["cpu_us"]
         wall[(r["workload"], r["variant"])] += r["wall_us"]
 
@@ -606,10 +620,13 @@ def python_level(args, trace: dict) -> dict:
     its baseline (``sys.setprofile``'s call events: deterministic, the same on any host)."""
     rows = []
     for workload in args.workloads:
-        got = {r["variant"]: r for r in trace["rows"] if r["workload"] == workload and r["part"] == "forward"}
+        got = {r["variant"]: r for r in trace["rows"] if r["workload"] == workload and r["part"] == "forward"
+               and "error" not in r}
         for b in args.backends:
             for scope in SCOPES:
                 variant, base = f"{b} | {scope}", BASELINE_OF[b]
+                if variant not in got or base not in got:
+                    continue
                 a, z = got[variant], got[base]
                 added = (sum(a["python_calls"].values()) - sum(z["python_calls"].values())) / a["calls"]
                 rows.append({"workload": workload, "backend": b, "scope": scope, "baseline": base,
@@ -732,9 +749,10 @@ def main(argv=None) -> int:
     os.makedirs(out_dir, exist_ok=True)
     try:
         trace = _native(args, out_dir, "trace")
-        if args.no_callgrind or args.device != "cpu" or shutil.which("valgrind") is None:
-            print("valgrind not run (--no-callgrind, a CUDA device, or not installed): Python-level counts only",
-                  file=sys.stderr)
+        x86 = platform.machine().lower() in ("x86_64", "amd64")
+        if args.no_callgrind or args.device != "cpu" or shutil.which("valgrind") is None or not x86:
+            print("valgrind not run (--no-callgrind, a CUDA device, not installed, or not x86-64): Python-level "
+                  "counts only", file=sys.stderr)
             res = python_level(args, trace)
             print(render_python_level(res, args))
         else:
