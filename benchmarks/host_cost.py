@@ -22,13 +22,16 @@ They are turned into approximate µs by this machine's instructions per µs for 
 same loop run natively (no valgrind), one thread, each forward timed by the thread's CPU clock (which a
 busy neighbour slows less than the wall clock), divided into callgrind's count per forward.
 
-A third, Python-level count (``sys.setprofile``, deterministic, no valgrind) says which Python functions
-a switched forward runs per attention call beyond its baseline; callgrind's per-function costs say
-which C functions (CPython's evaluation loop, torch's argument parsing, ATen ops) the added instructions
-went to.
+Where the added instructions come from: a one-layer forward beside the full one splits them into a
+once-per-forward part (the per-forward guard, the mask entry) and each call's own; the call alone is
+counted too (the entry inside a forward's selection, as ``suite.dispatch_overhead`` calls it); callgrind's
+per-function costs say which C functions (CPython's evaluation loop, torch's argument parsing, ATen ops)
+they went to; and a Python-level count (``sys.setprofile``'s call events: deterministic, no valgrind)
+which Python functions and builtins a switched forward runs per attention call beyond its baseline.
 
     python benchmarks/host_cost.py --out host_cost.json          # 20-35 minutes on a busy 2-core machine
     python benchmarks/host_cost.py --out h.json --no-callgrind   # without valgrind: Python-level counts only
+    python benchmarks/host_cost.py --out h.json --device cuda    # the CUDA path, Python-level counts (bf16)
 
 Needs valgrind (``apt-get install valgrind``) on an x86-64 Linux host for the instruction counts.
 """
