@@ -56,7 +56,7 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected an integer or a comma-separated list of integers, not {text!r}") \
             from None
     if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, not {text!r}")
+        raise argparse.ArgumentTypeError(f"expected integers of at least 1, not {text!r}")
     return values
 
 
@@ -490,8 +490,16 @@ def _version() -> str:
         return "unknown"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with its errors in one line (the usage is a ``--help`` away), as every other bad
+    input is answered."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attnswitch", description="Switch, profile and compare the attention "
+    parser = _Parser(prog="attnswitch", description="Switch, profile and compare the attention "
                                      "implementation of transformers models.")
     parser.add_argument("--version", action="version", version=f"attnswitch {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -547,7 +555,10 @@ def _console(**kw):
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, --version, or an error argparse found (one line, already printed)
+        return e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
     quiet = not _speaks()  # under torchrun only rank 0 speaks (and writes)
     out = _console(width=None if sys.stdout.isatty() else prose_width(), quiet=quiet)
     err = _console(stderr=True, quiet=quiet)

@@ -21,7 +21,8 @@ from .options import OptionError
 __all__ = ["REPORT_ENTRIES", "check", "Staged", "previous_report"]
 
 #: what a report folder holds
-REPORT_ENTRIES = frozenset({"report.json", "report.csv", "report.md", "report.html", "command.txt", "traces"})
+REPORT_ENTRIES = frozenset({"report.json", "report.csv", "report.md", "report.html", "policy.json", "command.txt",
+                            "traces"})
 _PREFIX = ".attnswitch-"  # the staging folder: .<name>.attnswitch-XXXX beside the folder
 
 
