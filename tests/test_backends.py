@@ -1,5 +1,6 @@
 """Backends below the switch: PyTorch's eligibility as attnswitch reads it, and the registry."""
 
+import copy
 import itertools
 import os
 
@@ -174,3 +175,61 @@ def test_kv_heads_that_do_not_divide_q_heads_get_sdpas_error_not_a_run(name, kv_
         attnswitch.backends.get(name).run(Call(q, kv, kv))
     with pytest.raises(RuntimeError):  # (SDPA's own words differ across versions)
         F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+
+
+def _sdpa_error(*args, **kw):
+    with pytest.raises(RuntimeError) as e:
+        F.scaled_dot_product_attention(*args, **kw)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("name", ["math", "flash", "naive", "naive-inplace"])
+def test_every_backend_gives_sdpas_error_for_dtypes_sdpa_rejects(name):
+    q, k, v = _inputs(dtype=torch.bfloat16)
+    said = _sdpa_error(q, k.float(), v.float())
+    with pytest.raises(RuntimeError, match="Expected query, key, and value to have the same dtype") as e:
+        attnswitch.attention(q, k.float(), v.float(), backend=name)
+    assert str(e.value).split(",")[0] in said
+    keep = torch.rand(2, 1, 16, 16) > 0.3
+    for mask in (keep.to(torch.uint8), keep.long(), torch.zeros(2, 1, 16, 16, dtype=torch.float64)):
+        said = _sdpa_error(q, k, v, attn_mask=mask)
+        with pytest.raises(RuntimeError, match="Expected attn_mask dtype to be bool or float or to match query "
+                                               "dtype"):
+            attnswitch.attention(q, k, v, attn_mask=mask, backend=name)
+        assert "attn_mask dtype" in said
+
+
+@pytest.mark.parametrize("name", ["math", "naive", "flash", "eager"])
+def test_a_model_given_a_mask_sdpa_rejects_gets_the_error_sdpa_gives_it(name):
+    from conftest import batch_for, tiny
+    m = tiny("llama")
+    b = batch_for(m)
+    seq = b["input_ids"].shape[1]
+    keep = torch.ones(seq, seq, dtype=torch.bool).tril()[None, None].expand(3, 1, seq, seq)
+    b["attention_mask"] = keep.to(torch.uint8)  # a 4-d mask: transformers passes it on as it is
+    with torch.no_grad():
+        with pytest.raises(RuntimeError, match="attn_mask dtype"):
+            m(**b)  # transformers' own sdpa: SDPA's error
+        ctx = attnswitch.backend(name, model=m)
+        if name == "eager":  # transformers' eager adds any mask: the model's own eager does the same
+            m.set_attn_implementation("eager")
+            want = m(**b).logits
+            m.set_attn_implementation("sdpa")
+            with ctx:
+                assert torch.equal(m(**b).logits, want)
+            return
+        with ctx, pytest.raises(RuntimeError, match="attn_mask dtype"):
+            m(**b)
+
+
+def test_a_bf16_model_decoding_over_a_float32_cache_gets_sdpas_error_under_math():
+    from conftest import tiny
+    m = tiny("llama")
+    ids = torch.randint(0, 100, (1, 6))
+    with torch.no_grad():
+        cache = m(ids[:, :5], use_cache=True).past_key_values  # float32 keys and values
+        m.to(torch.bfloat16)
+        with pytest.raises(RuntimeError, match="same dtype|expected .* dtype|scalar type"):
+            m(ids[:, 5:], past_key_values=copy.deepcopy(cache))  # unswitched: SDPA's error
+        with attnswitch.backend("math", model=m), pytest.raises(RuntimeError, match="same dtype"):
+            m(ids[:, 5:], past_key_values=copy.deepcopy(cache))

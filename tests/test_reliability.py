@@ -328,6 +328,37 @@ def test_contexts_exited_out_of_order_raise_and_leave_nothing_selected(spy):
     assert world(m) == before
 
 
+def test_a_context_exited_in_another_thread_names_both_threads_and_ends_its_selection(spy):
+    m = tiny("llama")
+    b = batch_for(m)
+    before = world(m)
+    ctx = attnswitch.backend("naive", model=m)
+    ctx.__enter__()
+    raised, selected_there = [], []
+
+    def exit_here():
+        with attnswitch.backend("math", model=m):  # this thread's own selection stays as it is
+            try:
+                ctx.__exit__(None, None, None)
+            except RuntimeError as e:
+                raised.append(str(e))
+            with torch.no_grad():
+                m(**b)
+            selected_there.append(spy.names[-1])
+
+    t = threading.Thread(target=exit_here, name="the-other-thread")
+    t.start()
+    t.join()
+    assert len(raised) == 1 and "'the-other-thread'" in raised[0] and f"'{threading.current_thread().name}'" \
+        in raised[0] and "out of order" not in raised[0], raised
+    assert selected_there == ["math"]
+    with torch.no_grad():
+        m(**b)  # here the context is over: the model runs what it ran before
+    assert spy.names == ["math", "math"]
+    ctx.__exit__(None, None, None)  # leaving it again here changes nothing and says nothing
+    assert world(m) == before
+
+
 def _injected(fn, n):
     """Run ``fn`` raising KeyboardInterrupt at the ``n``-th line attnswitch's switch runs; True if it
     was raised there."""

@@ -8,6 +8,7 @@ while any switch is active and are put back exactly when the last one ends.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Mapping
 
@@ -56,7 +57,8 @@ class backend:
             self._info = selection.register(model)  # refuses models off the attention interface, once
         self._state: State | None = None
         self._parent_state: State | None = None
-        self._in_order: bool | None = None
+        self._how: str | None = None  # how it was left: "in order", "out of order", "elsewhere"
+        self._thread: threading.Thread | None = None
         self._finalizer: weakref.finalize | None = None
 
     def __enter__(self) -> Selection:
@@ -64,7 +66,7 @@ class backend:
             raise RuntimeError("this backend() context is already entered; make a new one")
         keys = self._info.keys() if self._info is not None else frozenset(registries.standard_keys())
         parent = self._parent_state = selection.current()
-        self._in_order = None
+        self._how, self._thread = None, threading.current_thread()
         lease = self._lease = object()
         if self._info is None:
             state = State(self.selection, parent=parent, lease=lease)
@@ -93,25 +95,55 @@ class backend:
         state = self._state
         if state is None:
             return
-        if self._in_order is None:
-            self._in_order = STATE.get() is state
-        if not self._in_order:
+        if self._how is None:
+            self._how = _how_left(state)
+        if self._how != "in order":
             selection.close(state)
         with install.interrupts_deferred():
-            install.settle(lambda: (STATE.set(state.parent if self._in_order else State()),
-                                    install.drop(state.lease)))
+            if self._how == "elsewhere":  # this context's selection is not the one to change
+                install.settle(lambda: install.drop(state.lease))
+            else:
+                install.settle(lambda: (STATE.set(state.parent if self._how == "in order" else State()),
+                                        install.drop(state.lease)))
             self._finalizer.detach()
         self._state = None
 
     def __exit__(self, *exc) -> None:
+        if self._state is None:  # left already (by another thread, say)
+            return
         try:
             self._leave()
         except BaseException:  # an interrupt while leaving: leave whole, then raise it
             self._leave()
             raise
-        if not self._in_order and exc[0] is None and not selection.closed(self._parent_state):
+        if exc[0] is not None or self._how == "in order":
+            return
+        if self._how == "elsewhere":
+            here, there = threading.current_thread(), self._thread
+            where = (f"in thread {here.name!r} (id {here.ident}), while it was entered in thread {there.name!r} "
+                     f"(id {there.ident})" if here is not there else
+                     "in another context (an asyncio task or contextvars.Context) than the one that entered it")
+            raise RuntimeError(f"an attnswitch.backend context was exited {where}; exit a context where it was "
+                               "entered. It is over: the context that entered it no longer selects it")
+        if not selection.closed(self._parent_state):
             raise RuntimeError("attnswitch.backend contexts exited out of order (an outer one before an inner "
                                "one); nothing is selected now in this context")
+
+
+def _how_left(state: State) -> str:
+    """Whether ``state`` is this context's selection ("in order"), one an open inner context is nested in or
+    one whose outer context was exited before it ("out of order"), or not in this context at all (another
+    thread or task: "elsewhere")."""
+    now = STATE.get()
+    if now is state:
+        return "in order"
+    if selection.closed(state.parent):
+        return "out of order"
+    while now is not None:
+        if now is state:
+            return "out of order"
+        now = now.parent
+    return "elsewhere"
 
 
 def _drop_patch(token: int) -> None:

@@ -42,6 +42,7 @@ _FLASH_ON = torch._C._get_flash_sdp_enabled  # torch.backends.cuda.flash_sdp_ena
 _TRIGGERED = re.compile(r"\s*\(Triggered internally at [^)]*\)\s*$")
 _C10_WARNING = re.compile(r"Warning: (.*?)(?: \(function \w+\))?$")
 _CPU_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+_SDPA_MASK_DTYPES = (torch.bool, torch.float32)  # and the query's dtype: what SDPA takes as attn_mask
 
 
 def _grad(call: Call) -> bool:
@@ -280,8 +281,14 @@ def forced(name: str, call: Call) -> tuple[torch.Tensor, torch.Tensor | None]:
         extra = _extra_reasons(name, call)
         if extra:
             raise unavailable(name, call, extra)
-    gqa = call.k.shape[1] != call.q.shape[1]  # call.gqa (once per attention call: no property frame)
-    if gqa and call.q.shape[1] % call.k.shape[1]:
+    q, mask = call.q, call.mask
+    if name == "math" or q.dtype != call.k.dtype or q.dtype != call.v.dtype or \
+            (mask is not None and mask.dtype not in _SDPA_MASK_DTYPES and mask.dtype != q.dtype):
+        # SDPA's own errors first: PyTorch's checks pass q/k/v of different dtypes to math, which computes
+        # them (and on CPUs to flash), and masks SDPA rejects (uint8, int64, float64) to any backend
+        validate(call)
+    gqa = call.k.shape[1] != q.shape[1]  # call.gqa (once per attention call: no property frame)
+    if gqa and q.shape[1] % call.k.shape[1]:
         validate(call)  # SDPA's own error: PyTorch's CPU check lets k/v heads that do not divide q's through
     reasons = [] if _accepts(name, call, gqa) else eligibility(name, call, gqa)  # the reasons only where refused
     run_call = call
@@ -343,7 +350,10 @@ def _flash_common(q, k, v, dropout, causal, scale, gqa):
         except RuntimeError:
             return None
         if ok:
-            return _CPU_FLASH_OP(q, k, v, dropout, causal, attn_mask=None, scale=scale)[0]
+            try:  # (SDPA's CPU choice lets q/k/v of different dtypes through; forced gives SDPA's error)
+                return _CPU_FLASH_OP(q, k, v, dropout, causal, attn_mask=None, scale=scale)[0]
+            except RuntimeError:
+                return None
     return None
 
 

@@ -10,14 +10,24 @@ selected for the calling model (``selection``), and run what was there before fo
 
 from __future__ import annotations
 
-from . import dispatch, install, interface, registries, selection
+from . import (
+    compiled,
+    dispatch,
+    install,
+    interface,
+    observe,
+    parallel,
+    recompute,
+    registries,
+    selection,
+)
 from .dispatch import attention_forward, mask_forward, run_backend
 from .interface import configs_of, legacy_attention_classes, model_eager_function, require_interface
 from .selection import STATE, Policy, State, resolve_selection
 
-__all__ = ["dispatch", "install", "interface", "registries", "selection", "attention_forward", "mask_forward",
-           "run_backend", "configs_of", "legacy_attention_classes", "model_eager_function", "require_interface",
-           "STATE", "Policy", "State", "resolve_selection", "world"]
+__all__ = ["compiled", "dispatch", "install", "interface", "observe", "parallel", "recompute", "registries",
+           "selection", "attention_forward", "mask_forward", "run_backend", "configs_of", "legacy_attention_classes",
+           "model_eager_function", "require_interface", "STATE", "Policy", "State", "resolve_selection", "world"]
 
 
 def world() -> dict:

@@ -28,6 +28,7 @@ included, is traced, so ``torch.compile(model)`` made before a switch is switche
 
 from __future__ import annotations
 
+import functools
 import threading
 import types
 
@@ -35,7 +36,7 @@ import torch
 import torch.nn as nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from ..backends import Call, naive, traced
+from ..backends import MODEL_LEVEL, Call, naive, traced
 from ..backends.call import describe
 from ..backends.policy import choose, resolve_selection
 from ..backends.sdpa import auto_reasons, sdpa_auto
@@ -132,19 +133,59 @@ def run_backend(name, call):
 
 
 def _unselected(module, query, key, value, mask, kwargs):
+    return _unselected_with(None, module, query, key, value, mask, kwargs)
+
+
+def _unselected_with(own, module, query, key, value, mask, kwargs):
     config = getattr(module, "config", None)
     key_name = getattr(config, "_attn_implementation", None) if config is not None else None
-    fn = registries.original("attention", key_name if key_name not in (None, "eager") else "eager")
+    fn = registries.original("attention", key_name) if key_name is not None else None
     if fn is None:
-        fn = dispatch.model_eager_function(module)
+        fn = own or dispatch.model_eager_function(module)
     if config is not None and key_name != "sdpa" and _selected_for_config(config):
         if key_name not in (None, "eager"):  # as the eager entry says it
             raise RuntimeError(f"{_site(module)} shares its config with a model switched here, and its attention "
                                f"implementation {key_name!r} builds its own masks; give each model its own config "
                                "(copy.deepcopy(config))")
-        causal = dispatch._causal(module, query, mask, kwargs.get("is_causal"))
-        mask = dispatch.additive_mask(mask, query, key, causal, query.dtype)
+        if mask is None or mask.dtype == torch.bool:
+            causal = dispatch._causal(module, query, mask, kwargs.get("is_causal"))
+            mask = dispatch.additive_mask(mask, query, key, causal, query.dtype)
     return fn(module, query, key, value, mask, **kwargs)
+
+
+def _recomputed(module, sel):
+    # a compiled graph's backward holds the backward of the op its forward traced; nothing is looked up again
+    return sel
+
+
+def _model_level(name, module, query, key, value, mask, kwargs):
+    return dispatch.eager_with(dispatch.model_eager_function(module), name, module, query, key, value, mask, kwargs)
+
+
+def get_interface(self, attn_implementation, default):
+    """transformers' lookup as traced: the registry's entry, and for ``eager`` (no entry) the module's own
+    function through attnswitch's entry."""
+    fn = self._local_mapping.get(attn_implementation)
+    if fn is None:
+        fn = self._global_mapping.get(attn_implementation)
+    if fn is not None:
+        return fn
+    if attn_implementation == "eager" or attn_implementation is None:
+        return functools.partial(_own_attention, default)
+    return registries.original_attr(registries.GET_INTERFACE)(self, attn_implementation, default)
+
+
+def _own_attention(own, module, query, key, value, attention_mask, **kwargs):
+    """``attention_forward`` for a module whose own eager function transformers gave as ``own``: a module no
+    switch selects runs exactly that; ``eager`` runs it with the mask transformers made."""
+    owners, _ = _about(module)
+    sel = _selected(owners)
+    if sel is None:
+        return _unselected_with(own, module, query, key, value, attention_mask, kwargs)
+    name = sel if isinstance(sel, str) else choose(sel, query.shape[2])
+    if name in MODEL_LEVEL:
+        return dispatch.eager_with(own, name, module, query, key, value, attention_mask, kwargs)
+    return dispatch._dispatch(sel, None, module, query, key, value, attention_mask, kwargs)
 
 
 def _auto(module, query, key, value, mask, kwargs):
@@ -207,7 +248,9 @@ def traced_call(model, args, kwargs):
 
 _TWINS = [(dispatch.attention_forward, attention_forward), (dispatch.run_backend, run_backend),
           (dispatch._unselected, _unselected), (dispatch._auto, _auto), (dispatch.mask_forward, mask_forward),
-          (naive.causal_mask, causal_mask), (dispatch.traced_call, traced_call)]
+          (naive.causal_mask, causal_mask), (dispatch.traced_call, traced_call),
+          (dispatch.traced_interface, get_interface), (dispatch._recomputed, _recomputed),
+          (dispatch._model_level, _model_level)]
 
 
 def twin(original, traceable) -> None:

@@ -1,14 +1,17 @@
-"""The functions attnswitch writes into transformers' registries, and the per-forward guard.
+"""The functions attnswitch writes into transformers' registries and its attention lookup, and the
+per-forward guard.
 
 A forward of a selected model reads its selection once, at its start (``Forward``); each attention
 call of a module that model alone owns takes it from there, while the calling context's selection is
 the one the forward started in. Every other call asks the calling context which backend is selected
 for the calling module (``selection``); with none selected (another thread, another model, outside
-any context) it runs exactly what the registry held before, so an override is invisible to code that
-did not ask for it. Every forward of a selected model counts the attention calls that went through the
-selected backend: a forward that made none, while the model has attention layers, raises
-``UnsupportedModel`` (it computed attention some other way, and a switch must never silently change
-nothing).
+any context) it runs exactly what the model would have run: the registry's original for its key, or its
+own eager function, which transformers' lookup (``get_interface``) passes along. Inside a backward, a
+call no forward is running for is a recompute, and runs its forward's backend (``recompute``). Every
+forward of a selected model counts the attention calls that went through the selected backend: a forward
+that made none, while the model has attention layers, raises ``UnsupportedModel``, and the model's first
+switched forward is watched for attention outside the interface (``observe``): a switch must never
+silently change nothing.
 """
 
 from __future__ import annotations
@@ -22,32 +25,41 @@ import torch.nn as nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from .. import backends, instrument
-from ..backends import REFERENCE, Call
+from ..backends import MODEL_LEVEL, REFERENCE, Call
 from ..backends.naive import causal_mask
 from ..backends.sdpa import COMMON_OPS, auto_reasons
 from ..errors import BackendUnavailable, UnsupportedModel
 from ..sites import module_path, site_name
-from . import registries, selection
+from . import observe, recompute, registries, selection
 from .interface import attention_modules, expects_attention, model_eager_function
 
-__all__ = ["attention_forward", "mask_forward", "guarded_call", "new_forward", "run_backend", "Forward",
-           "ENTRIES", "traced_call", "TRACED"]
+__all__ = ["attention_forward", "mask_forward", "get_interface", "guarded_call", "new_forward", "run_backend",
+           "Forward", "FORWARD", "traced_call", "TRACED"]
 
 
 class Forward:
     """A forward of a selected model: the state it started in (None once it has returned: a context
     copied during it may outlive it), the ids of the modules whose calls take the model's selection (a
     live set, ``selection.for_forward``), the selection, the backend's common op (None: every call takes
-    the general path), and the attention calls that went through the selection so far."""
+    the general path), the attention calls that went through the selection so far, and the model (None once
+    returned) with what attnswitch knows of it."""
 
-    __slots__ = ("state", "modules", "sel", "op", "calls")
+    __slots__ = ("state", "modules", "sel", "op", "calls", "wrap", "model", "info", "watch")
 
-    def __init__(self, state, modules: set, sel, op):
+    def __init__(self, state, modules: set, sel, op, model=None, info=None):
         self.state, self.modules, self.sel, self.op, self.calls = state, modules, sel, op, 0
+        #: whether the lookup hands out more than the entry: the module's own eager function (where a call may run
+        #: ``eager`` or ``eager-fp32``), or the entry with the watch off (``observe``)
+        self.wrap = (sel in MODEL_LEVEL) if sel.__class__ is str else bool({sel.prefill, sel.decode} & MODEL_LEVEL)
+        self.model, self.info, self.watch = model, info, None
 
 
 #: the forward of a selected model running in this context (None: none)
 _FORWARD: ContextVar[Forward | None] = ContextVar("attnswitch_forward", default=None)
+FORWARD = _FORWARD
+#: the calling module's own eager attention function, as transformers gave it to the module (the default of
+#: its ``get_interface`` lookup), for the call running in this context; None: not known
+_OWN: ContextVar = ContextVar("attnswitch_own_eager", default=None)
 
 
 def run_backend(name: str, call: Call):
@@ -100,14 +112,21 @@ def position_bias_mask(position_bias, mask, is_causal, query, key) -> torch.Tens
 # -- the attention entry ----------------------------------------------------------------------------
 
 def _model_level(name, module, query, key, value, mask, kwargs):
-    """The model's own eager attention (``eager``), or computed in float32 (``eager-fp32``)."""
-    causal = _causal(module, query, mask, kwargs.get("is_causal"))
-    fn = model_eager_function(module)
+    """The model's own eager attention (``eager``) with the mask transformers made for it, or computed in
+    float32 (``eager-fp32``)."""
+    return eager_with(_OWN.get() or model_eager_function(module), name, module, query, key, value, mask, kwargs)
+
+
+def eager_with(fn, name, module, query, key, value, mask, kwargs):
+    """``_model_level`` with the model's own eager function ``fn``."""
+    if mask is None or mask.dtype == torch.bool:
+        # a mask made for another backend (a config shared with one), or left to is_causal: made additive
+        mask = additive_mask(mask, query, key, _causal(module, query, mask, kwargs.get("is_causal")), query.dtype)
     if name == REFERENCE:
         out, weights = fn(module, query.float(), key.float(), value.float(),
-                          additive_mask(mask, query, key, causal, torch.float32), **kwargs)
+                          None if mask is None else mask.float(), **kwargs)
         return out.to(query.dtype), weights
-    return fn(module, query, key, value, additive_mask(mask, query, key, causal, query.dtype), **kwargs)
+    return fn(module, query, key, value, mask, **kwargs)
 
 
 def _auto(module, query, key, value, mask, kwargs):
@@ -120,17 +139,19 @@ def _auto(module, query, key, value, mask, kwargs):
 
 
 def _unselected(module, query, key, value, mask, kwargs):
-    """What the model would have run: the registry's original for its config's key."""
+    """What the model would have run: the registry's original for its config's key, or (``eager``, which
+    has no entry) the module's own function."""
     config = getattr(module, "config", None)
     key_name = getattr(config, "_attn_implementation", None) if config is not None else None
-    fn = registries.original("attention", key_name) if key_name not in (None, "eager") else \
-        registries.original("attention", "eager")
+    fn = registries.original("attention", key_name) if key_name is not None else None
     if fn is None:
-        fn = model_eager_function(module)
+        fn = _OWN.get() or model_eager_function(module)
     if config is not None and key_name != "sdpa" and selection.selected_for_config(config) is not None:
-        # its config is shared with a model selected here, so transformers built SDPA's masks for it
+        # its config is shared with a model selected here, so transformers built that backend's masks for it
         if key_name in (None, "eager"):
-            mask = additive_mask(mask, query, key, _causal(module, query, mask, kwargs.get("is_causal")), query.dtype)
+            if mask is None or mask.dtype == torch.bool:
+                mask = additive_mask(mask, query, key, _causal(module, query, mask, kwargs.get("is_causal")),
+                                     query.dtype)
         else:
             raise RuntimeError(f"{site_name(module)} shares its config with a model switched here, and its "
                                f"attention implementation {key_name!r} builds its own masks; give each model its "
@@ -150,6 +171,10 @@ def _rare(kw: dict) -> bool:
 
 def _dispatch(sel, fwd: Forward | None, module, query, key, value, mask, kw: dict):
     """One call with selection ``sel``, counted in ``fwd`` (the forward running in this context)."""
+    if fwd is None:
+        sel = _recomputed(module, sel)
+    elif sel is None and fwd.model is not None:
+        sel = _adopted(fwd, module)
     if sel is None:
         return _unselected(module, query, key, value, mask, kw)
     if fwd is not None and fwd.state is not None:
@@ -172,8 +197,8 @@ def _dispatch(sel, fwd: Forward | None, module, query, key, value, mask, kw: dic
     if position_bias is not None:
         mask = position_bias_mask(position_bias, mask, causal, query, key)
         causal = False
-    elif mask is not None and mask.dtype != torch.bool and mask.dtype != query.dtype:
-        mask = mask.to(query.dtype)
+    elif mask is not None and mask.dtype == torch.float32 and query.dtype != torch.float32:
+        mask = mask.to(query.dtype)  # SDPA takes float masks; every other dtype goes on to its error
     weights = bool(get("output_attentions", False))
     if weights and name not in ("naive", "naive-inplace", "math"):
         warnings.warn(f"the {name} backend cannot return attention weights; attentions will be None", stacklevel=3)
@@ -184,6 +209,27 @@ def _dispatch(sel, fwd: Forward | None, module, query, key, value, mask, kw: dic
     return out.transpose(1, 2).contiguous(), weights
 
 
+def _adopted(fwd: Forward, module):
+    """A module the switched forward's model does not own, calling the interface: one added in a way torch's
+    registration hook does not see (``ModuleList.insert``, ``_modules`` written). Its model's modules are read
+    again (once per forward), and the module takes its selection where it is one of them."""
+    info = fwd.info
+    if module in info.strangers:
+        return None
+    model, fwd.model = fwd.model, None
+    selection.rescan(model, info)
+    sel = selection.selected(module)
+    if sel is None:  # not one of its modules (a module its forward calls, say): not read again for it
+        info.strangers.add(module)
+    return sel
+
+
+def _recomputed(module, sel):
+    """Inside a backward, a call no forward is running for is a recompute: its forward's backend."""
+    return sel if _GRAPH_TASK() == -1 else recompute.chosen(module, sel)
+
+
+_GRAPH_TASK = torch._C._current_graph_task_id  # -1 outside a backward
 _SPECIAL = frozenset({"auto", *backends.MODEL_LEVEL})  # run through transformers' functions, with the module
 
 
@@ -241,17 +287,73 @@ _STATE_GET = selection.STATE.get
 _MEASURE = instrument.MEASURE.get
 
 
+# -- the attention lookup ---------------------------------------------------------------------------
+
+def get_interface(self, attn_implementation, default):
+    """``AttentionInterface.get_interface`` while any switch is active: transformers' answer (read in one
+    step where it is attnswitch's entry). The module's own eager function, which transformers passes as
+    ``default`` and gives for ``eager``, goes with the call where it may run: a model named by no switch
+    runs exactly that function, and the ``eager`` backend runs it."""
+    if _COMPILING():  # (a method of an object: Dynamo traces it in place of its twin, as guarded_call)
+        return traced_interface(self, attn_implementation, default)
+    fn = self._local_mapping.get(attn_implementation)
+    if fn is None:
+        fn = self._global_mapping.get(attn_implementation)
+    if fn is attention_forward:
+        fwd = _FORWARD_GET()
+        if fwd is not None and not fwd.wrap:
+            return fn
+    elif fn is None and (attn_implementation == "eager" or attn_implementation is None):
+        if attn_implementation is None:
+            registries.original_attr(registries.GET_INTERFACE)(self, None, default)  # transformers' warning
+        fwd = _FORWARD_GET()
+    else:
+        return registries.original_attr(registries.GET_INTERFACE)(self, attn_implementation, default)
+    entry = _own_entry(default)
+    if fwd is None or fwd.watch is None:
+        return entry
+    return functools.partial(_unwatched, fwd.watch, entry)
+
+
+def traced_interface(self, attn_implementation, default):
+    """The lookup inside ``torch.compile``'s trace (``hf.compiled`` has its twin, the one traced)."""
+    return registries.original_attr(registries.GET_INTERFACE)(self, attn_implementation, default)
+
+
+def _unwatched(watch, entry, *args, **kwargs):
+    with observe.paused(watch):
+        return entry(*args, **kwargs)
+
+
+_OWN_ENTRIES: dict = {}  # a module's own eager function -> attnswitch's entry that carries it
+
+
+def _own_entry(own):
+    entry = _OWN_ENTRIES.get(own)
+    if entry is None:
+        def entry(module, query, key, value, attention_mask, **kwargs):
+            token = _OWN.set(own)
+            try:
+                return attention_forward(module, query, key, value, attention_mask, **kwargs)
+            finally:
+                _OWN.reset(token)
+        _OWN_ENTRIES[own] = entry
+    return entry
+
+
 # -- the mask entry ---------------------------------------------------------------------------------
 
 def mask_forward(*args, config=None, **kwargs):
-    """Entry for ``ALL_MASK_ATTENTION_FUNCTIONS``: SDPA's mask (boolean, or None where ``is_causal``
-    suffices) when a backend is selected for the config's models (each backend takes that form, eager's
-    made additive at the call), else what the registry held for the config's key."""
-    if config is not None and selection.selected_for_config(config) is not None:
-        fn = registries.original("masks", "sdpa")
+    """Entry for ``ALL_MASK_ATTENTION_FUNCTIONS``: when a backend is selected for the config's models, the
+    mask transformers makes for eager where that backend is ``eager`` (or ``eager-fp32``), else SDPA's
+    (boolean, or None where ``is_causal`` suffices: each backend takes that form); otherwise what the
+    registry held for the config's key."""
+    sel = selection.selected_for_config(config) if config is not None else None
+    if sel is None:
+        fn = registries.original("masks", getattr(config, "_attn_implementation", None) or "sdpa")
     else:
-        key = getattr(config, "_attn_implementation", None) or "sdpa"
-        fn = registries.original("masks", key)
+        name = sel if sel.__class__ is str else selection.choose(sel, kwargs.get("q_length", 2))
+        fn = (name in MODEL_LEVEL and registries.original("masks", "eager")) or registries.original("masks", "sdpa")
     return fn(*args, config=config, **kwargs)
 
 
@@ -262,8 +364,8 @@ def new_forward(model: nn.Module) -> Forward | None:
     found = selection.for_forward(model)
     if found is None:
         return None
-    state, sel, modules = found
-    return Forward(state, modules, sel, COMMON_OPS.get(sel) if sel.__class__ is str else None)
+    state, sel, modules, info = found
+    return Forward(state, modules, sel, COMMON_OPS.get(sel) if sel.__class__ is str else None, model, info)
 
 
 def traced_call(model: nn.Module, args, kwargs):
@@ -284,7 +386,9 @@ def _traced(model: nn.Module) -> bool:
 
 def guarded_call(self: nn.Module, *args, **kwargs):
     """``PreTrainedModel.__call__`` while any switch is active: reads the model's selection for the
-    forward and counts the forward's attention calls (traced: the compiled code's guards read it)."""
+    forward, counts the forward's attention calls, watches the model's first one for attention outside the
+    interface, and leaves a record for its recompute in backward (traced: the compiled code's guards read
+    the selection, ``hf.compiled``)."""
     if _COMPILING():
         return traced_call(self, args, kwargs)
     call = registries.original_call() or nn.Module.__call__
@@ -292,19 +396,44 @@ def guarded_call(self: nn.Module, *args, **kwargs):
     fwd = None if outer is not None and outer.state is not None else new_forward(self)
     if fwd is None:
         return call(self, *args, **kwargs)  # a forward inside a counted one, or not switched
+    info = fwd.info
+    watch = None if info.observed or torch.compiler.is_compiling() else observe.Watch(self, info.owned, _INSIDE)
+    if watch is not None:
+        fwd.watch, fwd.wrap = watch, True
     token = _FORWARD.set(fwd)
     try:
-        out = call(self, *args, **kwargs)
+        if watch is None:
+            out = call(self, *args, **kwargs)
+        else:
+            with watch:
+                out = call(self, *args, **kwargs)
     finally:
-        fwd.state = None  # finished, also for a context copied during it
+        fwd.state = fwd.model = None  # finished, also for a context copied during it
         _FORWARD.reset(token)
-    if fwd.calls == 0 and expects_attention(self) and not _traced(self):
-        raise UnsupportedModel(
-            f"{type(self).__name__} ran a forward under an attnswitch backend without one attention call through "
-            f"transformers' attention interface: it computed attention itself, so the switch changed nothing. "
-            f"Its attention modules: {attention_modules(self)}")
+    _check(self, fwd, watch)
+    if info.layers and _GRAD_ON() and info.checkpointing():
+        recompute.note(info, type(self).__name__, fwd.sel, out)
     return out
 
 
-#: the functions attnswitch writes, by registry
-ENTRIES = {"attention": attention_forward, "masks": mask_forward, "call": guarded_call}
+def _check(model: nn.Module, fwd: Forward, watch) -> None:
+    """Refuse a forward that computed attention where the switch does not reach: seen outside the interface
+    (a watched forward), or no call through it at all."""
+    if watch is not None:
+        if watch.found:
+            raise UnsupportedModel(observe.refusal(model, watch.found))
+        fwd.info.observed = True
+    if fwd.calls == 0 and expects_attention(model) and not _traced(model):
+        raise UnsupportedModel(
+            f"{type(model).__name__} ran a forward under an attnswitch backend without one attention call through "
+            f"transformers' attention interface: it computed attention itself, so the switch changed nothing. "
+            f"Its attention modules: {attention_modules(model)}")
+
+
+_GRAD_ON = torch.is_grad_enabled
+#: attnswitch's entries: attention computed under them is the switch's own
+_INSIDE = frozenset({attention_forward.__code__, backends.run.__code__})
+
+
+registries.FNS.update({"attention": attention_forward, "masks": mask_forward, registries.CALL: guarded_call,
+                       registries.GET_INTERFACE: get_interface})

@@ -3,7 +3,9 @@
 A switch or a patch holds a lease naming the attention keys it needs (a model's: usually ``sdpa``; a
 global switch's: every standard key, ``sdpa``, ``eager``, ``flex_attention``, ``flash_attention_*`` and
 user-registered ones); while any lease is held, those keys' attention and mask entries hold
-attnswitch's dispatchers, and ``PreTrainedModel.__call__`` holds the per-forward guard.
+attnswitch's dispatchers, ``PreTrainedModel.__call__`` holds the per-forward guard, transformers' attention
+lookup (``get_interface``) attnswitch's, and torch's ``parallel_apply`` and module replication theirs
+(``parallel``).
 When the last lease goes, every entry is put back as it was found. ``apply`` moves the registries
 towards what the leases ask, one dict operation at a time, so it can be interrupted anywhere and run
 again; callers run it again until it completes (``settle``), and a SIGINT in the main thread is held
@@ -12,17 +14,12 @@ back until it has.
 
 from __future__ import annotations
 
-from . import compiled, critical, registries
-from .dispatch import ENTRIES
+from . import critical, registries
 from .leases import DEAD as _DEAD
 from .leases import LEASES
 from .leases import LEASES as _LEASES
 
-assert compiled.installed  # the entries' twins, which torch.compile traces in their place
-
 __all__ = ["LEASES", "acquire", "release", "release_later", "drop", "apply", "settle", "leases", "interrupts_deferred"]
-
-
 
 def leases() -> dict[object, frozenset[str]]:
     return dict(_LEASES)
@@ -31,26 +28,24 @@ def leases() -> dict[object, frozenset[str]]:
 def _desired() -> set[tuple[str, str, str]]:
     if not _LEASES:
         return set()
-    out = {registries.CALL}
-    att_local = registries.ATTENTION._local_mapping
+    out = {e for e in registries.FNS if isinstance(e, tuple)}  # the attributes
+    att = (registries.ATTENTION._global_mapping, registries.ATTENTION._local_mapping)
     masks = (registries.MASKS._global_mapping, registries.MASKS._local_mapping)
     for key in frozenset().union(*_LEASES.values()):
         if key.startswith("paged"):
             continue
-        # the class-wide attention entry is written even where absent ("eager" has none); the rest only
-        # where something is there to take over
-        out.add(("attention", "global", key))
-        if key in att_local:
-            out.add(("attention", "local", key))
-        if key in masks[0]:
-            out.add(("masks", "global", key))
-        if key in masks[1]:
-            out.add(("masks", "local", key))
+        # only where something is there to take over: a key with no entry ("eager") reaches attnswitch through
+        # the lookup (get_interface), which gives the module's own function for it
+        for registry, (glob, local) in (("attention", att), ("masks", masks)):
+            if key in glob:
+                out.add((registry, "global", key))
+            if key in local:
+                out.add((registry, "local", key))
     return out
 
 
 def _entry_fn(entry):
-    return ENTRIES["call"] if entry == registries.CALL else ENTRIES[entry[0]]
+    return registries.FNS[entry if entry[0] == "attr" else entry[0]]  # ("attr", owner, name), or by registry
 
 
 def apply() -> None:

@@ -101,7 +101,8 @@ def attention_modules(model: nn.Module, limit: int = 4) -> str:
 
 
 def model_eager_function(module: nn.Module):
-    """The model's own ``eager_attention_forward`` (defined in, or imported into, its modeling file)."""
+    """The ``eager_attention_forward`` of the module's modeling file: only where transformers' lookup did not hand
+    attnswitch the module's own function (a module that indexes the registry itself)."""
     cls = type(module)
     fn = _EAGER_FNS.get(cls)
     if fn is None:

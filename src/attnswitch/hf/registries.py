@@ -1,31 +1,50 @@
-"""transformers' registries as attnswitch touches them: which entries, what they held, putting it back.
+"""transformers' registries, and the few functions of transformers and torch attnswitch takes over, as it
+touches them: which entries, what they held, putting it back.
 
 ``ALL_ATTENTION_FUNCTIONS`` and ``ALL_MASK_ATTENTION_FUNCTIONS`` each have a class-wide mapping and the
-shared instance's own (``registry["sdpa"] = fn`` writes the latter, which wins). An entry is overridden
+shared instance's own (``registry["sdpa"] = fn`` writes the latter, which wins). Besides: the per-forward
+guard (``PreTrainedModel.__call__``), the attention lookup every module makes
+(``AttentionInterface.get_interface``), and what makes torch's threads and replicas part of a forward
+(the ``threading`` that ``torch.nn.parallel.parallel_apply`` starts its threads with,
+``Module._replicate_for_data_parallel``). An entry is overridden
 by saving what it held first, then writing; restoring writes the saved value back only where the entry
-still holds attnswitch's function, then forgets it. Each step is one dict operation, so an interrupt
-between any two leaves a state the next ``apply`` completes.
+still holds attnswitch's function, then forgets it. Each step is one dict operation (or one attribute
+write), so an interrupt between any two leaves a state the next ``apply`` completes.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
+import torch.nn as nn
+import torch.nn.parallel.parallel_apply  # noqa: F401 (loads the module whose threads are taken over)
 from transformers import PreTrainedModel
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-__all__ = ["ATTENTION", "MASKS", "MISSING", "standard_keys", "override", "restore", "installed_entries",
-           "original", "original_call", "snapshot"]
+__all__ = ["ATTENTION", "MASKS", "MISSING", "FNS", "CALL", "GET_INTERFACE", "REPLICATE", "PARALLEL_APPLY",
+           "standard_keys", "override", "restore", "installed_entries", "original", "original_call", "original_attr",
+           "snapshot"]
 
 ATTENTION = ALL_ATTENTION_FUNCTIONS
 MASKS = ALL_MASK_ATTENTION_FUNCTIONS
 _REGISTRIES = {"attention": ATTENTION, "masks": MASKS}
 MISSING: Any = type("Missing", (), {"__repr__": lambda self: "<missing>"})()
-CALL = ("call", "PreTrainedModel", "__call__")  # the entry of the per-forward guard
+#: attributes attnswitch takes over while any switch is active, as ("attr", owner, name)
+_ATTR_OWNERS = {"PreTrainedModel": PreTrainedModel, "AttentionInterface": AttentionInterface, "Module": nn.Module,
+                "torch.nn.parallel.parallel_apply": sys.modules["torch.nn.parallel.parallel_apply"]}
+CALL = ("attr", "PreTrainedModel", "__call__")  # the per-forward guard
+GET_INTERFACE = ("attr", "AttentionInterface", "get_interface")  # every module's attention lookup
+REPLICATE = ("attr", "Module", "_replicate_for_data_parallel")  # a replica is its original's
+PARALLEL_APPLY = ("attr", "torch.nn.parallel.parallel_apply", "threading")  # the threads it starts
 
-#: (registry, scope, key) -> what the entry held before attnswitch wrote it; present while overridden
+#: the function attnswitch writes: by registry ("attention", "masks") and by attribute entry; filled by the
+#: modules that define them (``dispatch``, ``parallel``) as they are imported
+FNS: dict = {}
+#: (registry, scope, key) or ("attr", owner, name) -> what the entry held before attnswitch wrote it;
+#: present while overridden
 _SAVED: dict[tuple[str, str, str], Any] = {}
 _NOT_SAVED: Any = object()
 
@@ -43,18 +62,18 @@ def standard_keys() -> set[str]:
 
 
 def _read(entry: tuple[str, str, str]):
-    if entry == CALL:
-        return PreTrainedModel.__dict__.get("__call__", MISSING)
+    if entry[0] == "attr":
+        return vars(_ATTR_OWNERS[entry[1]]).get(entry[2], MISSING)
     return _mapping(entry[0], entry[1]).get(entry[2], MISSING)
 
 
 def _write(entry: tuple[str, str, str], value) -> None:
-    if entry == CALL:
-        if value is MISSING:
-            if "__call__" in PreTrainedModel.__dict__:
-                delattr(PreTrainedModel, "__call__")
-        else:
-            PreTrainedModel.__call__ = value
+    if entry[0] == "attr":
+        owner = _ATTR_OWNERS[entry[1]]
+        if value is not MISSING:
+            setattr(owner, entry[2], value)
+        elif entry[2] in vars(owner):
+            delattr(owner, entry[2])
         return
     m = _mapping(entry[0], entry[1])
     if value is MISSING:
@@ -102,6 +121,11 @@ def original(registry: str, key: str):
     return None
 
 
+def original_attr(entry: tuple[str, str, str]):
+    """What attribute ``entry`` holds without attnswitch (``MISSING`` where nothing)."""
+    return _held(entry)
+
+
 def original_call():
     """``PreTrainedModel.__call__`` without the guard; None where PreTrainedModel defines none (then
     ``nn.Module.__call__`` applies)."""
@@ -110,7 +134,7 @@ def original_call():
 
 
 def snapshot() -> dict:
-    """Everything these registries hold, for tests that check nothing was left changed."""
+    """Everything these registries and attributes hold, for tests that check nothing was left changed."""
     return {"attention": (dict(ATTENTION._global_mapping), dict(ATTENTION._local_mapping)),
             "masks": (dict(MASKS._global_mapping), dict(MASKS._local_mapping)),
-            "call": PreTrainedModel.__dict__.get("__call__", MISSING)}
+            "call": _read(CALL), "attrs": {e: _read(e) for e in (GET_INTERFACE, REPLICATE, PARALLEL_APPLY)}}

@@ -18,6 +18,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch.nn as nn
+from torch.nn.modules.module import register_module_module_registration_hook
 
 from ..backends.policy import Policy, Selection, choose, resolve_selection
 from ..sites import remember_paths
@@ -25,8 +26,9 @@ from . import critical
 from .interface import configs_of, require_interface
 from .leases import DEAD, LEASES, held
 
-__all__ = ["Policy", "Selection", "State", "STATE", "current", "ModelInfo", "register", "info_of", "selected",
-           "for_forward", "selected_for_config", "resolve_selection", "choose", "PATCHED", "closed", "close"]
+__all__ = ["Policy", "Selection", "State", "STATE", "current", "ModelInfo", "register", "rescan", "own_replica",
+           "info_of", "selected", "for_forward", "selected_for_config", "resolve_selection", "choose", "PATCHED",
+           "closed", "close", "owners"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,21 +71,38 @@ def closed(state: State | None) -> bool:
     return False
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class ModelInfo:
-    """What attnswitch remembers of a model: its owner token and its configs' ids (no reference to it)."""
+    """What attnswitch remembers of a model: its owner token, its configs, the modules it owns (no reference to
+    the model)."""
 
     token: int
     config_ids: frozenset[int]
     configs: tuple  # the configs themselves (owned by the model; they hold no reference back)
     #: ids of the live modules it owns, and of those it alone owns (both shed a module's id as it is freed;
     #: a module another model comes to own too leaves ``sole``, and stays out of it)
-    owned: set[int] = field(default_factory=set, compare=False, repr=False)
-    sole: set[int] = field(default_factory=set, compare=False, repr=False)
+    owned: set[int] = field(default_factory=set, repr=False)
+    sole: set[int] = field(default_factory=set, repr=False)
+    #: a module was added to one it owns since its modules were last read (torch's registration hook)
+    dirty: bool = False
+    #: a switched forward of it was watched for attention outside the interface, and had none (``observe``)
+    observed: bool = False
+    #: its layers that transformers can checkpoint (weakly: ``gradient_checkpointing`` read per forward)
+    layers: tuple = ()
+    #: modules its forwards call that are not its own (weakly; forgotten when its modules are read again)
+    strangers: weakref.WeakSet = field(default_factory=weakref.WeakSet, repr=False)
 
     def keys(self) -> frozenset[str]:
         """The attention implementations its configs name now."""
         return frozenset(k for c in self.configs if (k := c._attn_implementation_internal) is not None)
+
+    def checkpointing(self) -> bool:
+        """Whether a forward now may be recomputed in backward (a layer checkpoints, in training mode)."""
+        for ref in self.layers:
+            layer = ref()
+            if layer is not None and layer.gradient_checkpointing and layer.training:
+                return True
+        return False
 
 
 _TOKENS = itertools.count(1)
@@ -99,6 +118,9 @@ PATCHED: dict[int, Selection] = {}
 def _owners(module) -> tuple[int, ...]:
     entry = _OWNERS.get(id(module))
     return entry[1] if entry is not None and entry[0]() is module else ()
+
+
+owners = _owners  # the owner tokens of a module (none: no switched model has it)
 
 
 def _forget(key: int, ref: weakref.ref) -> None:
@@ -139,10 +161,12 @@ def info_of(model: nn.Module) -> ModelInfo | None:
 
 def register(model: nn.Module) -> ModelInfo:
     """Remember ``model`` (its modules' owner and paths, its configs) once it is known to use the
-    attention interface (``UnsupportedModel`` otherwise); once per model. Interrupted,
-    it leaves nothing a later call does not complete: the model is recorded last."""
+    attention interface (``UnsupportedModel`` otherwise); read again where its modules changed since.
+    Interrupted, it leaves nothing a later call does not complete: the model is recorded last."""
     info = _MODELS.get(_module(model))
     if info is not None:
+        if info.dirty and not vars(model).get("_is_replica", False):
+            rescan(model, info)
         return info
     require_interface(model)
     return critical.one_registration_at_a_time(lambda: _register(model))
@@ -152,15 +176,81 @@ def _register(model: nn.Module) -> ModelInfo:
     info = _MODELS.get(model)
     if info is not None:
         return info
-    configs = tuple(configs_of(model))
-    info = ModelInfo(next(_TOKENS), frozenset(id(c) for c in configs), configs)
-    remember_paths(model)
+    if not _HOOKED:
+        _HOOKED.append(register_module_module_registration_hook(_registered))
+    info = ModelInfo(next(_TOKENS), frozenset(), ())
     _BY_TOKEN[info.token] = info  # (weakly: dropped with info if interrupted before the end)
+    _read_modules(model, info)
+    return _MODELS.setdefault(model, info)
+
+
+def _read_modules(model: nn.Module, info: ModelInfo) -> None:
+    """Own every module ``model`` has now as ``info``'s, let go of those it no longer has (not of a replica,
+    which is its original's), and read its configs, paths and checkpointing layers again. Interrupted, it
+    leaves the model to be read again."""
+    info.dirty = False  # (first: a module added meanwhile marks it again)
+    try:
+        _read(model, info)
+    except BaseException:
+        info.dirty = True
+        raise
+
+
+def _read(model: nn.Module, info: ModelInfo) -> None:
+    info.strangers.clear()
+    present = set()
+    layers = []
     for m in model.modules():
+        present.add(id(m))
         owners = _owners(m)
         if info.token not in owners:
             _own(m, owners + (info.token,))
-    return _MODELS.setdefault(model, info)
+        if getattr(type(m), "gradient_checkpointing", None) is not None or "gradient_checkpointing" in vars(m):
+            layers.append(weakref.ref(m))
+    for key in [k for k in list(info.owned) if k not in present]:  # (a copy first: modules are freed meanwhile)
+        entry = _OWNERS.get(key)
+        module = entry[0]() if entry is not None else None
+        if module is not None and not vars(module).get("_is_replica", False):
+            _own(module, tuple(t for t in entry[1] if t != info.token))
+            info.owned.discard(key)
+            info.sole.discard(key)
+    configs = tuple(configs_of(model))
+    info.configs, info.config_ids, info.layers = configs, frozenset(id(c) for c in configs), tuple(layers)
+    remember_paths(model)
+
+
+def rescan(model: nn.Module, info: ModelInfo | None = None) -> None:
+    """Read ``model``'s modules again (a module added, replaced or removed since), and watch its next switched
+    forward again (``observe``)."""
+    info = info or _MODELS.get(model)
+    if info is not None and not vars(model).get("_is_replica", False):
+        critical.one_registration_at_a_time(lambda: _read_modules(model, info))
+        info.observed = False
+
+
+_HOOKED: list = []  # the handle of torch's registration hook, once a model is registered
+
+
+def _registered(parent, name, submodule):
+    """torch's global module registration hook (``setattr``, ``add_module``, ``ModuleList.append``): a module
+    added to one a model owns makes that model's modules read again at its next switch or forward."""
+    entry = _OWNERS.get(id(parent))
+    if entry is not None and entry[0]() is parent and not vars(parent).get("_is_replica", False):
+        for t in entry[1]:
+            info = _BY_TOKEN.get(t)
+            if info is not None:
+                info.dirty = True
+
+
+def own_replica(original: nn.Module, replica: nn.Module) -> None:
+    """``replica`` (``Module._replicate_for_data_parallel``: DataParallel's copy of ``original`` for another
+    device) is owned as ``original`` is, and is its model where ``original`` is one, for as long as it lives."""
+    owners = _owners(original)
+    if owners:
+        _own(replica, owners)
+        info = _MODELS.get(original)
+        if info is not None:
+            _MODELS[replica] = info
 
 
 def selected(module) -> Selection | None:
@@ -197,12 +287,12 @@ def selected(module) -> Selection | None:
     return None
 
 
-def for_forward(model: nn.Module) -> tuple[State, Selection, set[int]] | None:
-    """For a forward of ``model`` starting in the calling context: the state, the model's selection, and
-    the ids of the modules whose calls ``selected`` answers with it in this state (a live set): every module
-    the model owns where no other model has a selection of its own here (a model-scoped context or a
-    patch), else those it alone owns. None where the model is not selected. A model first run under a
-    global switch is registered here."""
+def for_forward(model: nn.Module) -> tuple[State, Selection, set[int], ModelInfo] | None:
+    """For a forward of ``model`` starting in the calling context: the state, the model's selection, the
+    ids of the modules whose calls ``selected`` answers with it in this state (a live set): every module the
+    model owns where no other model has a selection of its own here (a model-scoped context or a patch),
+    else those it alone owns; and the model's info. None where the model is not selected. A model first run
+    under a global switch is registered here, one whose modules changed is read again."""
     st = current()
     info = _MODELS.get(model)
     sel = None
@@ -214,10 +304,11 @@ def for_forward(model: nn.Module) -> tuple[State, Selection, set[int]] | None:
         sel = PATCHED.get(info.token)
     if sel is None:
         return None
-    info = info or register(model)
+    if info is None or info.dirty:
+        info = register(model)  # (read again where its modules changed; a replica's are its original's)
     token = info.token
     others = any(t != token for t in st.per_owner) or any(t != token for t in PATCHED)
-    return st, sel, (info.sole if others else info.owned)
+    return st, sel, (info.sole if others else info.owned), info
 
 
 def selected_for_config(config) -> Selection | None:
