@@ -9,6 +9,7 @@
 #   workloads  generate, train, sweep and a recorded training trace (WORKLOADS narrows them)
 #   ranking    the ranking against independent loops: generate compared twice, prefill, train (RANKING narrows)
 #   gensweep   generate sweeps over prompt lengths of the 1B and 0.5B shapes (GENSWEEP narrows, GENSWEEP_LENS)
+#   compiled   every backend compiled against uncompiled (COMPILED_MODELS, COMPILED_WORKLOADS narrow them)
 set -u
 export PYTHONUNBUFFERED=1
 if [ -d .whl ]; then
@@ -87,5 +88,11 @@ if [[ $parts == *gensweep* ]]; then
   timeout ${GENSWEEP_S:-360} python3 -m benchmarks.generate_sweep $S/gensweep ${GENSWEEP:+--only=$GENSWEEP} \
     ${GENSWEEP_LENS:+--lens=$GENSWEEP_LENS} 2>&1 | tee $S/gensweep/log.txt
   pack gensweep
+fi
+if [[ $parts == *compiled* ]]; then
+  mkdir -p $S/compiled
+  timeout ${COMPILED_S:-420} python3 benchmarks/compiled.py $S/compiled ${COMPILED_MODELS:+--models=$COMPILED_MODELS} \
+    ${COMPILED_WORKLOADS:+--workloads=$COMPILED_WORKLOADS} 2>&1 | tee $S/compiled/log.txt
+  pack compiled
 fi
 ls -la $OUT
