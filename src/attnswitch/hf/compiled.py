@@ -28,6 +28,7 @@ included, is traced, so ``torch.compile(model)`` made before a switch is switche
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import threading
 import types
@@ -61,19 +62,35 @@ _NOW = _Now()
 _COUNT = threading.local()  # attention calls traced so far in this thread (trace time only)
 
 
-@torch._dynamo.assume_constant_result
+def _alive(key: int):
+    """The object whose ``id`` is ``key``, alive in the frame being traced. Dynamo before torch 2.13 hands an
+    ``assume_constant_result`` function constants only: an object goes there as its ``id`` (Dynamo guards the
+    object's identity where it reads it), and comes back here."""
+    return ctypes.cast(key, ctypes.py_object).value
+
+
 def _about(module) -> tuple[tuple[int, ...], str]:
+    return _about_id(id(module))
+
+
+@torch._dynamo.assume_constant_result
+def _about_id(key: int) -> tuple[tuple[int, ...], str]:
     """At trace time: the module's owner tokens and its path; counts the traced attention call, and
     remembers its owners as models whose forwards may run compiled attention (``dispatch.TRACED``)."""
+    module = _alive(key)
     _COUNT.n = getattr(_COUNT, "n", 0) + 1
     owners = selection._owners(module)
     dispatch.TRACED.update(owners)
     return owners, module_path(module)
 
 
-@torch._dynamo.assume_constant_result
 def _site(module) -> str:
-    return module_path(module)
+    return _site_id(id(module))
+
+
+@torch._dynamo.assume_constant_result
+def _site_id(key: int) -> str:
+    return module_path(_alive(key))
 
 
 def traced_calls() -> int:
@@ -103,9 +120,12 @@ def _selected(owners: tuple[int, ...]):
     return sel
 
 
-@torch._dynamo.assume_constant_result
 def _config_tokens(config) -> tuple[int, ...]:
-    cid = id(config)
+    return _config_tokens_id(id(config))
+
+
+@torch._dynamo.assume_constant_result
+def _config_tokens_id(cid: int) -> tuple[int, ...]:
     return tuple(t for t, info in list(selection._BY_TOKEN.items()) if cid in info.config_ids)
 
 
@@ -222,10 +242,15 @@ def causal_mask(q_len, kv_len, device):
     return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).triu_(1)
 
 
-@torch._dynamo.assume_constant_result
 def _check_counted(model, before: int) -> bool:
+    return _check_counted_id(id(model), before)
+
+
+@torch._dynamo.assume_constant_result
+def _check_counted_id(key: int, before: int) -> bool:
     """At trace time, after a forward: one that traced no attention call through attnswitch while its
     model is selected (or the model it is part of) raises, as ``guarded_call`` does after an eager one."""
+    model = _alive(key)
     if traced_calls() == before and selection.selected(model) is not None and expects_attention(model):
         raise UnsupportedModel(
             f"{type(model).__name__} was compiled under an attnswitch backend and its forward made no attention "

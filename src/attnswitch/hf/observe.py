@@ -24,6 +24,7 @@ from ..sites import module_path
 __all__ = ["Watch", "refusal", "paused"]
 
 _F = torch.Tensor
+_COMPILING = torch.compiler.is_compiling
 _DIRECT = {F.scaled_dot_product_attention: "scaled_dot_product_attention",
            F.multi_head_attention_forward: "multi_head_attention_forward (nn.MultiheadAttention)"}
 if hasattr(torch, "_native_multi_head_attention"):
@@ -52,6 +53,8 @@ class Watch(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if _COMPILING():  # a layer compiled inside the watched forward: its code is not watched
+            return out
         what = _DIRECT.get(func)
         if what is None and func in _SOFTMAX and args and self._is_scores(args[0]):
             what, self._scores = "softmax over q @ kᵀ", {}
