@@ -117,3 +117,23 @@ def test_two_live_forwards_with_different_backends_and_no_context_choosing_raise
     with attnswitch.backend("math", model=m):  # a context that chooses one of them
         second.loss.backward()
     assert spy.names == ["math", "math"]
+
+
+def test_an_unswitched_forwards_recompute_is_never_taken_for_a_switched_ones(spy):
+    # a switched forward's graph is alive (its loss kept, say) when the model runs unswitched: the unswitched
+    # graph's recompute must not run the switched forward's backend; with nothing to tell them apart, an error
+    m = _checkpointed(False)
+    b = batch_for(m)
+    with attnswitch.backend("naive", model=m):
+        first = m(**b, labels=b["input_ids"])
+    spy.calls.clear()
+    second = m(**b, labels=b["input_ids"])
+    assert spy.calls == []
+    with pytest.raises(RuntimeError, match=r"ran forwards under 'naive', no switch whose graphs are all alive"):
+        second.loss.backward()
+    assert spy.calls == []  # nothing recomputed through the switched forward's backend
+    del first
+    gc.collect()  # the switched graph gone: the unswitched one recomputes as it ran, unswitched
+    second = m(**b, labels=b["input_ids"])
+    second.loss.backward()
+    assert spy.calls == []

@@ -394,8 +394,10 @@ def guarded_call(self: nn.Module, *args, **kwargs):
     call = registries.original_call() or nn.Module.__call__
     outer = _FORWARD.get()
     fwd = None if outer is not None and outer.state is not None else new_forward(self)
-    if fwd is None:
-        return call(self, *args, **kwargs)  # a forward inside a counted one, or not switched
+    if fwd is None:  # a forward inside a counted one, or not switched
+        if outer is None and recompute.LIVE and _GRAD_ON():
+            return _unswitched_recordable(self, call(self, *args, **kwargs))
+        return call(self, *args, **kwargs)
     info = fwd.info
     watch = None if info.observed or torch.compiler.is_compiling() else observe.Watch(self, info.owned, _INSIDE)
     if watch is not None:
@@ -413,6 +415,15 @@ def guarded_call(self: nn.Module, *args, **kwargs):
     _check(self, fwd, watch)
     if info.layers and _GRAD_ON() and info.checkpointing():
         recompute.note(info, type(self).__name__, fwd.sel, out)
+    return out
+
+
+def _unswitched_recordable(model: nn.Module, out):
+    """An unswitched forward of a model whose switched forwards' graphs may still be recomputed: its own graph
+    records that it ran unswitched, so that its recompute is never taken for theirs."""
+    info = selection.info_of(model)
+    if info is not None and info.layers and recompute.live(info.token) and info.checkpointing():
+        recompute.note(info, type(model).__name__, None, out)
     return out
 
 

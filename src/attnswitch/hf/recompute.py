@@ -23,7 +23,7 @@ import torch
 from ..sites import site_name
 from . import install, selection
 
-__all__ = ["note", "chosen", "live"]
+__all__ = ["note", "chosen", "live", "LIVE"]
 
 _KEY = "attnswitch.backward_thread"
 _STASH = getattr(torch._C, "_stash_obj_in_tls", None)
@@ -42,8 +42,10 @@ class _Record:
         self.token, self.model, self.sel, self.thread, self.lease = token, model, sel, thread, object()
 
 
-#: owner token -> records of its forwards whose graphs may still be recomputed (weakly)
+#: owner token -> records of its forwards whose graphs may still be recomputed (weakly); a record's selection
+#: None: a forward that ran unswitched while others' graphs were alive
 _LIVE: dict[int, list[weakref.ref]] = {}
+LIVE = _LIVE
 
 
 def _grad_fns(out) -> list:
@@ -113,11 +115,14 @@ def chosen(module, sel):
             continue
         thread = _backward_thread()
         sels = list(dict.fromkeys(r.sel for r in ([r for r in recs if r.thread == thread] or recs)))
-        if len(sels) == 1 or sel in sels:
-            return sels[0] if len(sels) == 1 else sel
+        if len(sels) == 1:
+            return sels[0]
+        if sel is not None and sel in sels:
+            return sel
+        ran = ", ".join("no switch" if s is None else repr(str(s)) for s in sels)
         raise RuntimeError(
             f"{site_name(module)} is recomputed in a backward (gradient checkpointing) where no attnswitch context "
-            f"chooses, and {recs[0].model} ran forwards under {', '.join(repr(str(s)) for s in sels)} whose graphs "
+            f"chooses, and {recs[0].model} ran forwards under {ran} whose graphs "
             "are all alive: attnswitch cannot tell which forward this backward recomputes. Run each backward before "
             "the next forward of the model, or inside the block of its forward")
     return sel
