@@ -114,7 +114,11 @@ def main(argv=None) -> int:
                 results["cases"].append({"preset": preset, "name": workload,
                                          **case(out, preset, workload, backends, a.layers, a.iters)})
             except Exception as e:  # one case failing is a result too; the others still run
-                results["cases"].append({"preset": preset, "name": workload, "error": f"{type(e).__name__}: {e}"})
+                import traceback
+
+                results["cases"].append({"preset": preset, "name": workload, "error": f"{type(e).__name__}: {e}",
+                                         "traceback": traceback.format_exc()})
+                traceback.print_exc()
             print(f"  {time.perf_counter() - t0:.1f} s", flush=True)
             (out / f"compiled_{'+'.join(models)}.json").write_text(json.dumps(results, indent=1, default=str))
     return 0
