@@ -63,6 +63,7 @@ def test_fullgraph_compile_runs_the_forced_op_and_matches_uncompiled(kind, name)
     assert_ran(ops, name)
 
 
+@pytest.mark.slow  # (several compiles: in the slow run, python -m pytest -q -m slow)
 def test_a_switch_after_compiling_recompiles_in_both_directions_and_never_replays_the_old_backend():
     m = tiny("llama")
     batch = batch_for(m, pad=False)
@@ -91,6 +92,7 @@ def test_a_switch_after_compiling_recompiles_in_both_directions_and_never_replay
         assert_ran(op_names(lambda: forward(compiled, batch)), "math")
 
 
+@pytest.mark.slow  # (several compiles: in the slow run, python -m pytest -q -m slow)
 def test_a_model_compiled_inside_a_switch_runs_its_own_attention_after_it():
     m = tiny("qwen2")
     batch = batch_for(m, pad=True)
@@ -103,6 +105,7 @@ def test_a_model_compiled_inside_a_switch_runs_its_own_attention_after_it():
     torch.testing.assert_close(forward(compiled, batch), unswitched)
 
 
+@pytest.mark.slow  # (several compiles: in the slow run, python -m pytest -q -m slow)
 def test_another_model_in_the_context_is_not_switched_by_a_compiled_guard():
     m, other = tiny("llama"), tiny("llama")
     batch = batch_for(m, pad=False)
@@ -113,6 +116,7 @@ def test_another_model_in_the_context_is_not_switched_by_a_compiled_guard():
     assert SDPA_OPS <= ops and "attnswitch::opaque" not in ops
 
 
+@pytest.mark.slow  # (several compiles: in the slow run, python -m pytest -q -m slow)
 def test_a_patch_and_a_policy_per_phase_are_read_by_the_compiled_code():
     m = tiny("llama")
     batch = batch_for(m, pad=False)
@@ -128,6 +132,7 @@ def test_a_patch_and_a_policy_per_phase_are_read_by_the_compiled_code():
     assert SDPA_OPS <= ops and "attnswitch::opaque" not in ops
 
 
+@pytest.mark.slow  # (several compiles: in the slow run, python -m pytest -q -m slow)
 def test_compiling_in_one_thread_changes_nothing_another_thread_runs():
     m = tiny("llama")
     batch = batch_for(m, pad=False)
