@@ -65,6 +65,8 @@ def test_fullgraph_compile_runs_the_forced_op_and_matches_uncompiled(kind, name)
 
 @pytest.mark.slow  # (several compiles: in the slow run, python -m pytest -q -m slow)
 def test_a_switch_after_compiling_recompiles_in_both_directions_and_never_replays_the_old_backend():
+    import attnswitch.hf  # (its module registration hook, which compiled graphs guard on, installed)
+
     m = tiny("llama")
     batch = batch_for(m, pad=False)
     cnt = counter()

@@ -234,8 +234,8 @@ def gloo_run(tmp_path_factory):
 @pytest.mark.slow  # torchrun with two processes, each importing torch and transformers
 def test_gloo_tensor_parallel_compare_writes_once_from_rank_0(gloo_run):
     out, p = gloo_run
-    assert sorted(x.name for x in out.iterdir()) == ["command.txt", "report.csv", "report.html", "report.json",
-                                                      "report.md", "traces"]
+    assert sorted(x.name for x in out.iterdir()) == ["command.txt", "policy.json", "report.csv", "report.html",
+                                                      "report.json", "report.md", "traces"]
     assert sorted(x.name for x in (out / "traces").iterdir()) == sorted(
         [f"trace_{b}_rank0.json.gz" for b in ("naive", "flash", "eager")]
         + [f"trace_{b}_rank1.json.gz" for b in ("naive", "flash", "eager")])

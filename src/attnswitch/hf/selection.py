@@ -176,8 +176,6 @@ def _register(model: nn.Module) -> ModelInfo:
     info = _MODELS.get(model)
     if info is not None:
         return info
-    if not _HOOKED:
-        _HOOKED.append(register_module_module_registration_hook(_registered))
     info = ModelInfo(next(_TOKENS), frozenset(), ())
     _BY_TOKEN[info.token] = info  # (weakly: dropped with info if interrupted before the end)
     _read_modules(model, info)
@@ -228,7 +226,6 @@ def rescan(model: nn.Module, info: ModelInfo | None = None) -> None:
         info.observed = False
 
 
-_HOOKED: list = []  # the handle of torch's registration hook, once a model is registered
 
 
 def _registered(parent, name, submodule):
@@ -240,6 +237,11 @@ def _registered(parent, name, submodule):
             info = _BY_TOKEN.get(t)
             if info is not None:
                 info.dirty = True
+
+
+# torch's registration hook, installed once with this module (a graph torch.compile made before it was installed
+# guards on there being none, and compiles once more after): it only marks switched models whose modules change
+_HOOK = register_module_module_registration_hook(_registered)
 
 
 def own_replica(original: nn.Module, replica: nn.Module) -> None:
