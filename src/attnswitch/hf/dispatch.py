@@ -226,7 +226,7 @@ def _adopted(fwd: Forward, module):
 
 def _recomputed(module, sel):
     """Inside a backward, a call no forward is running for is a recompute: its forward's backend."""
-    return sel if _GRAPH_TASK() == -1 else recompute.chosen(module, sel)
+    return sel if not recompute.LIVE or _GRAPH_TASK() == -1 else recompute.chosen(module, sel)
 
 
 _GRAPH_TASK = torch._C._current_graph_task_id  # -1 outside a backward
@@ -399,7 +399,7 @@ def guarded_call(self: nn.Module, *args, **kwargs):
             return _unswitched_recordable(self, call(self, *args, **kwargs))
         return call(self, *args, **kwargs)
     info = fwd.info
-    watch = None if info.observed or torch.compiler.is_compiling() else observe.Watch(self, info.owned, _INSIDE)
+    watch = None if info.observed else observe.Watch(self, info.owned, _INSIDE)  # (not compiling: see above)
     if watch is not None:
         fwd.watch, fwd.wrap = watch, True
     token = _FORWARD.set(fwd)

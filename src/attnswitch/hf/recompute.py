@@ -81,7 +81,9 @@ def live(token: int) -> list[_Record]:
         if not refs:
             return []
         recs = [r for ref in refs if (r := ref()) is not None]
-        if len(recs) != len(refs):
+        if not recs:  # (a model with no live record leaves the map: empty, it costs calls nothing)
+            del _LIVE[token]
+        elif len(recs) != len(refs):
             _LIVE[token] = [weakref.ref(r) for r in recs]
         return recs
 
