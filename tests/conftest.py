@@ -30,6 +30,20 @@ torch.set_num_threads(1)
 VOCAB = 211
 
 
+def saved_gqa_llama(folder) -> str:
+    """A 4-layer Llama in bf16 with 8 query and 4 key-value heads, saved to ``folder`` (loaded with
+    ``from_pretrained``: device maps and tensor parallelism split it as a checkpoint). With 4 k/v heads each
+    of two tensor-parallel ranks keeps GQA (4 / 2), so its attention calls need the whole model's layout
+    work."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096)
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(folder)
+    return str(folder)
+
+
 def tiny(kind: str, **over):
     """Tiny random-weight models of real architectures, built from their configs."""
     torch.manual_seed(0)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import saved_gqa_llama
 
 import attnswitch
 from attnswitch.models import load_model
@@ -28,17 +29,7 @@ DEVICE_MAP = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.layers.0": 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    # 8 query / 4 key-value heads: each of two tensor-parallel ranks keeps GQA (4 / 2), so its attention
-    # calls need the same layout work as the whole model's (with one k/v head per rank, repeating k/v
-    # for the efficient kernel would be a view and cost no copy kernels)
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096)
-    d = tmp_path_factory.mktemp("tiny")
-    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(d)
-    return str(d)
+    return saved_gqa_llama(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ Run on a GPU machine: ``pytest -m gpu tests/gpu``. Skipped without CUDA.
 
 import pytest
 import torch
+from conftest import saved_gqa_llama
 
 import attnswitch
 from attnswitch.models import load_model
@@ -24,14 +25,7 @@ DEVICE_MAP = {"model.embed_tokens": 0, "model.rotary_emb": 0, "model.layers.0": 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096)
-    d = tmp_path_factory.mktemp("tiny")
-    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(d)
-    return str(d)
+    return saved_gqa_llama(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")
