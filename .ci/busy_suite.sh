@@ -7,13 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 runs=${RUNS:-3}
 python=${PYTHON:-python}
-busy=()
-stop() { for p in "${busy[@]}"; do kill "$p" 2>/dev/null; done; }
-trap stop EXIT
-for _ in 1 2; do
-    yes > /dev/null &
-    busy+=($!)
-done
+. .ci/busy_loops.sh
 log=$(mktemp -d "${TMPDIR:-/tmp}/busy-suite.XXXXXX")
 failed=0
 for i in $(seq 1 "$runs"); do

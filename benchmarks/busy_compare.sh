@@ -7,13 +7,7 @@
 set -uo pipefail
 runs=${RUNS:-5}
 python=${PYTHON:-python}
-busy=()
-stop() { for p in "${busy[@]}"; do kill "$p" 2>/dev/null; done; }
-trap stop EXIT
-for _ in 1 2; do
-    yes > /dev/null &
-    busy+=($!)
-done
+. "$(dirname "$0")/../.ci/busy_loops.sh"
 dir=$(mktemp -d "${TMPDIR:-/tmp}/busy-compare.XXXXXX")
 for i in $(seq 1 "$runs"); do
     start=$(date +%s)
