@@ -218,3 +218,38 @@ def test_profile_hides_what_was_alive_before_from_the_collector_and_gives_it_bac
         assert gc.get_freeze_count() > 0.9 * frozen  # still frozen (less what was freed meanwhile)
     finally:
         gc.unfreeze()
+
+
+def test_a_backend_left_out_against_one_fastest_comes_back_when_another_becomes_the_fastest(monkeypatch):
+    # x is decidedly slower than a after the first rounds and sits out; then a slows down and b, which x
+    # was never told apart from, becomes the fastest: x is timed again, paired with b, rather than ranked on
+    # a verdict against a backend that is no longer the fastest
+    monkeypatch.setattr(capture, "_timed_wall", _fake_wall)
+    t = _FakeTarget({"a": [10.0] * 6 + [13.0] * 60, "b": [10.4, 9.8] * 40, "x": [10.2] * 80})
+    done = timed_rounds(t, ["a", "b", "x"], iters=6, rounds=6, budget_s=1e6, clock=t.clock)
+    x = done.timings["x"].units
+    assert x[6] == []  # left out after the first rounds
+    assert any(x[7:]), "x never came back once b was the fastest"
+    assert all(len(tm.units) == done.rounds for tm in done.timings.values())  # round r is every backend's
+
+
+def test_a_generates_round_is_one_prompt_every_backend_in_an_order_that_rotates(monkeypatch):
+    # paired units a prompt apart, not a whole workload apart; no backend always first after the same other
+    turns = []
+
+    def turn(target, name, p, prompts, timed, timing):
+        turns.append((name, p))
+        row = [0.0] * prompts
+        row[p] = {"a": 10.0, "b": 10.0, "c": 30.0}[name] * (1 + p)
+        timing.units.append(row)
+        target.now += row[p] / 1e3
+
+    monkeypatch.setattr(capture, "_prompt_turn", turn)
+    t = _FakeTarget({"a": 1.0, "b": 1.0, "c": 1.0})
+    t.mode, t.prompts = "generate", 2
+    done = timed_rounds(t, ["a", "b", "c"], iters=1, rounds=1, budget_s=0, clock=t.clock)
+    assert done.rounds == 6  # one pass over 2 prompts is too few pairs for any interval: MIN_PAIRS rounds
+    rounds = [turns[i:i + 3] for i in range(0, 18, 3)]
+    assert [{p for _, p in r} for r in rounds] == [{0}, {1}] * 3  # a round is one prompt
+    assert [r[0][0] for r in rounds] == ["a", "b", "c", "a", "b", "c"]  # the first turn rotates
+    assert done.timings["c"].time_ms() == 30.0 + 60.0  # each prompt's median, summed

@@ -97,16 +97,21 @@ def test_generate_reports_every_step_of_every_prompt(gen_report):
 
 
 def test_a_generate_is_timed_per_prompt_and_a_forward_by_the_median(gen_report):
-    # a generate is host-bound: each prompt's time (its decode steps at their median) is paired across
-    # backends round by round, and its time is the sum over prompts of each prompt's median
+    # a generate is host-bound: a round is one prompt, every backend generating it in turn (paired units a
+    # prompt apart, not a workload), each prompt's time its decode steps at their median; the ranked time is
+    # the sum over prompts of each prompt's median, the whole workloads (every prompt once) a check
     w, r = gen_report
     n_prompts = len(w.generation.prompt_lens)
     for b in r.ok:
-        assert all(len(u) == n_prompts for u in b.time_rounds_ms) and len(b.time_rounds_ms) == len(b.time_samples_ms)
-        per_prompt = [statistics.median(u[i] for u in b.time_rounds_ms) for i in range(n_prompts)]
+        rows = b.time_rounds_ms
+        assert len(rows) == 6  # iters=2 passes over 2 prompts, and at least MIN_PAIRS rounds
+        assert all(len(u) == n_prompts and sum(x > 0 for x in u) == 1 for u in rows)
+        assert [next(i for i, x in enumerate(u) if x > 0) for u in rows] == [0, 1] * 3  # prompt by prompt
+        per_prompt = [statistics.median(u[i] for u in rows if u[i] > 0) for i in range(n_prompts)]
         assert b.time_ms == pytest.approx(sum(per_prompt))
+        assert len(b.time_samples_ms) == 3  # whole workloads, every prompt once each
         assert b.generate.workload_wall_ms == pytest.approx(statistics.median(b.time_samples_ms))
-        assert b.generate.steps_timed == len(b.time_samples_ms) * n_prompts * (NEW - 2)
+        assert b.generate.steps_timed == len(rows) * (NEW - 2)
     assert "each prompt's median over the rounds" in r.to_markdown()
     m = tiny("llama")
     p = compare(m, batch_for(m), backends=["naive", "math"], warmup=1, iters=3, rounds=2, time_budget_s=0)

@@ -104,12 +104,14 @@ def _profile_options(iters: int) -> Callable[[argparse.ArgumentParser], None]:
     def add(p: argparse.ArgumentParser) -> None:
         _model_options(p)
         p.add_argument("--warmup", type=int, default=None,
-                       help="steps after the cold one and before timing (default: 1)")
+                       help="steps after the cold one and before timing (default: 1; 0 for generate, whose cold "
+                            "workload meets every length)")
         p.add_argument("--iters", type=int, default=None,
-                       help=f"timed steps per backend in the first rounds (default: {iters}; 2 whole workloads for "
-                            "generate)")
+                       help=f"timed steps per backend in the first rounds (default: {iters}; for generate, "
+                            "each prompt once)")
         p.add_argument("--rounds", type=int, default=None,
-                       help=f"interleaved rounds every backend is timed in (default: {min(iters, 6)}; 2 for generate)")
+                       help=f"interleaved rounds every backend is timed in (default: {min(iters, 6)}; for generate "
+                            "a round is one prompt: --iters times each, at least 6)")
         p.add_argument("--time-budget", type=float, default=None, metavar="S",
                        help="seconds of more rounds for the backends still tied with the fastest (default: as long "
                             "as the first rounds took, at most 30; 0: no more rounds)")
@@ -386,7 +388,7 @@ def _check(s: Session) -> int:
 
 def _steps(args, work) -> dict:
     generate = not isinstance(work, list) and work.mode == "generate"
-    return {"warmup": args.warmup if args.warmup is not None else 1,
+    return {"warmup": args.warmup,
             "iters": args.iters if args.iters is not None else (None if generate else args.default_iters),
             "rounds": args.rounds, "time_budget_s": args.time_budget}
 

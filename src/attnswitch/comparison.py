@@ -72,7 +72,8 @@ def _with_grads(b: BackendResult, g) -> BackendResult:
 
 
 def compare(model: nn.Module, batch: Workload | dict[str, Any], *, backends: Iterable[str] | str | None = None,
-            warmup: int = 1, iters: int | None = None, trace_dir=None, progress: Callable[[str], None] | None = None,
+            warmup: int | None = None, iters: int | None = None, trace_dir=None,
+            progress: Callable[[str], None] | None = None,
             model_name: str = "", check_numerics: bool = True, command: str | None = None,
             rounds: int | None = None, profile_steps: int = 1, host_iters: int | None = None,
             time_budget_s: float | None = None, compile: str | Iterable[str | None] | None = None) -> Report:

@@ -105,12 +105,14 @@ class Workload:
     prompts: tuple[dict, ...] = field(default=(), repr=False)  # generate: the inputs of each prompt length
     loss: str = ""  # train: what the loss is
 
-    def step(self, kwargs: dict[str, Any] | None = None):
-        """One step: a forward (no grad), a whole generate workload, or forward + backward."""
-        kwargs = kwargs if kwargs is not None else self.first()
+    def step(self, kwargs: dict[str, Any] | int | None = None):
+        """One step: a forward (no grad), a whole generate workload (or, given an index, its one prompt),
+        or forward + backward."""
         if self.mode == "generate":
+            prompts = self.prompts if not isinstance(kwargs, int) else (self.prompts[kwargs],)
             with torch.no_grad():
-                return [self.model.generate(**p, **self.generate_kwargs()) for p in self.prompts]
+                return [self.model.generate(**p, **self.generate_kwargs()) for p in prompts]
+        kwargs = kwargs if kwargs is not None else self.first()
         if self.mode == "train":
             with torch.enable_grad():
                 loss = loss_of(self.model(**kwargs))
@@ -184,11 +186,14 @@ class Workload:
     def short(self, new_tokens: int = 8) -> Workload:
         """The workload cut short for a profiled pass: a generate of the first prompt, at most
         ``new_tokens`` tokens (the other modes as they are)."""
-        if self.mode != "generate":
-            return self
+        return self.prompt(0, new_tokens) if self.mode == "generate" else self
+
+    def prompt(self, i: int, new_tokens: int | None = None) -> Workload:
+        """A generate workload of its prompt ``i`` alone, at most ``new_tokens`` tokens (default: all)."""
         g = self.generation
-        return dataclasses.replace(self, generation=Generation(g.prompt_lens[:1], min(g.new_tokens, new_tokens),
-                                                               g.cache), prompts=self.prompts[:1])
+        n = g.new_tokens if new_tokens is None else min(g.new_tokens, new_tokens)
+        return dataclasses.replace(self, generation=Generation(g.prompt_lens[i:i + 1], n, g.cache),
+                                   prompts=self.prompts[i:i + 1])
 
     def describe(self) -> dict[str, Any]:
         """The workload as a report records it."""

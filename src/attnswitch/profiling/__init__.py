@@ -65,7 +65,10 @@ def _prepared(t: Target, names: list[str], progress, spent: dict, **kw) -> list:
     # kernel: each SDPA backend's own first call (cuDNN's plan building) stays cold; uncompiled, so that
     # no candidate's compile is paid here.
     with torch.no_grad(), use_backend("naive", model=t.model):
-        t.fn(next(t.calls(1)))
+        if t.mode == "generate":
+            t.workload.short(2).step()
+        else:
+            t.fn(next(t.calls(1)))
     results = []
 
     def prepare(name):
@@ -84,17 +87,21 @@ def _prepared(t: Target, names: list[str], progress, spent: dict, **kw) -> list:
     return results
 
 
-def _counts(t: Target, warmup, iters, rounds, host_iters, profile_steps, time_budget_s) -> tuple[int, int, int]:
-    """``(iters, rounds, host_iters)``: the defaults for the workload's mode where not given, checked."""
+def _counts(t: Target, warmup, iters, rounds, host_iters, profile_steps,
+            time_budget_s) -> tuple[int, int, int, int]:
+    """``(warmup, iters, rounds, host_iters)``: the defaults for the workload's mode where not given, checked.
+    A generate's cold workload meets every length it times (its warm-up), and its rounds are its prompts:
+    every backend takes every prompt once before the rounds adapt."""
     generate = t.mode == "generate"
-    iters = iters if iters is not None else (2 if generate else 12)
-    rounds = rounds if rounds is not None else min(iters, 2 if generate else 6)
+    warmup = warmup if warmup is not None else (0 if generate else 1)
+    iters = iters if iters is not None else (1 if generate else 12)
+    rounds = rounds if rounds is not None else (iters if generate else min(iters, 6))
     host_iters = host_iters or (1 if generate else min(iters, 5))
     if warmup < 0 or iters < 1 or rounds < 1 or profile_steps < 0 or host_iters < 1 or (time_budget_s or 0) < 0:
         raise ValueError(f"need warmup >= 0, iters >= 1, rounds >= 1, host_iters >= 1, profile_steps >= 0 and "
                          f"time_budget_s >= 0, got warmup={warmup}, iters={iters}, rounds={rounds}, "
                          f"host_iters={host_iters}, profile_steps={profile_steps}, time_budget_s={time_budget_s}")
-    return iters, rounds, host_iters
+    return warmup, iters, rounds, host_iters
 
 
 def _prepared_modes(t: Target, modes, names: list[str], progress, spent: dict, **kw) -> dict:
@@ -112,7 +119,7 @@ def _prepared_modes(t: Target, modes, names: list[str], progress, spent: dict, *
 
 
 def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
-            backends: Iterable[str] | str | None = None, warmup: int = 1, iters: int | None = None,
+            backends: Iterable[str] | str | None = None, warmup: int | None = None, iters: int | None = None,
             trace_dir: str | Path | None = None, progress: Callable[[str], None] | None = None,
             model_name: str = "", rounds: int | None = None, profile_steps: int = 1, host_iters: int | None = None,
             time_budget_s: float | None = None, compile: str | Iterable[str | None] | None = None) -> Report:
@@ -121,9 +128,11 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     ``target`` is a model (with ``batch``, a dict of forward arguments or a ``Workload``) or any
     callable (``profile(lambda: attnswitch.attention(q, k, v, is_causal=True))``), which runs under a
     global ``backend()``. Every backend sees the same inputs and the same warm-up (its first, cold step,
-    which the report keeps, then ``warmup`` more). The steady time per step comes from ``iters``
+    which the report keeps, then ``warmup`` more: default 1; a generate's 0, its cold workload meets every
+    length). The steady time per step comes from ``iters``
     unprofiled steps per backend in at least ``rounds`` interleaved rounds (default 12 in 6; a generate
-    workload: 2 whole workloads in 2, each prompt of each a paired unit), then more rounds for the backends
+    workload: a round is one prompt, every backend in turn, each prompt ``iters`` times, default once, and
+    at least 6 rounds), then more rounds for the backends
     still tied with the fastest, for at most ``time_budget_s`` seconds (default: as long as the first rounds,
     30 s at most; 0: none). Host time per step and per attention call, and peak memory, come from ``host_iters``
     more steps (default: ``iters``, at most 5; a generate: 1); the per-layer counts from ``profile_steps``
@@ -146,7 +155,7 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     t_start = time.perf_counter()
     spent: dict = {}
     t = Target.of(target, batch)
-    iters, rounds, host_iters = _counts(t, warmup, iters, rounds, host_iters, profile_steps, time_budget_s)
+    warmup, iters, rounds, host_iters = _counts(t, warmup, iters, rounds, host_iters, profile_steps, time_budget_s)
     if t.model is not None:
         require_interface(t.model)
     names = parse_backends(backends, t.device)

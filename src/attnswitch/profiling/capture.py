@@ -41,7 +41,7 @@ from .attribution import attribute
 from .clock import ForwardClock, annotate_phases
 from .compiled import attention_seen, compiled_forward, graphs_compiled, mismatch
 from .occupancy import device_limits
-from .rounds import MAX_ROUNDS, STEP_FIGURES, Rounds, Timing, still_open
+from .rounds import MAX_ROUNDS, MIN_PAIRS, STEP_FIGURES, Rounds, Timing, still_open
 from .summarize import backend_fields
 from .trace import Trace
 from .workloads import mode_fields, prompt_units
@@ -158,11 +158,17 @@ class Target:
             return contextlib.nullcontext()
         return annotate_modules(self.model, inner=self.compile is None)
 
-    def rewarm(self) -> None:
-        """One step after a switch, untimed: a generate workload's short form (the switch's first calls
-        and every cache were warmed by its prepared pass; a whole workload would add seconds per round)."""
+    @property
+    def prompts(self) -> int:
+        """A generate's prompts (one step each in its timing rounds); 1 for the other workloads."""
+        return len(self.workload.prompts) if self.mode == "generate" else 1
+
+    def rewarm(self, prompt: int = 0) -> None:
+        """One step after a switch, untimed: for a generate, prompt ``prompt`` with two new tokens (its
+        prefill and a decode step, both phases' first calls after the switch; every shape and cache was
+        warmed by the prepared pass, and a whole workload would add seconds per round)."""
         if self.mode == "generate":
-            self.workload.short().step()
+            self.workload.prompt(prompt, new_tokens=2).step()
         else:
             self.fn(next(self.calls(1)))
         self.sync()
@@ -353,31 +359,45 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
                  clock: Callable[[], float] = time.perf_counter) -> Rounds:
     """Steady time per step (ms) for each backend, unprofiled, in interleaved rounds so that drift (clocks,
     temperature, other load) falls on every backend alike. On a GPU each step is timed with CUDA events,
-    on a CPU with the wall clock; a generate's forwards are clocked too (its units are per prompt).
-    Garbage is collected before each backend's turn in a round and never inside it (as ``timeit`` does).
+    on a CPU with the wall clock. Garbage is collected before each backend's turn in a round and never
+    inside it (as ``timeit`` does).
 
-    Every backend runs ``rounds`` rounds (``iters`` steps in all). Then, unless ``budget_s`` is 0, rounds
+    Every backend runs ``rounds`` rounds (``iters`` steps in all). A generate workload's round is one
+    prompt, every backend generating it in turn (in an order that rotates from round to round), so that
+    paired units are a few hundred milliseconds apart rather than whole workloads: every backend takes
+    every prompt ``iters`` times, and at least ``MIN_PAIRS`` rounds. Then, unless ``budget_s`` is 0, rounds
     go on for the backends whose interval against the fastest still holds 1 (``stats.paired_margin``)
     until each is told apart, or is within ``stats.EQUIVALENT`` of it, or ``budget_s`` more seconds are
     spent (default: as long as the first rounds took, ``BUDGET_CAP_S`` at most; ``MAX_ROUNDS`` rounds at
-    most); a backend
-    decidedly slower than the fastest is timed no further. ``clock`` reads the budget's time. Under
-    ``torchrun`` every rank takes the same decisions (the union of what each keeps), so that their
-    forwards pair up."""
+    most); a backend decidedly slower than the fastest is timed no further. ``clock`` reads the budget's
+    time. Under ``torchrun`` every rank takes the same decisions (the union of what each keeps), so that
+    their forwards pair up."""
     timed = _timed_on_gpus if target.device.type == "cuda" else _timed_wall
-    rounds = max(1, min(rounds, iters))
-    per_round = [iters // rounds + (1 if r < iters % rounds else 0) for r in range(rounds)]
     generate = target.mode == "generate"
+    if generate:
+        prompts = max(1, target.prompts)
+        first = max(iters * prompts, MIN_PAIRS)
+        per_round = [1] * first
+    else:
+        prompts, first = 1, max(1, min(rounds, iters))
+        per_round = [iters // first + (1 if r < iters % first else 0) for r in range(first)]
     timings = {n: Timing(per_prompt=generate, steps={k: [] for k in STEP_FIGURES} if generate else None)
                for n in names}
     active, t0, stopped, r, deadline = list(names), clock(), "fixed", 0, None
     with target.context():
         while active:
-            n_calls = per_round[r] if r < rounds else max(1, per_round[-1])
-            for name in active:
-                _one_round(target, name, n_calls, timed, timings[name])
+            if generate:
+                turn = active[r % len(active):] + active[:r % len(active)]
+                for name in turn:
+                    _prompt_turn(target, name, r % prompts, prompts, timed, timings[name])
+            else:
+                n_calls = per_round[r] if r < first else max(1, per_round[-1])
+                for name in active:
+                    _one_round(target, name, n_calls, timed, timings[name])
+            for name in timings.keys() - set(active):
+                timings[name].units.append([])  # sat this round out: round r is every backend's round r
             r += 1
-            if r < rounds:
+            if r < first:
                 continue
             if budget_s == 0:
                 break
@@ -394,28 +414,35 @@ def _one_round(target: Target, name: str, n_calls: int, timed: Callable, timing:
     with target.switched(name), _no_gc():
         target.rewarm()  # after the other backends ran
         for _ in range(n_calls):
-            if timing.per_prompt:
-                _clocked_generate(target, next(calls), timed, timing)
-            else:
-                timing.samples.append(timed(target, next(calls)))
-    if not timing.per_prompt:
-        timing.units.append([median(timing.samples[-n_calls:])])
+            timing.samples.append(timed(target, next(calls)))
+    timing.units.append([median(timing.samples[-n_calls:])])
 
 
-def _clocked_generate(target: Target, c, timed: Callable, timing: Timing) -> None:
-    """A whole generate workload, timed as a step and clocked forward by forward: its per-prompt units
-    and decode-step figures (computed at once, so that no CUDA event outlives the step)."""
-    clock = ForwardClock(target.model, target.device.type == "cuda")
-    with clock:
-        ms = timed(target, c)
-        end = time.perf_counter()
-    target.sync()
+def _prompt_turn(target: Target, name: str, p: int, prompts: int, timed: Callable, timing: Timing) -> None:
+    """One backend's turn in a generate's round: the switch, a short untimed generate of prompt ``p``
+    (``Target.rewarm``), then prompt ``p``'s generate, timed as a step and clocked forward by forward: its
+    unit and decode-step figures (computed at once, so that no CUDA event outlives the step). Each time the
+    backend has taken every prompt, their times add up to a whole-workload sample."""
+    gc.collect(0)
+    with target.switched(name), _no_gc():
+        target.rewarm(p)
+        clock = ForwardClock(target.model, target.device.type == "cuda")
+        with clock:
+            ms = timed(target, p)
+            end = time.perf_counter()
+        target.sync()
     units, figures = prompt_units(clock.forwards, end)
-    timing.samples.append(ms)
-    timing.units.append(units)
-    figures["wall"] = [ms]
+    row = [0.0] * prompts
+    row[p] = units[0] if units else ms
+    timing.units.append(row)
     for k, v in figures.items():
         timing.steps[k].extend(v)
+    timing.pending[p] = ms
+    if len(timing.pending) == prompts:
+        whole = sum(timing.pending.values())
+        timing.samples.append(whole)
+        timing.steps["wall"].append(whole)
+        timing.pending.clear()
 
 
 def _timed_wall(target: Target, c) -> float:

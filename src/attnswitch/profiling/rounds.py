@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from .. import dist
 from ..stats import median, paired_margin
 
-__all__ = ["Timing", "Rounds", "MAX_ROUNDS", "STEP_FIGURES", "still_open"]
+__all__ = ["Timing", "Rounds", "MAX_ROUNDS", "MIN_PAIRS", "STEP_FIGURES", "still_open", "prompt_values"]
 
 #: a generate's figures of every decode step, gathered over the rounds (``workloads.prompt_units``)
 STEP_FIGURES = ("ttft", "interval", "host", "gpu", "wall")
@@ -16,22 +16,40 @@ STEP_FIGURES = ("ttft", "interval", "host", "gpu", "wall")
 
 @dataclass
 class Timing:
-    """One backend's timing rounds: every sample (ms, in order), the units each round is paired by (the
-    round's median; for a generate, each prompt's time with its decode steps taken at their median), and
-    for a generate the figures of every decode step of every round."""
+    """One backend's timing rounds: every sample (ms, in order), the units each round is paired by, one
+    list per round of the whole timing (empty for a round the backend sat out, so that every backend's
+    round ``r`` is the same round), and for a generate the figures of every decode step.
+
+    A round's unit is its median step; a generate's round times one prompt, every backend in turn, and
+    its units are per prompt (the prompt's time with its decode steps taken at their median) at the
+    prompt's position, 0 at the others. A generate's samples are its whole workloads (every prompt once)."""
 
     samples: list[float] = field(default_factory=list)
     units: list[list[float]] = field(default_factory=list)
     per_prompt: bool = False  # a generate's: units per prompt
-    steps: dict[str, list[float]] | None = None  # a generate's: ttft, interval, host, gpu (ms); wall per round
+    steps: dict[str, list[float]] | None = None  # a generate's: ttft, interval, host, gpu (ms); wall per workload
+    pending: dict[int, float] = field(default_factory=dict)  # a generate's prompts timed since its last workload
 
     def time_ms(self) -> float | None:
         """The time the backend is ranked by: the median sample; for a generate, the sum over prompts of
         each prompt's median unit (a decode step delayed by the machine moves a median, not the sum)."""
         if not self.per_prompt:
             return median(self.samples)
-        width = min(map(len, self.units)) if self.units else 0
-        return sum(median(u[i] for u in self.units) for i in range(width)) if width else None
+        per = prompt_values(self.units)
+        return sum(median(v) for v in per) if per and all(per) else None
+
+    def spread(self) -> list[float]:
+        """What the noise is the spread of: the samples; for a generate, every unit over its prompt's median
+        (prompts of different lengths measured on one scale)."""
+        if not self.per_prompt:
+            return list(self.samples)
+        return [x / m for v in prompt_values(self.units) if v and (m := median(v)) for x in v]
+
+
+def prompt_values(units: list[list[float]]) -> list[list[float]]:
+    """A generate's units per prompt position: the values measured (above 0) over the rounds."""
+    width = max(map(len, units), default=0)
+    return [[u[i] for u in units if len(u) > i and u[i] > 0] for i in range(width)]
 
 
 @dataclass(frozen=True)
@@ -47,15 +65,19 @@ class Rounds:
     seconds: float
 
 
-#: the most rounds an adaptive timing runs, whatever its budget
+#: the most rounds an adaptive timing runs, whatever its budget (a generate's: prompts)
 MAX_ROUNDS = 60
+#: the fewest paired units with which a 95 % interval can exclude 1 (the sign test's: 1 - 2/2**6 >= 0.95)
+MIN_PAIRS = 6
 
 
 def still_open(timings: dict[str, Timing], active: list[str], *, out_of_time: bool,
                capped: bool) -> tuple[list[str], str]:
     """The backends timed in the next round, and why the rounds stop where none is: the fastest so far,
     and every backend not decidedly slower than it nor within ``stats.EQUIVALENT`` of it (a tie as close
-    as that is told as a tie; more rounds would only tell a smaller difference)."""
+    as that is told as a tie; more rounds would only tell a smaller difference). A backend left out
+    against an earlier fastest comes back when its rounds paired with the fastest now do not say it is
+    slower (the fastest changed under it)."""
     best = min(active, key=lambda n: timings[n].time_ms() or float("inf"))
     ref = timings[best].units
 
@@ -63,7 +85,7 @@ def still_open(timings: dict[str, Timing], active: list[str], *, out_of_time: bo
         m = paired_margin(timings[name].units, ref, best)
         return m is None or not (m.slower or m.equal)
 
-    keep = {best} | {n for n in active if n != best and open_(n)}
+    keep = {best} | {n for n in timings if n != best and open_(n)}
     if dist.world() is not None:  # every rank runs the same forwards: what any rank keeps, all keep
         gathered = dist.gather((sorted(keep), out_of_time or capped))
         keep = set().union(*(set(g[0]) for g in gathered))
@@ -72,4 +94,4 @@ def still_open(timings: dict[str, Timing], active: list[str], *, out_of_time: bo
         return [], "decided"
     if out_of_time or capped:
         return [], "budget" if out_of_time else "max rounds"
-    return [n for n in active if n in keep], "decided"
+    return [n for n in timings if n in keep], "decided"

@@ -34,12 +34,12 @@ def with_timing(result: BackendResult, timing: Timing) -> BackendResult:
             step_ms_p99=percentile(st["interval"], 99) if st["interval"] else g.step_ms_p99,
             step_host_ms=median(st["host"]) if st["host"] else g.step_host_ms,
             step_gpu_ms=median(st["gpu"]) if st["gpu"] else g.step_gpu_ms,
-            workload_wall_ms=median(st["wall"]), steps_timed=len(st["interval"]))
+            workload_wall_ms=median(st["wall"]) if st["wall"] else g.workload_wall_ms, steps_timed=len(st["interval"]))
     if g is not None and t:
         g = dataclasses.replace(g, tokens_per_s=g.tokens / (t / 1e3))
     units = tuple(tuple(u) for u in timing.units)
-    spread = [sum(u) for u in timing.units] if timing.per_prompt else timing.samples
-    return dataclasses.replace(result, time_ms=t, time_samples_ms=tuple(timing.samples), noise_pct=noise_pct(spread),
+    return dataclasses.replace(result, time_ms=t, time_samples_ms=tuple(timing.samples),
+                               noise_pct=noise_pct(timing.spread()),
                                time_rounds_ms=units, generate=g)
 
 
