@@ -273,3 +273,9 @@ def test_auto_refuses_softcap_compiled_as_uncompiled():
         with pytest.raises(BackendUnavailable) as comp:
             forward(compiled, batch)
     assert comp.value.reasons == eager.value.reasons and comp.value.where == eager.value.where
+
+
+def test_the_refusal_op_is_kept_out_of_cuda_graphs():
+    # raised inside a CUDA graph's warm-up it would leave inductor's graph trees a half-run node
+    from attnswitch.backends import traced  # noqa: F401 (defines the ops)
+    assert torch.Tag.cudagraph_unsafe in torch.ops.attnswitch.refuse.default.tags

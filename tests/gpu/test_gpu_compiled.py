@@ -194,3 +194,22 @@ def test_compare_counts_a_dynamic_caches_recompiles_and_none_for_a_static_one():
     assert dyn.ok and static.ok, (dyn.reasons, static.reasons)
     assert dyn.recompiles > 0  # each decode step's key length is new: the cache's shapes change under the graph
     assert static.recompiles == 0 and static.attn_seen == SWITCHES[0] and static.attn_mismatch is None
+
+
+def test_a_refusal_inside_a_cuda_graph_warm_up_leaves_the_next_backends_graphs_working():
+    # a forced backend refused inside a compiled graph under CUDA graphs raises in the graph's warm-up; the
+    # refusal is kept out of every recorded graph, so CUDA graph trees hold no half-run node for the next
+    # backend's first replay to fail on (it did: an AssertionError in dealloc_current_path_weakrefs)
+    m = cuda_model()
+    padded, plain = to_cuda(batch_for(m, pad=True, seq=32)), to_cuda(batch_for(m, pad=False, seq=32))
+    compiled = torch.compile(m, mode="reduce-overhead")
+    with attnswitch.backend("flash", model=m):
+        refused_for_the_mask(lambda: forward(compiled, padded))
+    for other in ("efficient", "cudnn"):
+        with attnswitch.backend(other, model=m):
+            ref = forward(m, plain)
+            outs = [forward(compiled, plain) for _ in range(4)]  # warm-up, recording, replays
+            ran = families(lambda: forward(compiled, plain))
+        for out in outs:
+            assert_close(out, ref)
+        assert ran == {other}

@@ -99,7 +99,11 @@ def _traced(q, k, v, mask, dropout, causal, scale, softcap, sinks, backend, site
         return out, (q.new_empty(q.shape[0], q.shape[1], q.shape[2], k.shape[2]) if weights else None)
 
 
-_LIB.define("refuse(Tensor like, str backend, str site, str[] reasons, str inputs) -> Tensor")
+# Unsafe in a CUDA graph: inductor keeps it out of every graph it records (a partition of its own). Raised inside
+# a recording's warm-up it would leave CUDA graph trees a node without outputs, and the next compiled
+# candidate's first replay fails on it (an AssertionError in ``dealloc_current_path_weakrefs``).
+_LIB.define("refuse(Tensor like, str backend, str site, str[] reasons, str inputs) -> Tensor",
+            tags=(torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ())
 
 
 def _refuse(like, backend, site, reasons, inputs):
