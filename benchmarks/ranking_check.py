@@ -59,13 +59,21 @@ def generate_check(out: Path) -> dict:
         report.to_json(out / f"generate_run{i + 1}.json")
         print(f"generate compare {i + 1}: {runs[-1]['wall_s']} s, order {runs[-1]['order']}, ties {runs[-1]['ties']}",
               flush=True)
+        (out / "generate_runs.json").write_text(json.dumps(runs, indent=1, default=str))  # kept if the loop is cut
     independent = independent_generate(work, GENERATE_BACKENDS, repeats=5)
     order = sorted(independent, key=lambda n: independent[n]["median_ms"])
     del model
     torch.cuda.empty_cache()
     return {"model": desc, "prompt_lens": list(work.generation.prompt_lens), "runs": runs,
             "independent_median_ms": {n: independent[n]["median_ms"] for n in order}, "independent": independent,
-            "same_order_twice": runs[0]["order"] == runs[1]["order"]}
+            "same_order_twice": runs[0]["order"] == runs[1]["order"],
+            "same_answer_twice": _answer_of(runs[0]) == _answer_of(runs[1])}
+
+
+def _answer_of(run: dict) -> tuple:
+    """What a compare tells: the backends tied for first (as a set), then the order of those told apart."""
+    ties = set(run["ties"]) or {run["order"][0]}
+    return frozenset(ties), tuple(n for n in run["order"] if n not in ties)
 
 
 def prefill_check(out: Path) -> dict:

@@ -35,35 +35,43 @@ def _save(out: Path, name: str, report) -> dict:
 
 def independent_generate(work, names, repeats=5) -> dict:
     """Each backend's generate workload timed outside attnswitch's measurement: ``model.generate()`` on
-    every prompt under ``attnswitch.backend``, wall clock with the device synchronized, after a warm-up,
-    the backends taken in turn in each repeat (so that a slow spell of the machine falls on all alike).
-    Garbage is collected before each sample and not inside it, as ``timeit`` does (and as the report's
-    own timing does): the process holds a large heap, and a collection inside a host-bound generate would
-    be timed as the backend's."""
-    def workload():
-        for p in work.prompts:
-            work.model.generate(**p, **work.generate_kwargs())
+    every prompt under ``attnswitch.backend``, wall clock with the device synchronized, after a warm-up.
+    Prompt by prompt, every backend generating it in turn (the first backend rotating), so that a slow
+    spell of the machine falls on all alike; a backend's workload is the sum over prompts of each prompt's
+    median, its whole workloads (every prompt once per repeat) a check. Garbage is collected before each
+    sample and not inside it, as ``timeit`` does (and as the report's own timing does): the process holds a
+    large heap, and a collection inside a host-bound generate would be timed as the backend's."""
+    def generate(p):
+        work.model.generate(**p, **work.generate_kwargs())
 
-    times: dict[str, list[float]] = {n: [] for n in names}
+    per: dict[str, list[list[float]]] = {n: [[] for _ in work.prompts] for n in names}
     for name in names:
         with attnswitch.backend(name, model=work.model):
-            workload()  # warm: every length once
+            for p in work.prompts:  # warm: every length once
+                generate(p)
+    turn = 0
     for _ in range(repeats):
-        for name in names:
-            with attnswitch.backend(name, model=work.model):
-                gc.collect()
-                gc.disable()
-                try:
-                    torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    workload()
-                    torch.cuda.synchronize()
-                    times[name].append((time.perf_counter() - t0) * 1e3)
-                finally:
-                    gc.enable()
-    # the report's statistic for a host-bound workload: the fastest sample (other load only slows it)
-    return {n: {"ms": min(t), "median_ms": median(t), "noise_pct": noise_pct(t), "samples": t}
-            for n, t in times.items()}
+        for i, p in enumerate(work.prompts):
+            order = names[turn % len(names):] + names[:turn % len(names)]
+            turn += 1
+            for name in order:
+                with attnswitch.backend(name, model=work.model):
+                    gc.collect()
+                    gc.disable()
+                    try:
+                        torch.cuda.synchronize()
+                        t0 = time.perf_counter()
+                        generate(p)
+                        torch.cuda.synchronize()
+                        per[name][i].append((time.perf_counter() - t0) * 1e3)
+                    finally:
+                        gc.enable()
+    out = {}
+    for n, prompts in per.items():
+        whole = [sum(xs) for xs in zip(*prompts)]
+        out[n] = {"median_ms": sum(median(xs) for xs in prompts), "whole_median_ms": median(whole),
+                  "ms": min(whole), "noise_pct": noise_pct(whole), "samples": whole}
+    return out
 
 
 def _agreement(report, independent: dict) -> dict:
@@ -72,12 +80,12 @@ def _agreement(report, independent: dict) -> dict:
     disagreements = []
     for i, a in enumerate(ranked):
         for b in ranked[i + 1:]:
-            ta, tb = independent[a]["ms"], independent[b]["ms"]
+            ta, tb = independent[a]["median_ms"], independent[b]["median_ms"]
             noise = max(independent[a]["noise_pct"] or 0, independent[b]["noise_pct"] or 0,
                         report[a].noise_pct or 0, report[b].noise_pct or 0, 2.0)
             if ta > tb * (1 + noise / 100):
                 disagreements.append(f"{a} ranked before {b}, but {ta:.1f} ms > {tb:.1f} ms independently")
-    ratios = {n: report[n].time_ms / independent[n]["ms"] for n in ranked}
+    ratios = {n: report[n].time_ms / independent[n]["median_ms"] for n in ranked}
     return {"agrees": not disagreements, "disagreements": disagreements, "report_over_independent": ratios}
 
 
