@@ -158,3 +158,40 @@ def test_a_bad_policy_file_is_a_clear_exception(text, message, tmp_path):
         load_policy(p)
     with pytest.raises(ValueError, match="cannot read it"):
         load_policy(tmp_path / "missing.json")
+
+
+def _point(seq, rows, ties):
+    """A generate sweep's length: ``rows`` of (backend, steady ms per request, new-shape step ms, seen-shape
+    step ms, ops), one prompt per request."""
+    from attnswitch.results import BackendResult, GenerateStats, SweepPoint
+    backends = tuple(BackendResult(n, "ok", time_ms=ms, time_rounds_ms=((ms,),), noise_pct=1.0, attn_ops=ops,
+                                   generate=GenerateStats(new_shape_step_ms=new, seen_shape_step_ms=seen))
+                     for n, ms, new, seen, ops in rows)
+    ranking = tuple(n for n, *_ in sorted(rows, key=lambda r: r[1]))
+    return SweepPoint(4, seq, backends, ranking, ties, new_tokens=4)
+
+
+CUDNN_OP = ("aten::_scaled_dot_product_cudnn_attention",)
+
+
+def test_backends_tied_at_every_length_are_never_said_cheaper_on_their_medians():
+    # flash and cudnn tied at both lengths (their medians 1 % apart, inside the noise): no run length makes
+    # one "cheaper" than the other; efficient, told apart, stays behind
+    pts = [_point(n, [("flash", 100.0 * k, 10.0, 10.0, ()), ("cudnn", 99.0 * k, 10.0, 10.0, ()),
+                      ("efficient", 130.0 * k, 10.0, 10.0, ())], ("cudnn", "flash"))
+           for n, k in ((256, 1), (1024, 2))]
+    for requests in (1, 10, 10_000):
+        s = serving_estimate(pts, Lengths.of({256: 3, 1024: 1}), requests, 4)
+        assert s.changes == () and s.tied == ("cudnn", "flash") and s.same == ("flash",)
+        assert s.pick in ("cudnn", "flash") and "as cheap" in " ".join(s.text())
+
+
+def test_a_plan_cache_is_charged_to_every_candidate_of_its_kernel_family():
+    # auto (which ran cuDNN's kernel) was measured first and paid 50 ms per new shape for the plans; cudnn,
+    # measured after it on the same shapes, found them cached. Deployed alone, cudnn pays as auto did.
+    pts = [_point(n, [("auto", 100.0, 60.0, 10.0, CUDNN_OP), ("cudnn", 100.0, 10.5, 10.0, CUDNN_OP),
+                      ("flash", 100.0, 10.0, 10.0, ())], ("auto", "cudnn", "flash"))
+           for n in (256, 1024)]
+    s = serving_estimate(pts, Lengths.of({256: 1, 1024: 1}), 10, 4)
+    assert s.first_met_ms["cudnn"] == s.first_met_ms["auto"] == 50.0 and s.first_met_ms["flash"] == 0.0
+    assert s.pick == "flash" and s.changes == ()  # tied steady: the shapes met first decide, at any run length

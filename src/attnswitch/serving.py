@@ -6,13 +6,19 @@ earlier one cached) times how many shapes a run of that many requests meets firs
 (``Lengths.first_met``). Pure over a generate sweep's points.
 
 From the medians: the estimate says which backend a run is cheapest with and at how many requests that
-changes; the margins of each length's own ranking say how sure the steady part is.
+changes; the margins of each length's own ranking say how sure the steady part is. Backends tied at every
+measured length are held to one steady cost (their medians' differences are within their own noise), so
+that only what they pay for shapes met first can set them apart. A plan cache is the kernel's, not the
+candidate's: candidates that ran one kernel family share it, and whichever of them met a shape first paid
+for all; each is charged the most any of them paid.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .backends import kernel_family
+from .compiling import split
 from .lengths import Lengths
 from .results import candidates
 
@@ -37,10 +43,18 @@ class Serving:
     pick: str
     changes: tuple[tuple[int, str, str], ...] = ()
     outside: tuple[int, ...] = ()  # lengths of the distribution outside the measured ones
+    tied: tuple[str, ...] = ()  # tied at every measured length: one steady cost
+    same: tuple[str, ...] = ()  # as cheap as the pick for this run: tied, and paying no more for shapes met first
 
     def text(self) -> list[str]:
         lines = [f"For {self.requests} requests of this length mix: `{self.pick}`, "
                  f"{self.per_request_ms[self.pick]:.3f} ms per request ({self.first_met:.0f} shapes met first)."]
+        if self.same:
+            lines.append(f"{_names(self.same)} as cheap: tied at every measured length, and paying no more for "
+                         "shapes met first.")
+        elif self.pick in self.tied and len(self.tied) > 1:
+            lines.append(f"Tied with {_names(n for n in self.tied if n != self.pick)} at every measured length: "
+                         "what each pays for shapes met first decides.")
         if self.first_met_ms.get(self.pick, 0) > 0:
             lines.append(f"`{self.pick}` pays {self.first_met_ms[self.pick]:.3f} ms for each shape met first.")
         for n, a, b in self.changes:
@@ -52,6 +66,10 @@ class Serving:
                          + (" and more" if len(self.outside) > 5 else "")
                          + " lie outside the measured ones: their times are the nearest measured length's.")
         return lines
+
+
+def _names(names) -> str:
+    return ", ".join(f"`{n}`" for n in names)
 
 
 def _at(points: list[tuple[int, float]], n: int) -> float:
@@ -80,24 +98,63 @@ def _first_met_cost(b) -> float:
     return extra if extra > g.seen_shape_step_ms * max(b.noise_pct or 0.0, 10.0) / 100 else 0.0
 
 
+#: backends that force one SDPA family (compiled or not: a plan cache serves both)
+_FORCED = ("math", "efficient", "flash", "cudnn")
+
+
+def _family(b) -> str | None:
+    """The SDPA kernel family a candidate ran: its own where it forces one, what its ops say otherwise (None
+    for a policy per phase, or where nothing says)."""
+    base = split(b.backend)[0]
+    if base in _FORCED:
+        return base
+    return None if "=" in base else kernel_family(b.attn_ops + b.attn_kernel_names)
+
+
+def _first_met_costs(point) -> dict[str, float]:
+    """At one length, what each candidate paid for a shape met first, each charged the most that any
+    candidate of its kernel family paid (the plan cache they share was filled by the first of them)."""
+    own = {b.backend: _first_met_cost(b) for b in point.backends}
+    fam = {b.backend: _family(b) for b in point.backends}
+    most: dict[str, float] = {}
+    for name, f in fam.items():
+        if f is not None:
+            most[f] = max(most.get(f, 0.0), own[name])
+    return {n: max(c, most.get(fam[n], 0.0)) if fam[n] is not None else c for n, c in own.items()}
+
+
 def _costs(points, lengths: Lengths, new_tokens: int):
     names = [n for n in candidates(points[0].ranking) if all(n in p.ranking for p in points)]
+    paid = [_first_met_costs(p) for p in points]
     steady, first = {}, {}
     for name in names:
         per = sorted((p.seq, _per_prompt(next(b for b in p.backends if b.backend == name))) for p in points)
         if any(t is None for _, t in per):
             continue
         steady[name] = sum(w * _at(per, n) for n, w in lengths.weights)
-        extra = [_first_met_cost(b) for p in points for b in p.backends if b.backend == name]
         # where a shape is new to the process: a later length may meet shapes an earlier one's runs cached
-        first[name] = max(extra) if extra else 0.0
+        first[name] = max(c[name] for c in paid if name in c)
     return steady, first
+
+
+def _tied(points, steady: dict) -> tuple[str, ...]:
+    """The candidates tied for the pick at every measured length (each length's own ties)."""
+    common = [n for n in candidates(points[0].ranking) if n in steady and all(n in p.ties for p in points)]
+    return tuple(common) if len(common) > 1 else ()
 
 
 def _cheapest(steady, first, lengths: Lengths, new_tokens: int, requests: int) -> tuple[str, dict]:
     met = lengths.first_met(requests, new_tokens)
     cost = {n: steady[n] + first[n] * met / requests for n in steady}
     return min(cost, key=cost.get), cost
+
+
+def _held(steady: dict, tied: tuple[str, ...]) -> dict:
+    """The steady costs the pick is made on: the tied candidates' at their common (lowest) median."""
+    if not tied:
+        return steady
+    low = min(steady[n] for n in tied)
+    return {n: (low if n in tied else ms) for n, ms in steady.items()}
 
 
 def serving_estimate(points, lengths: Lengths, requests: int, new_tokens: int) -> Serving | None:
@@ -111,18 +168,23 @@ def serving_estimate(points, lengths: Lengths, requests: int, new_tokens: int) -
     steady, first = _costs(points, lengths, new_tokens)
     if not steady:
         return None
-    pick, cost = _cheapest(steady, first, lengths, new_tokens, requests)
-    changes, prev_n, prev = [], 1, _cheapest(steady, first, lengths, new_tokens, 1)[0]
+    tied = _tied(points, steady)
+    held = _held(steady, tied)
+    pick, cost = _cheapest(held, first, lengths, new_tokens, requests)
+    changes, prev_n, prev = [], 1, _cheapest(held, first, lengths, new_tokens, 1)[0]
     for n in REQUEST_GRID[1:]:
-        now = _cheapest(steady, first, lengths, new_tokens, n)[0]
+        now = _cheapest(held, first, lengths, new_tokens, n)[0]
         if now != prev:
             lo, hi = prev_n, n  # the smallest run length with the new pick, by bisection
             while hi - lo > 1:
                 mid = (lo + hi) // 2
-                lo, hi = (lo, mid) if _cheapest(steady, first, lengths, new_tokens, mid)[0] == now else (mid, hi)
+                lo, hi = (lo, mid) if _cheapest(held, first, lengths, new_tokens, mid)[0] == now else (mid, hi)
             changes.append((hi, prev, now))
         prev_n, prev = n, now
     measured = (points[0].seq, points[-1].seq)
     outside = tuple(n for n in lengths.lengths if not measured[0] <= n <= measured[1])
-    return Serving(requests, new_tokens, cost, steady, first, lengths.first_met(requests, new_tokens), pick,
-                   tuple(changes), outside)
+    same = tuple(n for n in tied if n != pick and first[n] <= first[pick])
+    # what a request costs each: its own steady median, and its share of the shapes met first
+    per_request = {n: steady[n] + cost[n] - held[n] for n in steady}
+    return Serving(requests, new_tokens, per_request, steady, first, lengths.first_met(requests, new_tokens), pick,
+                   tuple(changes), outside, tied, same if pick in tied else ())
