@@ -578,3 +578,17 @@ def test_num_layers_where_layer_types_is_computed_and_where_there_are_two_stacks
     assert _set_layers(jamba, 2) == ", first 2 of 4 layers" and len(jamba.layer_types) == 2  # a property: it follows
     bart = BartConfig(encoder_layers=4, decoder_layers=3)
     assert _set_layers(bart, 1) == ", first 1 of 3 layers" and (bart.encoder_layers, bart.decoder_layers) == (1, 1)
+
+
+def test_a_candidate_running_another_ones_kernel_is_measured_after_it_and_says_its_caches_were_warm():
+    # a plan cache is the kernel's: were auto measured first, it would pay flash's cold costs and flash would
+    # look as if it had none. Forced backends first; auto after, with a note; reported in the order asked for.
+    m = tiny("llama")
+    w = make_workload(m, batch=2, seq=12, mode="generate", new_tokens=NEW, prompt_lens=(10, 12))
+    steps = []
+    r = compare(m, w, backends=["auto", "flash", "math"], progress=steps.append, time_budget_s=0,
+                check_numerics=False)
+    assert steps[:3] == ["flash", "math", "auto"]
+    assert [b.backend for b in r.backends] == ["auto", "flash", "math"]
+    assert any("`flash`, measured before it, runs them too" in n for n in r["auto"].notes)
+    assert not any("were warm" in n for n in r["flash"].notes + r["math"].notes)
