@@ -592,3 +592,20 @@ def test_a_candidate_running_another_ones_kernel_is_measured_after_it_and_says_i
     assert [b.backend for b in r.backends] == ["auto", "flash", "math"]
     assert any("`flash`, measured before it, runs them too" in n for n in r["auto"].notes)
     assert not any("were warm" in n for n in r["flash"].notes + r["math"].notes)
+
+
+def test_auto_is_told_its_kernels_new_length_cost_as_the_forced_backend_measured_before_it_paid():
+    # auto met flash's caches warm (flash measured first): its own new-length steps cost nothing more; a
+    # deployment of auto alone pays what flash paid, and the recommendation says that cost
+    from attnswitch.recommend import _generate_lines
+    from attnswitch.results import BackendResult, GenerateStats
+    auto = BackendResult("auto", "ok", time_ms=100.0, noise_pct=1.0,
+                         attn_ops=("aten::_scaled_dot_product_flash_attention_for_cpu",),
+                         generate=GenerateStats(new_shape_step_ms=10.0, seen_shape_step_ms=10.0))
+    flash = BackendResult("flash", "ok", time_ms=101.0, noise_pct=1.0,
+                          generate=GenerateStats(new_shape_step_ms=50.0, seen_shape_step_ms=10.0))
+    math_ = BackendResult("math", "ok", time_ms=150.0, noise_pct=1.0,
+                          generate=GenerateStats(new_shape_step_ms=15.0, seen_shape_step_ms=15.0))
+    text = " ".join(_generate_lines(auto, [flash, math_], {"prompt_lens": [10, 12], "new_tokens": 4}))
+    assert "each new key length costs it 40.000 ms more per step (as `flash`" in text
+    assert "`math` (15.000 ms per new-length step) wins for workloads with many new lengths" in text
