@@ -33,7 +33,8 @@ def sweep_case(out: Path, key: str, lens: list[int], new: int) -> dict:
     t0 = time.perf_counter()
     report = compare_sweep(model, [(4, n) for n in lens], mode="generate", new_tokens=new, backends=BACKENDS,
                            lengths=mix, requests=10, check_numerics=False, time_budget_s=0,
-                           profile_steps=1,  # one short profiled pass: the kernel `auto` ran, whose plan cache it shares
+                           # one short profiled pass: the kernel `auto` ran, whose plan cache it shares
+                           profile_steps=1,
                            model_name=PRESETS[key])
     wall = time.perf_counter() - t0
     report.to_json(out / f"generate_sweep_{key}.json")

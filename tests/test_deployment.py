@@ -195,3 +195,21 @@ def test_a_plan_cache_is_charged_to_every_candidate_of_its_kernel_family():
     s = serving_estimate(pts, Lengths.of({256: 1, 1024: 1}), 10, 4)
     assert s.first_met_ms["cudnn"] == s.first_met_ms["auto"] == 50.0 and s.first_met_ms["flash"] == 0.0
     assert s.pick == "flash" and s.changes == ()  # tied steady: the shapes met first decide, at any run length
+
+
+def test_a_compiled_twins_recompiles_are_not_charged_to_the_uncompiled_backend():
+    # flash+compile pays a recompile per new shape (its graph's); eager flash shares no such cache with it
+    pts = [_point(n, [("flash+compile", 90.0, 900.0, 10.0, ()), ("flash", 100.0, 10.0, 10.0, ()),
+                      ("math", 101.0, 10.0, 10.0, ())], ("flash+compile", "flash", "math"))
+           for n in (256, 1024)]
+    s = serving_estimate(pts, Lengths.of({256: 1, 1024: 1}), 10, 4)
+    assert s.first_met_ms["flash"] == 0.0 and s.first_met_ms["flash+compile"] == 890.0
+
+
+def test_a_policy_per_phase_is_charged_its_phases_plan_caches():
+    # measured after cudnn and flash, the policy met their caches warm; deployed, it pays cudnn's plans
+    pts = [_point(n, [("cudnn", 100.0, 60.0, 10.0, ()), ("flash", 100.0, 10.0, 10.0, ()),
+                      ("prefill=cudnn/decode=flash", 100.0, 10.0, 10.0, ())],
+                  ("cudnn", "flash", "prefill=cudnn/decode=flash")) for n in (256, 1024)]
+    s = serving_estimate(pts, Lengths.of({256: 1, 1024: 1}), 10, 4)
+    assert s.first_met_ms["prefill=cudnn/decode=flash"] == 50.0 and s.pick == "flash"

@@ -91,3 +91,12 @@ def test_a_generates_prompt_units_take_its_decode_steps_at_their_median():
     assert figures["ttft"] == pytest.approx([20.0, 20.0])
     assert sorted(figures["interval"])[-1] == pytest.approx(60.0) and len(figures["interval"]) == 8
     assert figures["host"] == pytest.approx([0.5] * 10) and figures["gpu"] == []
+
+
+def test_an_encoder_decoders_prompt_unit_counts_its_encoder():
+    # t5's generate runs its encoder before the first clocked (decoder) forward: a prompt timed alone starts
+    # at its generate's start, not at its first forward
+    fwd = _gen(1.0, [0.010] * 4)
+    (late,), _ = prompt_units(fwd, end_s=1.2)
+    (whole,), _ = prompt_units(fwd, end_s=1.2, start_s=0.9)
+    assert whole - late == pytest.approx(100.0)

@@ -9,6 +9,7 @@ import multiprocessing
 import socket
 import time
 
+import pytest
 import torch
 
 from attnswitch.profiling import capture
@@ -233,6 +234,36 @@ def test_a_backend_left_out_against_one_fastest_comes_back_when_another_becomes_
     assert all(len(tm.units) == done.rounds for tm in done.timings.values())  # round r is every backend's
 
 
+def _generate_rounds(monkeypatch, backends: dict, prompts: int, **kw):
+    """``timed_rounds`` of a generate with ``prompts`` prompts whose turns only record (name, prompt) and
+    take each backend's time times the prompt's number."""
+    turns = []
+
+    def turn(target, name, p, n, timed, timing):
+        turns.append((name, p))
+        row = [0.0] * n
+        row[p] = backends[name] * (1 + p)
+        timing.units.append(row)
+        target.now += row[p] / 1e3
+
+    monkeypatch.setattr(capture, "_prompt_turn", turn)
+    t = _FakeTarget(dict.fromkeys(backends, 1.0))
+    t.mode, t.prompts = "generate", prompts
+    return timed_rounds(t, list(backends), clock=t.clock, **kw), turns
+
+
+@pytest.mark.parametrize("n_backends,prompts", [(2, 2), (3, 3), (2, 4), (6, 5), (3, 2)])
+def test_every_prompt_is_led_by_every_backend_in_turn(monkeypatch, n_backends, prompts):
+    # going first may cost (caches, clocks): were a prompt always led by one backend, its time would carry that
+    # cost into the ranked sum over prompts
+    names = "abcdefgh"[:n_backends]
+    done, turns = _generate_rounds(monkeypatch, dict.fromkeys(names, 10.0), prompts, iters=n_backends,
+                                   budget_s=0)
+    per_round = [turns[i:i + n_backends] for i in range(0, len(turns), n_backends)]
+    leaders = {p: [r[0][0] for r in per_round if r[0][1] == p] for p in range(prompts)}
+    assert all(set(ls) == set(names) for ls in leaders.values()), leaders
+
+
 def test_a_generates_round_is_one_prompt_every_backend_in_an_order_that_rotates(monkeypatch):
     # paired units a prompt apart, not a whole workload apart; no backend always first after the same other
     turns = []
@@ -251,5 +282,19 @@ def test_a_generates_round_is_one_prompt_every_backend_in_an_order_that_rotates(
     assert done.rounds == 6  # one pass over 2 prompts is too few pairs for any interval: MIN_PAIRS rounds
     rounds = [turns[i:i + 3] for i in range(0, 18, 3)]
     assert [{p for _, p in r} for r in rounds] == [{0}, {1}] * 3  # a round is one prompt
-    assert [r[0][0] for r in rounds] == ["a", "b", "c", "a", "b", "c"]  # the first turn rotates
+    assert [r[0][0] for r in rounds] == ["a", "b", "b", "c", "c", "a"]  # each prompt led by each in turn
     assert done.timings["c"].time_ms() == 30.0 + 60.0  # each prompt's median, summed
+
+
+def test_a_generates_rounds_asked_for_are_run_and_reported(monkeypatch):
+    done, _ = _generate_rounds(monkeypatch, {"a": 10.0, "b": 30.0}, 2, iters=1, rounds=20, budget_s=0)
+    assert done.rounds == 20
+
+
+def test_a_generates_noise_is_the_spread_of_prompts_measured_more_than_once():
+    # a prompt measured once has no spread: counted, it would make a noisy backend look steady
+    from attnswitch.profiling.rounds import Timing
+    once = Timing(per_prompt=True, units=[[10.0, 0, 0], [0, 20.0, 0], [0, 0, 30.0]])
+    assert once.spread() == []
+    twice = Timing(per_prompt=True, units=[[10.0, 0], [0, 20.0], [14.0, 0], [0, 20.0]])
+    assert sorted(twice.spread()) == pytest.approx([10 / 12, 1.0, 1.0, 14 / 12])

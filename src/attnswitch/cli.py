@@ -387,7 +387,7 @@ def _check(s: Session) -> int:
 
 
 def _steps(args, work) -> dict:
-    generate = not isinstance(work, list) and work.mode == "generate"
+    generate = getattr(args, "mode", None) == "generate"  # a sweep's work is a list of shapes
     return {"warmup": args.warmup,
             "iters": args.iters if args.iters is not None else (None if generate else args.default_iters),
             "rounds": args.rounds, "time_budget_s": args.time_budget}

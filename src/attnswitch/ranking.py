@@ -71,7 +71,7 @@ def _margins(good: list[BackendResult], ref: BackendResult) -> dict[str, Margin]
     for b in good:
         m = paired_margin(b.time_rounds_ms, ref.time_rounds_ms, ref.backend) if b is not ref else None
         if b is ref and ref.time_rounds_ms:
-            n = sum(len(u) for u in ref.time_rounds_ms)
+            n = sum(x > 0 for u in ref.time_rounds_ms for x in u)  # a generate's rounds hold 0 where not timed
             m = Margin(ref.backend, 1.0, 1.0, 1.0, 1.0, n)
         if m is not None:
             out[b.backend] = m

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .backends import kernel_family
+from .backends import FORCED, kernel_family, phase_backends
 from .compiling import split
 from .lengths import Lengths
 from .results import candidates
@@ -98,29 +98,33 @@ def _first_met_cost(b) -> float:
     return extra if extra > g.seen_shape_step_ms * max(b.noise_pct or 0.0, 10.0) / 100 else 0.0
 
 
-#: backends that force one SDPA family (compiled or not: a plan cache serves both)
-_FORCED = ("math", "efficient", "flash", "cudnn")
-
-
 def _family(b) -> str | None:
-    """The SDPA kernel family a candidate ran: its own where it forces one, what its ops say otherwise (None
-    for a policy per phase, or where nothing says)."""
-    base = split(b.backend)[0]
-    if base in _FORCED:
-        return base
-    return None if "=" in base else kernel_family(b.attn_ops + b.attn_kernel_names)
+    """The SDPA kernel family whose plan cache an uncompiled, single-backend candidate used: its own where it
+    forces one, what its ops say otherwise; None where nothing says."""
+    return b.backend if b.backend in FORCED else kernel_family(b.attn_ops + b.attn_kernel_names)
 
 
 def _first_met_costs(point) -> dict[str, float]:
-    """At one length, what each candidate paid for a shape met first, each charged the most that any
-    candidate of its kernel family paid (the plan cache they share was filled by the first of them)."""
+    """At one length, what each candidate paid for a shape met first, charged at least the most that any
+    candidate of a kernel family it runs paid (the plan cache they share was filled by the first of them): a
+    policy per phase runs its phases' families. A compiled candidate is charged its own (its recompiles are
+    its graph's, not a shared cache's)."""
     own = {b.backend: _first_met_cost(b) for b in point.backends}
-    fam = {b.backend: _family(b) for b in point.backends}
+    single = {b.backend: b for b in point.backends if split(b.backend)[1] is None and "=" not in b.backend}
+    fam = {n: _family(b) for n, b in single.items()}
     most: dict[str, float] = {}
     for name, f in fam.items():
         if f is not None:
             most[f] = max(most.get(f, 0.0), own[name])
-    return {n: max(c, most.get(fam[n], 0.0)) if fam[n] is not None else c for n, c in own.items()}
+    out = {}
+    for b in point.backends:
+        name = b.backend
+        if split(name)[1] is not None:
+            out[name] = own[name]
+            continue
+        fams = {fam.get(p) or (p if p in FORCED else None) for p in phase_backends(name)}
+        out[name] = max([own[name], *(most.get(f, 0.0) for f in fams if f is not None)])
+    return out
 
 
 def _costs(points, lengths: Lengths, new_tokens: int):

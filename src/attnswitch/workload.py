@@ -190,6 +190,11 @@ class Workload:
 
     def prompt(self, i: int, new_tokens: int | None = None) -> Workload:
         """A generate workload of its prompt ``i`` alone, at most ``new_tokens`` tokens (default: all)."""
+        if self.mode != "generate":
+            raise ValueError(f"prompt({i}) is a generate workload's; this one is {self.mode}")
+        if not -len(self.prompts) <= i < len(self.prompts):
+            raise IndexError(f"prompt {i} of a generate workload of {len(self.prompts)} prompts")
+        i %= len(self.prompts)
         g = self.generation
         n = g.new_tokens if new_tokens is None else min(g.new_tokens, new_tokens)
         return dataclasses.replace(self, generation=Generation(g.prompt_lens[i:i + 1], n, g.cache),

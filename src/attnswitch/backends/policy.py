@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from .. import options
 from .registry import default_backends, resolve_name
 
-__all__ = ["Policy", "Selection", "resolve_selection", "choose", "parse_backends"]
+__all__ = ["Policy", "Selection", "resolve_selection", "choose", "parse_backends", "phase_backends"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,15 @@ def resolve_selection(x) -> Selection:
         prefill, decode, limit = options.policy_fields(x)
         return Policy(resolve_name(prefill), resolve_name(decode), limit)
     return resolve_name(x)
+
+
+def phase_backends(name: str) -> tuple[str, ...]:
+    """The backends a candidate's name runs: a policy's (``prefill=A/decode=B``: A and B), else the name. Read
+    off the text alone (a report read back may name kernels not registered in this process)."""
+    if "=" not in name:
+        return (name,)
+    fields = dict(part.split("=", 1) for part in name.split("/") if "=" in part)
+    return tuple(fields[k] for k in ("prefill", "decode") if k in fields)
 
 
 def choose(sel: Selection, q_len: int) -> str:

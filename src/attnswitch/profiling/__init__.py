@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..backends import kernel_family, not_offered, package_of, parse_backends
+from ..backends import kernel_family, not_offered, package_of, parse_backends, phase_backends
 from ..compiling import label, parse_compile, split
 from ..dist import world
 from ..env import environment
@@ -27,6 +27,7 @@ from .capture import Target, frozen_heap, prepare_backend, timed_rounds
 from .compiled import merged_modes, paid_back
 from .distributed import agree_ok, distribution_of, merged_report_backends
 from .host import probe
+from .rounds import MIN_PAIRS
 from .summarize import with_timing
 from .trace import Trace
 from .workloads import policy_candidate
@@ -104,8 +105,7 @@ def _warmed(r, before: list):
     if not r.ok or not _borrows(r.backend):
         return r
     base = split(r.backend)[0]
-    ran = (set(base.replace("/", "=").split("=")[1::2]) if "=" in base
-           else {kernel_family(r.attn_ops + r.attn_kernel_names)})
+    ran = set(phase_backends(base)) if "=" in base else {kernel_family(r.attn_ops + r.attn_kernel_names)}
     by = [b.backend for b in before if b.ok and split(b.backend)[0] in ran]
     if not by:
         return r
@@ -119,7 +119,8 @@ def _counts(t: Target, warmup, iters, rounds, host_iters, profile_steps,
             time_budget_s) -> tuple[int, int, int, int]:
     """``(warmup, iters, rounds, host_iters)``: the defaults for the workload's mode where not given, checked.
     A generate's cold workload meets every length it times (its warm-up), and its rounds are its prompts:
-    every backend takes every prompt once before the rounds adapt."""
+    every backend takes every prompt ``iters`` times, in at least ``rounds`` and ``MIN_PAIRS`` rounds, before
+    the rounds adapt (``rounds`` is returned as that least number)."""
     generate = t.mode == "generate"
     warmup = warmup if warmup is not None else (0 if generate else 1)
     iters = iters if iters is not None else (1 if generate else 12)
@@ -129,6 +130,8 @@ def _counts(t: Target, warmup, iters, rounds, host_iters, profile_steps,
         raise ValueError(f"need warmup >= 0, iters >= 1, rounds >= 1, host_iters >= 1, profile_steps >= 0 and "
                          f"time_budget_s >= 0, got warmup={warmup}, iters={iters}, rounds={rounds}, "
                          f"host_iters={host_iters}, profile_steps={profile_steps}, time_budget_s={time_budget_s}")
+    if generate:
+        rounds = max(rounds, iters * t.prompts, MIN_PAIRS)
     return warmup, iters, rounds, host_iters
 
 

@@ -365,8 +365,9 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
     Every backend runs ``rounds`` rounds (``iters`` steps in all). A generate workload's round is one
     prompt, every backend generating it in turn (in an order that rotates from round to round), so that
     paired units are a few hundred milliseconds apart rather than whole workloads: every backend takes
-    every prompt ``iters`` times, and at least ``MIN_PAIRS`` rounds. Then, unless ``budget_s`` is 0, rounds
-    go on for the backends whose interval against the fastest still holds 1 (``stats.paired_margin``)
+    every prompt ``iters`` times, in at least ``rounds`` and ``MIN_PAIRS`` rounds, each prompt led by each
+    backend in turn pass after pass. Then, unless ``budget_s`` is 0, rounds go on for the backends whose
+    interval against the fastest still holds 1 (``stats.paired_margin``)
     until each is told apart, or is within ``stats.EQUIVALENT`` of it, or ``budget_s`` more seconds are
     spent (default: as long as the first rounds took, ``BUDGET_CAP_S`` at most; ``MAX_ROUNDS`` rounds at
     most); a backend decidedly slower than the fastest is timed no further. ``clock`` reads the budget's
@@ -376,7 +377,7 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
     generate = target.mode == "generate"
     if generate:
         prompts = max(1, target.prompts)
-        first = max(iters * prompts, MIN_PAIRS)
+        first = max(iters * prompts, rounds, MIN_PAIRS)
         per_round = [1] * first
     else:
         prompts, first = 1, max(1, min(rounds, iters))
@@ -386,8 +387,9 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
     active, t0, stopped, r, deadline = list(names), clock(), "fixed", 0, None
     with target.context():
         while active:
-            if generate:
-                turn = active[r % len(active):] + active[:r % len(active)]
+            if generate:  # every prompt led by each backend in turn, pass after pass
+                k = (r % prompts + r // prompts) % len(active)
+                turn = active[k:] + active[:k]
                 for name in turn:
                     _prompt_turn(target, name, r % prompts, prompts, timed, timings[name])
             else:
@@ -428,10 +430,12 @@ def _prompt_turn(target: Target, name: str, p: int, prompts: int, timed: Callabl
         target.rewarm(p)
         clock = ForwardClock(target.model, target.device.type == "cuda")
         with clock:
+            start = time.perf_counter()
             ms = timed(target, p)
             end = time.perf_counter()
         target.sync()
-    units, figures = prompt_units(clock.forwards, end)
+    # from the generate's start: an encoder-decoder's encoder runs before its first clocked forward
+    units, figures = prompt_units(clock.forwards, end, start)
     row = [0.0] * prompts
     row[p] = units[0] if units else ms
     timing.units.append(row)

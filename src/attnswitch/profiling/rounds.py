@@ -40,10 +40,10 @@ class Timing:
 
     def spread(self) -> list[float]:
         """What the noise is the spread of: the samples; for a generate, every unit over its prompt's median
-        (prompts of different lengths measured on one scale)."""
+        (prompts of different lengths measured on one scale), of the prompts measured more than once."""
         if not self.per_prompt:
             return list(self.samples)
-        return [x / m for v in prompt_values(self.units) if v and (m := median(v)) for x in v]
+        return [x / m for v in prompt_values(self.units) if len(v) > 1 and (m := median(v)) for x in v]
 
 
 def prompt_values(units: list[list[float]]) -> list[list[float]]:

@@ -45,9 +45,11 @@ def _intervals_ms(gen: list) -> list[float]:
     return [(b.host_start - a.host_start) * 1e3 for a, b in zip(gen[1:], gen[2:])]
 
 
-def prompt_units(forwards: list, end_s: float) -> tuple[list[float], dict[str, list[float]]]:
-    """The forwards of one generate workload (clocked, ``end_s`` its host end) as per-prompt units (ms):
-    each prompt's time from its prefill to the next prompt's (the last: to ``end_s``), its decode steps
+def prompt_units(forwards: list, end_s: float,
+                 start_s: float | None = None) -> tuple[list[float], dict[str, list[float]]]:
+    """The forwards of one generate workload (clocked, ``end_s`` its host end; ``start_s`` its start, where
+    the first prompt's time starts before its first forward: an encoder-decoder's encoder) as per-prompt
+    units (ms): each prompt's time from its prefill to the next prompt's (the last: to ``end_s``), its decode steps
     taken at their median, so that a step the machine delayed moves a median, not the unit; and the
     figures of its decode steps: time to first token, steps (wall time between decode forwards), host
     and GPU time per decode forward."""
@@ -57,7 +59,7 @@ def prompt_units(forwards: list, end_s: float) -> tuple[list[float], dict[str, l
     for i, gen in enumerate(gens):
         stop = gens[i + 1][0].host_start if i + 1 < len(gens) else end_s
         steps = _intervals_ms(gen)
-        span = (stop - gen[0].host_start) * 1e3
+        span = (stop - (start_s if i == 0 and start_s is not None else gen[0].host_start)) * 1e3
         units.append(span - sum(steps) + len(steps) * median(steps) if steps else span)
         if len(gen) > 1:
             figures["ttft"].append((gen[1].host_start - gen[0].host_start) * 1e3)
