@@ -213,3 +213,12 @@ def test_a_policy_per_phase_is_charged_its_phases_plan_caches():
                   ("cudnn", "flash", "prefill=cudnn/decode=flash")) for n in (256, 1024)]
     s = serving_estimate(pts, Lengths.of({256: 1, 1024: 1}), 10, 4)
     assert s.first_met_ms["prefill=cudnn/decode=flash"] == 50.0 and s.pick == "flash"
+
+
+def test_the_kernel_families_a_candidate_runs():
+    from attnswitch.backends import kernel_families
+    assert kernel_families("cudnn") == ("cudnn",) and kernel_families("flash+compile") == ("flash",)
+    assert kernel_families("auto", CUDNN_OP) == ("cudnn",) and kernel_families("auto") == ()
+    assert kernel_families("prefill=cudnn/decode=flash") == ("cudnn", "flash")
+    assert kernel_families("prefill=auto/decode=naive", CUDNN_OP) == ("cudnn",)
+    assert kernel_families("naive") == () and kernel_families("my-kernel", ("my_op",)) == ()

@@ -3,7 +3,7 @@ each. Pure functions over results and their ``ranking.Verdict``."""
 
 from __future__ import annotations
 
-from .backends import kernel_family
+from .backends import kernel_families, kernel_family
 from .compiling import split
 from .ranking import Verdict
 from .results import BackendResult, candidates
@@ -169,8 +169,8 @@ def _cold_peer(best: BackendResult, others: list[BackendResult]) -> BackendResul
     the kernel's in a fresh process; ``auto`` met those caches warm)."""
     if split(best.backend)[0] != "auto":
         return None
-    fam = kernel_family(best.attn_ops + best.attn_kernel_names)
-    return next((o for o in others if o.ok and fam is not None and split(o.backend)[0] == fam), None)
+    fams = kernel_families(best.backend, best.attn_ops + best.attn_kernel_names)
+    return next((o for o in others if o.ok and split(o.backend)[0] in fams), None)
 
 
 def _deciding_phase(g, o: BackendResult, workload: dict) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .backends import FORCED, kernel_family, phase_backends
+from .backends import kernel_families
 from .compiling import split
 from .lengths import Lengths
 from .results import candidates
@@ -98,33 +98,20 @@ def _first_met_cost(b) -> float:
     return extra if extra > g.seen_shape_step_ms * max(b.noise_pct or 0.0, 10.0) / 100 else 0.0
 
 
-def _family(b) -> str | None:
-    """The SDPA kernel family whose plan cache an uncompiled, single-backend candidate used: its own where it
-    forces one, what its ops say otherwise; None where nothing says."""
-    return b.backend if b.backend in FORCED else kernel_family(b.attn_ops + b.attn_kernel_names)
-
-
 def _first_met_costs(point) -> dict[str, float]:
     """At one length, what each candidate paid for a shape met first, charged at least the most that any
     candidate of a kernel family it runs paid (the plan cache they share was filled by the first of them): a
     policy per phase runs its phases' families. A compiled candidate is charged its own (its recompiles are
     its graph's, not a shared cache's)."""
     own = {b.backend: _first_met_cost(b) for b in point.backends}
-    single = {b.backend: b for b in point.backends if split(b.backend)[1] is None and "=" not in b.backend}
-    fam = {n: _family(b) for n, b in single.items()}
+    fams = {b.backend: kernel_families(b.backend, b.attn_ops + b.attn_kernel_names) for b in point.backends
+            if split(b.backend)[1] is None}
     most: dict[str, float] = {}
-    for name, f in fam.items():
-        if f is not None:
-            most[f] = max(most.get(f, 0.0), own[name])
-    out = {}
-    for b in point.backends:
-        name = b.backend
-        if split(name)[1] is not None:
-            out[name] = own[name]
-            continue
-        fams = {fam.get(p) or (p if p in FORCED else None) for p in phase_backends(name)}
-        out[name] = max([own[name], *(most.get(f, 0.0) for f in fams if f is not None)])
-    return out
+    for name, fs in fams.items():
+        if "=" not in name:  # what a policy met first, its phases' backends met before it
+            for f in fs:
+                most[f] = max(most.get(f, 0.0), own[name])
+    return {n: max([c, *(most.get(f, 0.0) for f in fams.get(n, ()))]) for n, c in own.items()}
 
 
 def _costs(points, lengths: Lengths, new_tokens: int):
@@ -147,10 +134,10 @@ def _tied(points, steady: dict) -> tuple[str, ...]:
     return tuple(common) if len(common) > 1 else ()
 
 
-def _cheapest(steady, first, lengths: Lengths, new_tokens: int, requests: int) -> tuple[str, dict]:
+def _cheapest(steady, first, lengths: Lengths, new_tokens: int, requests: int) -> str:
     met = lengths.first_met(requests, new_tokens)
     cost = {n: steady[n] + first[n] * met / requests for n in steady}
-    return min(cost, key=cost.get), cost
+    return min(cost, key=cost.get)
 
 
 def _held(steady: dict, tied: tuple[str, ...]) -> dict:
@@ -174,21 +161,22 @@ def serving_estimate(points, lengths: Lengths, requests: int, new_tokens: int) -
         return None
     tied = _tied(points, steady)
     held = _held(steady, tied)
-    pick, cost = _cheapest(held, first, lengths, new_tokens, requests)
-    changes, prev_n, prev = [], 1, _cheapest(held, first, lengths, new_tokens, 1)[0]
+    pick = _cheapest(held, first, lengths, new_tokens, requests)
+    changes, prev_n, prev = [], 1, _cheapest(held, first, lengths, new_tokens, 1)
     for n in REQUEST_GRID[1:]:
-        now = _cheapest(held, first, lengths, new_tokens, n)[0]
+        now = _cheapest(held, first, lengths, new_tokens, n)
         if now != prev:
             lo, hi = prev_n, n  # the smallest run length with the new pick, by bisection
             while hi - lo > 1:
                 mid = (lo + hi) // 2
-                lo, hi = (lo, mid) if _cheapest(held, first, lengths, new_tokens, mid)[0] == now else (mid, hi)
+                lo, hi = (lo, mid) if _cheapest(held, first, lengths, new_tokens, mid) == now else (mid, hi)
             changes.append((hi, prev, now))
         prev_n, prev = n, now
     measured = (points[0].seq, points[-1].seq)
     outside = tuple(n for n in lengths.lengths if not measured[0] <= n <= measured[1])
     same = tuple(n for n in tied if n != pick and first[n] <= first[pick])
+    met = lengths.first_met(requests, new_tokens)
     # what a request costs each: its own steady median, and its share of the shapes met first
-    per_request = {n: steady[n] + cost[n] - held[n] for n in steady}
-    return Serving(requests, new_tokens, per_request, steady, first, lengths.first_met(requests, new_tokens), pick,
+    per_request = {n: steady[n] + first[n] * met / requests for n in steady}
+    return Serving(requests, new_tokens, per_request, steady, first, met, pick,
                    tuple(changes), outside, tied, same if pick in tied else ())

@@ -8,7 +8,7 @@ from .call import Call, recording_notes, validate
 from .flex import flex_check, flex_sdpa
 from .hub import register_hub_kernel
 from .naive import naive_attention
-from .policy import Policy, choose, parse_backends, phase_backends, resolve_selection
+from .policy import Policy, choose, kernel_families, parse_backends, phase_backends, resolve_selection
 from .registry import (
     KERNEL_OPS,
     MODEL_LEVEL,
@@ -34,7 +34,8 @@ __all__ = ["BACKENDS", "KERNEL_OPS", "MODEL_LEVEL", "REFERENCE", "FORCED", "GPU_
            "auto_choice", "default_backends", "eligibility", "flex_check", "flex_sdpa", "get", "kernel_family",
            "naive_attention", "names", "not_offered", "package_of", "parse_backends", "recording_notes",
            "register_backend", "register_hub_kernel", "resolve_name", "run", "unregister_backend", "validate",
-           "Policy", "choose", "resolve_selection", "phase_backends"]
+           "Policy", "choose", "resolve_selection", "phase_backends",
+           "kernel_families"]
 
 
 def run(name: str, call: Call):

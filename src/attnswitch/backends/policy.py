@@ -3,13 +3,16 @@ transformers does not). Written ``{"prefill": "cudnn", "decode": "flash"}`` or `
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from .. import options
-from .registry import default_backends, resolve_name
+from ..compiling import split
+from .registry import default_backends, kernel_family, resolve_name
+from .sdpa import FORCED
 
-__all__ = ["Policy", "Selection", "resolve_selection", "choose", "parse_backends", "phase_backends"]
+__all__ = ["Policy", "Selection", "resolve_selection", "choose", "parse_backends", "phase_backends",
+           "kernel_families"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,16 @@ def phase_backends(name: str) -> tuple[str, ...]:
         return (name,)
     fields = dict(part.split("=", 1) for part in name.split("/") if "=" in part)
     return tuple(fields[k] for k in ("prefill", "decode") if k in fields)
+
+
+def kernel_families(name: str, ops: Iterable[str] = ()) -> tuple[str, ...]:
+    """The SDPA families whose kernels (and plan caches) a candidate runs: a forced backend's own, compiled or
+    not; a policy's phases' (a phase that forces none, as ``auto``, read off ``ops``); otherwise what ``ops``
+    (its op and kernel names) say, as for ``auto``. Empty where none is an SDPA family's (naive, a user's)."""
+    phases = phase_backends(split(name)[0])
+    forced = [p for p in phases if p in FORCED]
+    found = kernel_family(ops) if len(forced) < len(phases) else None
+    return tuple(dict.fromkeys([*forced, *([found] if found else [])]))
 
 
 def choose(sel: Selection, q_len: int) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..backends import kernel_family, not_offered, package_of, parse_backends, phase_backends
+from ..backends import kernel_families, not_offered, package_of, parse_backends
 from ..compiling import label, parse_compile, split
 from ..dist import world
 from ..env import environment
@@ -104,8 +104,7 @@ def _warmed(r, before: list):
     figures met that kernel's caches warm (a deployment of it alone pays what that one paid)."""
     if not r.ok or not _borrows(r.backend):
         return r
-    base = split(r.backend)[0]
-    ran = set(phase_backends(base)) if "=" in base else {kernel_family(r.attn_ops + r.attn_kernel_names)}
+    ran = kernel_families(r.backend, r.attn_ops + r.attn_kernel_names)
     by = [b.backend for b in before if b.ok and split(b.backend)[0] in ran]
     if not by:
         return r
