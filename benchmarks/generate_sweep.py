@@ -8,6 +8,7 @@ the measured lengths (a short-prompt-heavy mix, as chat traffic is) for 10 and 1
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from attnswitch import comparison
 from attnswitch.comparison import compare_sweep
 from attnswitch.env import environment
 from attnswitch.lengths import Lengths
@@ -27,15 +29,36 @@ BACKENDS = "auto,flash,cudnn,efficient"
 PRESETS = {"llama": "llama-3.2-1b", "qwen": "qwen2.5-0.5b"}
 
 
+@contextlib.contextmanager
+def _each_point_kept(out: Path, key: str, t0: float):
+    """Each length's whole report written as soon as it is measured: a call cut by its time limit keeps the
+    lengths it finished (the sweep's own report exists only at the end)."""
+    inner, n = comparison.compare, [0]
+
+    def kept(*a, **k):
+        report = inner(*a, **k)
+        n[0] += 1
+        report.to_json(out / f"generate_sweep_{key}_length{n[0]}.json")
+        print(f"{time.perf_counter() - t0:7.1f} s  length {n[0]} measured: {list(report.ranking)}", flush=True)
+        return report
+    comparison.compare = kept
+    try:
+        yield
+    finally:
+        comparison.compare = inner
+
+
 def sweep_case(out: Path, key: str, lens: list[int], new: int) -> dict:
     model, desc = load_model(PRESETS[key], dtype="bf16", device="cuda")
     mix = Lengths.of({n: w for n, w in zip(lens, (8, 3, 1, 1, 1)[:len(lens)])}, "short-heavy mix")
     t0 = time.perf_counter()
-    report = compare_sweep(model, [(4, n) for n in lens], mode="generate", new_tokens=new, backends=BACKENDS,
-                           lengths=mix, requests=10, check_numerics=False, time_budget_s=0,
-                           # one short profiled pass: the kernel `auto` ran, whose plan cache it shares
-                           profile_steps=1,
-                           model_name=PRESETS[key])
+    with _each_point_kept(out, key, t0):
+        report = compare_sweep(model, [(4, n) for n in lens], mode="generate", new_tokens=new, backends=BACKENDS,
+                               lengths=mix, requests=10, check_numerics=False, time_budget_s=0,
+                               # one short profiled pass: the kernel `auto` ran, whose plan cache it shares
+                               profile_steps=1, progress=lambda m: print(f"{time.perf_counter() - t0:7.1f} s  {m}",
+                                                                         flush=True),
+                               model_name=PRESETS[key])
     wall = time.perf_counter() - t0
     report.to_json(out / f"generate_sweep_{key}.json")
     report.to_markdown(out / f"generate_sweep_{key}.md")

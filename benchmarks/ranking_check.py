@@ -9,7 +9,9 @@ as fast as it should?
 - ``prefill``: the default preset's prefill compare (wall time and answer);
 - ``train``: a Qwen3-shaped 6-layer model, B2 S2048: ``compare(mode="train")`` against an independent
   training loop (forward with labels, backward, ``zero_grad(set_to_none=True)``; CUDA events per step,
-  medians of 3 rounds x 6 steps), with the forward and backward apart, per backend.
+  medians of 3 rounds x 6 steps), run before and after the compare (the host drifts), with the forward and
+  backward apart, and the step ``compare`` times (one untimed step after the switch, one timed) in the same
+  rounds, per backend.
 """
 
 from __future__ import annotations
@@ -91,37 +93,57 @@ def prefill_check(out: Path) -> dict:
 def independent_train(model, ids, names, rounds=3, steps=6) -> dict:
     """A user's training loop per backend, outside attnswitch's measurement: forward with labels, backward,
     ``zero_grad(set_to_none=True)``; CUDA events around each step and around its forward; the backends
-    in turn in each round; garbage collected before each backend's turn, not inside it."""
+    in turn in each round; garbage collected before each backend's turn, not inside it.
+
+    Each round also times, per backend, the step ``compare`` times: one untimed step right after the
+    switch, then one timed (``after_switch``). Both kinds share the rounds, so a host that changes speed
+    changes both alike: a gap between them is the method's, not the moment's."""
     model.train()
-    out: dict = {n: {"step": [], "forward": [], "backward": []} for n in names}
+    out: dict = {n: {"step": [], "forward": [], "backward": [], "after_switch": []} for n in names}
+
+    def step(name, timed=True):
+        a, b, c = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        a.record()
+        loss = model(input_ids=ids, labels=ids).loss
+        b.record()
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        c.record()
+        c.synchronize()
+        return a.elapsed_time(c), a.elapsed_time(b), b.elapsed_time(c)
+
     for name in names:  # warm
         with attnswitch.backend(name, model=model):
             for _ in range(2):
-                model(input_ids=ids, labels=ids).loss.backward()
-                model.zero_grad(set_to_none=True)
+                step(name)
     torch.cuda.synchronize()
     for _ in range(rounds):
-        for name in names:
-            gc.collect()
-            gc.disable()
-            try:
-                with attnswitch.backend(name, model=model):
-                    for _ in range(steps):
-                        a, b, c = (torch.cuda.Event(enable_timing=True) for _ in range(3))
-                        a.record()
-                        loss = model(input_ids=ids, labels=ids).loss
-                        b.record()
-                        loss.backward()
-                        model.zero_grad(set_to_none=True)
-                        c.record()
-                        c.synchronize()
-                        out[name]["step"].append(a.elapsed_time(c))
-                        out[name]["forward"].append(a.elapsed_time(b))
-                        out[name]["backward"].append(b.elapsed_time(c))
-            finally:
-                gc.enable()
+        for turn in ("loop", "after_switch"):
+            for name in names:
+                gc.collect()
+                gc.disable()
+                try:
+                    with attnswitch.backend(name, model=model):
+                        if turn == "after_switch":
+                            step(name)
+                            out[name]["after_switch"].append(step(name)[0])
+                            continue
+                        for _ in range(steps):
+                            s, f, b = step(name)
+                            out[name]["step"].append(s)
+                            out[name]["forward"].append(f)
+                            out[name]["backward"].append(b)
+                finally:
+                    gc.enable()
     model.eval()
     return {n: {k: median(v) for k, v in d.items()} for n, d in out.items()}
+
+
+def _probe_ms() -> float:
+    """A fixed host task (ms): how fast the host is right now."""
+    t = time.perf_counter()
+    sum(i * i for i in range(200_000))
+    return (time.perf_counter() - t) * 1e3
 
 
 def train_check(out: Path) -> dict:
@@ -132,26 +154,36 @@ def train_check(out: Path) -> dict:
                       num_key_value_heads=8, head_dim=128, vocab_size=32000, max_position_embeddings=4096)
     model = Qwen3ForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
     work = make_workload(model, batch=2, seq=2048, mode="train")
+    ids = work.kwargs["input_ids"]
+    probe = [_probe_ms()]
+    before = independent_train(model, ids, TRAIN_BACKENDS)  # the loop before and after: the host drifts
+    probe.append(_probe_ms())
     t0 = time.perf_counter()
     report = compare(model, work, backends=TRAIN_BACKENDS, model_name="qwen3 (6 layers)")
     answer = _answer(report, time.perf_counter() - t0)
     report.to_json(out / "train.json")
-    ids = work.kwargs["input_ids"]
-    loop = independent_train(model, ids, TRAIN_BACKENDS)
+    probe.append(_probe_ms())
+    after = independent_train(model, ids, TRAIN_BACKENDS)
+    probe.append(_probe_ms())
     rows = {}
     for n in TRAIN_BACKENDS:
         b = report[n]
         if not b.ok:
             continue
-        rows[n] = {"compare_step_ms": b.time_ms, "loop_step_ms": loop[n]["step"],
-                   "compare_over_loop": b.time_ms / loop[n]["step"],
-                   "compare_forward_ms": b.train.forward_ms, "loop_forward_ms": loop[n]["forward"],
-                   "compare_backward_ms": b.train.backward_ms, "loop_backward_ms": loop[n]["backward"]}
-        print(f"train {n}: compare {b.time_ms:.2f} ms, own loop {loop[n]['step']:.2f} ms "
-              f"({rows[n]['compare_over_loop']:.3f})", flush=True)
+        loop = {k: (before[n][k] + after[n][k]) / 2 for k in before[n]}
+        rows[n] = {"compare_step_ms": b.time_ms, "loop_step_ms": loop["step"],
+                   "loop_step_ms_before_after": [before[n]["step"], after[n]["step"]],
+                   "loop_after_switch_ms": loop["after_switch"],
+                   "compare_over_loop": b.time_ms / loop["step"],
+                   "after_switch_over_loop": loop["after_switch"] / loop["step"],
+                   "compare_forward_ms": b.train.forward_ms, "loop_forward_ms": loop["forward"],
+                   "compare_backward_ms": b.train.backward_ms, "loop_backward_ms": loop["backward"]}
+        print(f"train {n}: compare {b.time_ms:.2f} ms, own loop {loop['step']:.2f} ms "
+              f"(before {before[n]['step']:.2f}, after {after[n]['step']:.2f}; {rows[n]['compare_over_loop']:.3f}), "
+              f"one step after a switch {loop['after_switch']:.2f} ms", flush=True)
     del model
     torch.cuda.empty_cache()
-    return {"workload_kwargs": sorted(work.kwargs), **answer, "against_loop": rows,
+    return {"workload_kwargs": sorted(work.kwargs), **answer, "against_loop": rows, "host_probe_ms": probe,
             "within_5pct": all(abs(r["compare_over_loop"] - 1) <= 0.05 for r in rows.values())}
 
 
