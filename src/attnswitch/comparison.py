@@ -195,5 +195,9 @@ def sweep_choice(points: list[SweepPoint], serving: dict | None = None) -> str |
             counts[n] = counts.get(n, 0) + 1
     if not counts:
         return None
-    total = {n: sum(b.time_ms for p in points for b in p.backends if b.backend == n and b.time_ms) for n in counts}
-    return min(counts, key=lambda n: (-counts[n], total[n]))
+    # a candidate that failed or was refused at a measured length is deployed only where none ran at all;
+    # totals over the lengths where every one of them ran (fewer lengths would sum to less)
+    everywhere = {n for n in counts if all(n in p.ranking for p in points)}
+    common = [p for p in points if all(n in p.ranking for n in counts)] or points
+    total = {n: sum(b.time_ms for p in common for b in p.backends if b.backend == n and b.time_ms) for n in counts}
+    return min(counts, key=lambda n: (n not in everywhere, -counts[n], total[n]))

@@ -166,11 +166,13 @@ def _generate_lines(best: BackendResult, others: list[BackendResult], workload: 
 
 def _cold_peer(best: BackendResult, others: list[BackendResult]) -> BackendResult | None:
     """For ``auto``, the forced backend that ran its kernel and was measured before it (its cold figures are
-    the kernel's in a fresh process; ``auto`` met those caches warm)."""
-    if split(best.backend)[0] != "auto":
+    the kernel's in a fresh process; ``auto`` met those caches warm). Compiled candidates have none, and are
+    none: a compiled graph's new-length cost is its recompiles, its own (as the serving estimate charges)."""
+    base, mode = split(best.backend)
+    if base != "auto" or mode is not None:
         return None
     fams = kernel_families(best.backend, best.attn_ops + best.attn_kernel_names)
-    return next((o for o in others if o.ok and split(o.backend)[0] in fams), None)
+    return next((o for o in others if o.ok and split(o.backend)[1] is None and split(o.backend)[0] in fams), None)
 
 
 def _deciding_phase(g, o: BackendResult, workload: dict) -> str:

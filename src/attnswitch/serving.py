@@ -36,8 +36,8 @@ class Serving:
 
     requests: int
     new_tokens: int
-    per_request_ms: dict[str, float]
-    steady_ms: dict[str, float]
+    per_request_ms: dict[str, float]  # the pick's basis: tied candidates' steady part held to one
+    steady_ms: dict[str, float]  # each candidate's own steady median per request
     first_met_ms: dict[str, float]
     first_met: float
     pick: str
@@ -45,6 +45,7 @@ class Serving:
     outside: tuple[int, ...] = ()  # lengths of the distribution outside the measured ones
     tied: tuple[str, ...] = ()  # tied at every measured length: one steady cost
     same: tuple[str, ...] = ()  # as cheap as the pick for this run: tied, and paying no more for shapes met first
+    left_out: tuple[str, ...] = ()  # candidates not measured at every length (failed, refused, or added at some)
 
     def text(self) -> list[str]:
         lines = [f"For {self.requests} requests of this length mix: `{self.pick}`, "
@@ -55,12 +56,18 @@ class Serving:
         elif self.pick in self.tied and len(self.tied) > 1:
             lines.append(f"Tied with {_names(n for n in self.tied if n != self.pick)} at every measured length: "
                          "what each pays for shapes met first decides.")
+        if self.pick in self.tied and len(self.tied) > 1:
+            own = [self.steady_ms[n] for n in self.tied]
+            lines.append(f"Tied candidates are held to one steady cost, {min(own):.3f} ms per request (their own "
+                         f"medians {min(own):.3f}-{max(own):.3f} ms, not told apart at any measured length).")
         if self.first_met_ms.get(self.pick, 0) > 0:
             lines.append(f"`{self.pick}` pays {self.first_met_ms[self.pick]:.3f} ms for each shape met first.")
         for n, a, b in self.changes:
             lines.append(f"From about {n} requests `{b}` is cheaper than `{a}`.")
         if not self.changes:
             lines.append("The pick is the same for any number of requests.")
+        if self.left_out:
+            lines.append(f"Not in this estimate (not measured at every length): {_names(self.left_out)}.")
         if self.outside:
             lines.append(f"Lengths {', '.join(map(str, self.outside[:5]))}"
                          + (" and more" if len(self.outside) > 5 else "")
@@ -176,7 +183,10 @@ def serving_estimate(points, lengths: Lengths, requests: int, new_tokens: int) -
     outside = tuple(n for n in lengths.lengths if not measured[0] <= n <= measured[1])
     same = tuple(n for n in tied if n != pick and first[n] <= first[pick])
     met = lengths.first_met(requests, new_tokens)
-    # what a request costs each: its own steady median, and its share of the shapes met first
-    per_request = {n: steady[n] + first[n] * met / requests for n in steady}
+    # what a request costs each: the steady cost the pick was made on (tied candidates held to one), and
+    # its share of the shapes met first; ``steady_ms`` keeps each one's own median
+    per_request = {n: held[n] + first[n] * met / requests for n in steady}
+    seen = dict.fromkeys(n for p in points for n in candidates(tuple(b.backend for b in p.backends)))
     return Serving(requests, new_tokens, per_request, steady, first, met, pick,
-                   tuple(changes), outside, tied, same if pick in tied else ())
+                   tuple(changes), outside, tied, same if pick in tied else (),
+                   tuple(n for n in seen if n not in steady))

@@ -104,8 +104,17 @@ class Margin:
         return self.decided and self.low > 1.0
 
     def text(self) -> str:
-        """``1.09x [1.05–1.13]``."""
-        return f"{self.ratio:.2f}x [{self.low:.2f}–{self.high:.2f}]"
+        """``1.09x [1.05–1.13]``; a bound that excludes 1 gets the digits it needs to show it (``[1.003–1.20]``,
+        never ``[1.00–1.20]`` for a decided margin)."""
+        return f"{self.ratio:.2f}x [{_bound(self.low, self.decided and self.low > 1)}–" \
+               f"{_bound(self.high, self.decided and self.high < 1)}]"
+
+
+def _bound(x: float, excludes_one: bool) -> str:
+    digits = 2
+    while excludes_one and digits < 6 and f"{x:.{digits}f}" == f"{1:.{digits}f}":
+        digits += 1
+    return f"{x:.{digits}f}"
 
 
 def paired_margin(units: Sequence[Sequence[float]], ref: Sequence[Sequence[float]], against: str,

@@ -108,7 +108,7 @@ def _versus(report, b) -> str:
         return "pick"
     if m is None:
         return "-"
-    return ("≈ " if b.backend in report.ties else "") + f"{m.ratio:.2f} [{m.low:.2f}–{m.high:.2f}]"
+    return ("≈ " if b.backend in report.ties else "") + m.text().replace("x [", " [", 1)
 
 
 def _summary_row(report, b) -> tuple[str, ...]:
