@@ -160,6 +160,43 @@ def test_a_bad_policy_file_is_a_clear_exception(text, message, tmp_path):
         load_policy(tmp_path / "missing.json")
 
 
+@pytest.mark.parametrize("fields, message", [
+    ({"environment": "torch 2.0"}, "'environment' must be an object (or absent), not \"torch 2.0\""),
+    ({"environment": [1, 2]}, "'environment' must be an object (or absent), not [1, 2]"),
+    ({"environment": {"device": ["cuda"], "torch": "1.0"}},
+     "'environment'.'device' must be a version or a name (or null), not [\"cuda\"]"),
+    ({"environment": {"torch": {"version": "2.0"}}}, "'environment'.'torch' must be a version or a name"),
+    ({"workload": 5}, "'workload' must be an object (or absent), not 5"),
+    ({"selection": 7}, "'selection' must be a backend name or {\"prefill\": ..., \"decode\": ...}, not 7"),
+    ({"selection": None}, "'selection' must be a backend name or {\"prefill\": ..., \"decode\": ...}, not null"),
+    ({"selection": ["math"]}, "'selection' must be a backend name or {\"prefill\": ..., \"decode\": ...}, not "
+                              "[\"math\"]"),
+    ({"selection": ""}, "'selection': unknown attention backend ''"),
+    ({"selection": {"prefill": 7, "decode": "flash"}}, "'selection': backend name must be a str"),
+    ({"selection": {"prefill": "math", "decode": "flash", "decode_max_query": "x"}},
+     "'selection': decode_max_query must be a positive int, got 'x'"),
+    ({"selection": {"prefill": "math"}}, "'selection': a backend policy needs both 'prefill' and 'decode'"),
+    ({"schema": True}, "not a policy file of schema 1 ('schema' is true)"),
+    ({"schema": 1.0}, "not a policy file of schema 1 ('schema' is 1.0)"),
+    ({"schema": "1"}, "not a policy file of schema 1 ('schema' is \"1\")"),
+])
+def test_a_malformed_policy_field_is_one_line_naming_the_file_and_the_field(fields, message, tmp_path):
+    p = tmp_path / "policy.json"
+    p.write_text(json.dumps({"schema": 1, "selection": "math", **fields}))
+    with pytest.raises(ValueError) as e:
+        load_policy(p)
+    said = str(e.value)
+    assert type(e.value) in (ValueError,) and said.startswith(f"{p}: ") and message in said and "\n" not in said, said
+
+
+def test_a_policy_file_may_leave_out_its_environment_and_workload(tmp_path):
+    p = tmp_path / "policy.json"
+    p.write_text(json.dumps({"schema": 1, "selection": {"prefill": "math", "decode": "flash"}, "environment": None,
+                             "workload": None}))
+    policy = load_policy(p)
+    assert policy.selection == {"prefill": "math", "decode": "flash"} and policy.environment == {} == policy.workload
+
+
 def _point(seq, rows, ties):
     """A generate sweep's length: ``rows`` of (backend, steady ms per request, new-shape step ms, seen-shape
     step ms, ops), one prompt per request."""

@@ -265,6 +265,9 @@ def _setup(args):
         lengths = _lengths(args)
         prompts = list(lengths.representative()) if lengths else (args.prompt_len or [512 if gpu else 32])
         news = args.new_tokens or [128 if gpu else 8]
+        if lengths:  # every length of the mix within the model's positions, not only those measured: now
+            from .comparison import check_mix
+            check_mix(model, "generate", lengths, args.requests or 1000, max(news))
         if _sweep(args):
             shapes = Shapes(((b, n) for b in batches for n in prompts),
                             {"new_tokens": news, "cache": args.cache, "lengths": lengths,

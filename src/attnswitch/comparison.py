@@ -8,6 +8,7 @@ sweep compares at several shapes and recommends per range of lengths.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import torch.nn as nn
 
+from . import options
 from .compiling import split
 from .deploy import deploy_info
 from .lengths import Lengths
@@ -25,9 +27,9 @@ from .ranking import BUSY_PREFIX, rank, ranked, verdict
 from .recommend import recommend, recommend_sweep
 from .results import BackendResult, Numerics, Report, SweepPoint
 from .serving import serving_estimate
-from .workload import Workload, make_workload
+from .workload import Workload, make_workload, position_limit
 
-__all__ = ["compare", "compare_sweep", "sweep_choice", "rank", "verdict", "recommend"]
+__all__ = ["compare", "compare_sweep", "sweep_choice", "check_mix", "rank", "verdict", "recommend"]
 
 
 def _with_numerics(results: list[BackendResult], workload: Workload, reference: str) -> list[BackendResult]:
@@ -141,6 +143,7 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
     (``serving.serving_estimate``; ``report.serving``). Traces go to one folder per shape under
     ``trace_dir``."""
     shapes3 = _sweep_shapes(shapes, mode, new_tokens)
+    check_mix(model, mode, lengths, requests, max(n or 0 for *_, n in shapes3))
     # every shape's inputs made (and so checked) before any is measured
     works = [make_workload(model, batch=b, seq=s, mode=mode, padding=padding,
                            **({"new_tokens": n, "cache": cache} if mode == "generate" else {})) for b, s, n in shapes3]
@@ -171,6 +174,24 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
                                  settings={**last.settings, "time_s": spent},
                                  recommendation="\n".join([recommend_sweep(points), *lines, *cautions]))
     return dataclasses.replace(report, deploy=deploy_info(report, pick=sweep_choice(points, serving)))
+
+
+def check_mix(model: nn.Module, mode: str, lengths: Lengths | None, requests, new_tokens: int) -> None:
+    """A sweep's length mix and run of requests, checked before anything is measured: a mix for a generate
+    sweep only, and every length of it (not only those measured) within the model's positions."""
+    if isinstance(requests, bool) or not isinstance(requests, numbers.Integral) or requests < 1:
+        raise options.OptionError("{requests} must be a whole number of at least 1, got {got!r}", got=requests)
+    if lengths is None:
+        return
+    if not isinstance(lengths, Lengths):
+        raise TypeError(f"lengths must be a Lengths (lengths.Lengths.of or read_lengths), not {type(lengths).__name__}")
+    if mode != "generate":
+        raise ValueError(f"lengths is a generate sweep's mix of prompt lengths; a {mode} sweep has none")
+    try:
+        options.check_positions(position_limit(model), "generate", 0, new_tokens, lengths.lengths)
+    except options.OptionError as e:
+        raise options.OptionError(e.template + " (the longest prompt length of {where})", **e.values,
+                                  where=lengths.source or "the lengths given") from None
 
 
 def _serving(points: list[SweepPoint], lengths: Lengths | None, requests: int) -> tuple[dict | None, list[str]]:

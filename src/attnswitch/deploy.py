@@ -154,6 +154,12 @@ def _mismatches(measured: Mapping) -> list[str]:
             if measured.get(k) is not None and str(measured.get(k)) != str(here.get(k))]
 
 
+def _shown(value) -> str:
+    """A value of a policy file as JSON writes it, cut short where it is long (a line of an error message)."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def load_policy(path: str | Path) -> MeasuredPolicy:
     """The policy ``compare --out`` wrote, to apply in a serving process. Warns once per file where it was
     measured with other versions or on another GPU; raises ``ValueError`` (one line) for a file that is
@@ -168,10 +174,29 @@ def load_policy(path: str | Path) -> MeasuredPolicy:
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise ValueError(f"{path}: not a policy file (not JSON); `attnswitch compare --out DIR` writes "
                          "DIR/policy.json") from None
-    if not isinstance(doc, dict) or doc.get("schema") != POLICY_SCHEMA or "selection" not in doc:
+    if not isinstance(doc, dict) or "schema" not in doc or "selection" not in doc:
         raise ValueError(f"{path}: not a policy file of schema {POLICY_SCHEMA} (it needs 'schema' and 'selection')")
-    resolve_selection(doc["selection"])  # an unknown backend: the registry's own error
-    policy = MeasuredPolicy(doc["selection"], doc.get("environment") or {}, doc.get("workload") or {}, str(path))
+    schema = doc["schema"]
+    if type(schema) is not int or schema != POLICY_SCHEMA:  # (not true, nor 1.0)
+        raise ValueError(f"{path}: not a policy file of schema {POLICY_SCHEMA} ('schema' is {_shown(schema)})")
+    selection = doc["selection"]
+    if not isinstance(selection, (str, dict)):
+        raise ValueError(f"{path}: 'selection' must be a backend name or {{\"prefill\": ..., \"decode\": ...}}, "
+                         f"not {_shown(selection)}")
+    try:
+        resolve_selection(selection)  # an unknown backend: the registry's own error
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: 'selection': {e}") from None
+    for key in ("environment", "workload"):
+        if doc.get(key) is not None and not isinstance(doc[key], dict):
+            raise ValueError(f"{path}: '{key}' must be an object (or absent), not {_shown(doc[key])}")
+    environment = doc.get("environment") or {}
+    for key in (*_VERSIONS, "attnswitch", "device"):
+        value = environment.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int, float))):
+            raise ValueError(f"{path}: 'environment'.'{key}' must be a version or a name (or null), not "
+                             f"{_shown(value)}")
+    policy = MeasuredPolicy(selection, environment, doc.get("workload") or {}, str(path))
     key = str(p.resolve())
     differ = _mismatches(policy.environment)
     if differ and key not in _WARNED:

@@ -9,14 +9,47 @@ A file holds one length a line (``#`` comments and blank lines allowed), or JSON
 from __future__ import annotations
 
 import json
+import math
+import numbers
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
-__all__ = ["Lengths", "read_lengths", "MEASURED"]
+__all__ = ["Lengths", "read_lengths", "MEASURED", "MAX_LENGTH"]
 
 #: lengths measured for a distribution of more distinct lengths than this: its weighted quantiles
 MEASURED = 5
+#: the longest prompt length taken at all, as ``options.check_shape``'s bound: no model has more positions,
+#: and a longer one is a typo (a model's own table of positions is checked where the model is known)
+MAX_LENGTH = 1 << 24
+
+
+def _length(k) -> int | None:
+    """``k`` as a prompt length (an integer of any kind, numpy's too, or a float without a fraction), or
+    None for anything else (a bool, a fraction, a string)."""
+    if isinstance(k, bool):
+        return None
+    try:
+        return operator.index(k)
+    except TypeError:
+        pass
+    if isinstance(k, numbers.Real) and math.isfinite(k) and float(k).is_integer():
+        return int(k)
+    return None
+
+
+def _count(v) -> Fraction | None:
+    """``v`` as a count, exactly (so that no sum or ratio of counts overflows): a finite real of 0 or more
+    (numpy's too; not a bool), or None."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        return None
+    try:
+        c = Fraction(v) if isinstance(v, numbers.Rational) else Fraction(float(v))
+    except (OverflowError, ValueError, TypeError):  # inf, nan
+        return None
+    return c if c >= 0 else None
 
 
 @dataclass(frozen=True)
@@ -29,22 +62,34 @@ class Lengths:
 
     @classmethod
     def of(cls, counts: Mapping[int, float] | Sequence[int], source: str = "") -> Lengths:
-        """From ``{length: count}`` or a sequence of lengths (one per request)."""
+        """From ``{length: count}`` or a sequence of lengths (one per request). Lengths are integers (numpy's
+        too) from 1 to ``MAX_LENGTH``; counts finite numbers of 0 or more (a length of count 0 is left out);
+        anything else a ``ValueError`` of one line."""
+        where = f" in {source}" if source else ""
+        if isinstance(counts, (str, bytes)):
+            raise ValueError(f"prompt lengths are {{length: count}} or a sequence of lengths, not "
+                             f"{_shown(counts)}{where}")
         if not isinstance(counts, Mapping):
-            tally: dict[int, float] = {}
+            tally: dict = {}
             for n in counts:
                 tally[n] = tally.get(n, 0) + 1
             counts = tally
-        bad = [f"{k!r}: {v!r}" for k, v in counts.items()
-               if isinstance(k, bool) or not isinstance(k, int) or k < 1 or not isinstance(v, (int, float))
-               or isinstance(v, bool) or v < 0 or v != v]
-        if bad:
-            raise ValueError(f"prompt lengths must be positive integers with counts of 0 or more; got {bad[0]}"
-                             + (f" in {source}" if source else ""))
-        total = sum(counts.values())
+        merged: dict[int, Fraction] = {}
+        for k, v in counts.items():
+            n, c = _length(k), _count(v)
+            if n is None or n < 1 or c is None:
+                raise ValueError("prompt lengths must be positive integers with finite counts of 0 or more; got "
+                                 f"{_shown(k)}: {_shown(v)}{where}")
+            if n > MAX_LENGTH:
+                raise ValueError(f"prompt length {_shown(n)}{where} is beyond any model's positions (at most "
+                                 f"{MAX_LENGTH})")
+            merged[n] = merged.get(n, 0) + c
+        # each weight from the exact counts: counts near a float's limit (or beyond it) neither overflow their
+        # sum nor round to nothing
+        total = sum(merged.values())
         if not total:
-            raise ValueError("no prompt lengths" + (f" in {source}" if source else "") + ": at least one is needed")
-        return cls(tuple(sorted((int(k), v / total) for k, v in counts.items() if v)), source)
+            raise ValueError(f"no prompt lengths{where}: at least one is needed")
+        return cls(tuple(sorted((n, float(c / total)) for n, c in merged.items() if c)), source)
 
     @property
     def lengths(self) -> tuple[int, ...]:
@@ -92,32 +137,57 @@ def read_lengths(path: str | Path) -> Lengths:
         raise ValueError(f"{path}: cannot read it ({e.strerror or e})") from None
     except UnicodeDecodeError:
         raise ValueError(f"{path}: not a text file of prompt lengths") from None
+    text = text.removeprefix("\ufeff")  # (a byte-order mark some editors write)
     stripped = text.strip()
     if stripped[:1] in ("{", "["):
         try:
             data = json.loads(stripped)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+        except ValueError as e:  # (a JSONDecodeError; or a number of more digits than Python converts)
+            where = f"line {e.lineno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else str(e).split(";")[0]
+            raise ValueError(f"{path}: not valid JSON ({where})") from None
         return Lengths.of(_histogram(data, path), str(path))
     counts: dict[int, float] = {}
     for i, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
-        if not line.isdigit() or int(line) < 1:
-            raise ValueError(f"{path}:{i}: expected one prompt length (a positive integer) a line, got {line!r}")
-        counts[int(line)] = counts.get(int(line), 0) + 1
+        n = _digits(line)
+        if n is None or n < 1:
+            raise ValueError(f"{path}:{i}: expected one prompt length (a positive integer) a line, got "
+                             f"{_shown(line)}")
+        if n > MAX_LENGTH:
+            raise ValueError(f"{path}:{i}: prompt length {_shown(n)} is beyond any model's positions (at most "
+                             f"{MAX_LENGTH})")
+        counts[n] = counts.get(n, 0) + 1
     return Lengths.of(counts, str(path))
 
 
+def _digits(text: str) -> int | None:
+    """The integer ``text`` writes in ASCII digits (``²`` and the other digits ``int`` refuses are not);
+    None for anything else, and for more digits than ``int`` converts."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 4000:
+        return None
+    return int(text)
+
+
+def _shown(x) -> str:
+    """``repr(x)``, cut short where it is long (a line of an error message)."""
+    text = repr(x)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _histogram(data, path) -> dict:
-    """``{"512": 120}`` or ``[[512, 120]]`` as ``{512: 120}``."""
+    """``{"512": 120}`` or ``[[512, 120]]`` as ``{512: 120}`` (a length given twice: its counts added)."""
     pairs = data.items() if isinstance(data, dict) else data
     out: dict = {}
     try:
         for k, v in pairs:
-            key = int(k) if isinstance(k, str) and k.strip().isdigit() else k
-            out[key] = out.get(key, 0) + v if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+            key = _digits(k.strip()) if isinstance(k, str) else None
+            key = k if key is None else key
+            if key in out:  # added exactly (no sum of finite counts overflows); a bad count kept, to be refused
+                before, now = _count(out[key]), _count(v)
+                v = out[key] if before is None else v if now is None else before + now
+            out[key] = v  # (lengths and counts checked in Lengths.of)
     except (TypeError, ValueError):
         raise ValueError(f"{path}: a JSON histogram is {{\"length\": count, ...}} or [[length, count], ...]") \
             from None

@@ -207,6 +207,12 @@ def check_shape(batch, seq, mode: str = "prefill", padding: bool = False) -> Non
     """A workload's batch and length, its mode, and padding where it applies."""
     if not all(_whole(n) and n >= 1 for n in (batch, seq)):
         raise OptionError("{batch} and {seq} must be positive whole numbers, got {b!r} and {s!r}", b=batch, s=seq)
+    most = 1 << 24  # (lengths.MAX_LENGTH): no model has more positions; a longer one is a typo, not a workload
+    if seq > most:  # a generate's seq is its prompt length
+        raise OptionError("{" + ("prompt_len" if mode == "generate" else "seq") + "} {s} is beyond any model's "
+                          "positions (at most {most} tokens)", s=seq, most=most)
+    if batch > most:
+        raise OptionError("{batch} {b} is beyond any batch that fits in memory (at most {most})", b=batch, most=most)
     check_choice("mode", mode, MODES)
     if padding and mode == "generate":
         raise OptionError("{padding} pads a prefill, decode or train batch; a generate's prompts are whole")
