@@ -80,3 +80,42 @@ def test_a_compiled_candidates_new_length_cost_is_never_borrowed_nor_lent():
                                              (0.99, 1.02, "1.33x [0.99–1.02]"), (0.5, 0.9996, "1.33x [0.50–0.9996]")])
 def test_a_decided_margin_never_prints_a_bound_of_one(low, high, want):
     assert Margin("best", 1.33, low, high, 0.96, 20).text() == want
+
+
+@pytest.mark.parametrize("cache, mode", [("dynamic", "default"), ("static", "reduce-overhead")])
+def test_a_compiled_picks_deploy_snippet_runs_switched_and_compiled_as_measured(cpu_report, tmp_path, cache, mode):
+    from conftest import tiny
+
+    import attnswitch
+    from attnswitch.compiling import label
+    from attnswitch.deploy import deploy_info, load_policy, write_policy
+
+    report = dataclasses.replace(cpu_report, workload={**cpu_report.workload, "mode": "generate", "cache": cache})
+    pick = label("flash", mode)
+    report = dataclasses.replace(report, deploy=deploy_info(report, pick=pick))
+    d = report.deploy
+    assert d["selection"] == "flash" and d["compile"] == mode
+    model = tiny("llama")
+    try:
+        exec(d["attnswitch"], {"model": model})  # the report's own text, as a user copies it
+        assert attnswitch.is_patched(model) == "flash"
+        if cache == "static":  # transformers compiles the static cache's decode steps with this config
+            assert model.generation_config.compile_config.mode == mode
+        else:
+            assert "forward" in vars(model) and hasattr(model.forward, "_torchdynamo_orig_callable")
+    finally:
+        attnswitch.unpatch(model)
+    policy = load_policy(write_policy(report, tmp_path / "policy.json"))
+    assert (policy.selection, policy.compile) == ("flash", mode)
+
+
+@pytest.mark.parametrize("mode", ["fast", 3, "none"])
+def test_a_policy_files_compile_mode_is_checked(tmp_path, mode):
+    import json
+
+    from attnswitch.deploy import load_policy
+
+    p = tmp_path / "policy.json"
+    p.write_text(json.dumps({"schema": 1, "selection": "flash", "compile": mode}))
+    with pytest.raises(ValueError, match=r"policy.json: 'compile' must be one of default, reduce-overhead"):
+        load_policy(p)

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .compiling import MODES, split
+
 __all__ = ["deploy_info", "policy_document", "write_policy", "load_policy", "MeasuredPolicy", "POLICY_SCHEMA"]
 
 POLICY_SCHEMA = 1
@@ -37,10 +39,21 @@ def _selection_of(pick: str):
     return out
 
 
-def _attnswitch_snippet(sel) -> str:
-    return (f"import attnswitch\n\nattnswitch.patch(model, {sel!r})  # every thread, until attnswitch.unpatch(model)\n"
-            "# or exactly what was measured, with a warning where the versions differ:\n"
-            "# attnswitch.load_policy(\"policy.json\").apply(model)")
+def _attnswitch_snippet(sel, mode: str | None = None, static: bool = False) -> str:
+    """Runs as it is with ``model`` in scope: the switch, then (a compiled pick) the compile as measured."""
+    imports, lines = ["import attnswitch"], [
+        f"attnswitch.patch(model, {sel!r})  # every thread, until attnswitch.unpatch(model)",
+        "# or exactly what was measured, with a warning where the versions differ:",
+        "# attnswitch.load_policy(\"policy.json\").apply(model)"]
+    if mode is not None and static:  # measured as transformers compiles a static cache's decode steps
+        imports.append("from transformers import CompileConfig")
+        lines += [f"model.generation_config.compile_config = CompileConfig(mode={mode!r})  # decode steps compiled, "
+                  "as measured", "# model.generate(**inputs, cache_implementation=\"static\")"]
+    elif mode is not None:
+        imports.append("import torch")
+        arg = "" if mode == "default" else f", mode={mode!r}"
+        lines.append(f"model.forward = torch.compile(model.forward{arg})  # compiled, as measured")
+    return "\n".join(imports) + "\n\n" + "\n".join(lines)
 
 
 def _plain_equivalent(sel) -> tuple[str | None, list[str]]:
@@ -90,11 +103,15 @@ def deploy_info(report, pick: str | None = None) -> dict | None:
     pick = pick or report.pick
     if pick is None:
         return None
-    sel = _selection_of(pick)
+    base, mode = split(pick)  # a compiled candidate: its backend, then torch.compile as it was measured
+    sel = _selection_of(base)
     plain, loses = _plain_equivalent(sel)
+    if mode is not None and plain is not None:
+        plain += f"\n# then compile as measured (torch.compile, mode {mode!r})"
     env = report.environment
-    return {"pick": pick, "selection": sel, "attnswitch": _attnswitch_snippet(sel), "plain": plain,
-            "plain_loses": loses, "env": dict(env.get("env_vars") or {}),
+    static = report.workload.get("mode") == "generate" and report.workload.get("cache") == "static"
+    return {"pick": pick, "selection": sel, "compile": mode, "attnswitch": _attnswitch_snippet(sel, mode, static),
+            "plain": plain, "plain_loses": loses, "env": dict(env.get("env_vars") or {}),
             "versions": {k: env.get(k) for k in (*_VERSIONS, "attnswitch") if env.get(k) is not None},
             "remeasure": _remeasure(report), "ties": list(report.ties)}
 
@@ -105,7 +122,8 @@ def policy_document(report) -> dict | None:
     info = report.deploy or deploy_info(report)
     if info is None:
         return None
-    return {"schema": POLICY_SCHEMA, "selection": info["selection"], "model": report.model,
+    return {"schema": POLICY_SCHEMA, "selection": info["selection"], "compile": info.get("compile"),
+            "model": report.model,
             "workload": {k: v for k, v in report.workload.items() if k != "description"},
             "environment": {k: report.environment.get(k) for k in (*_VERSIONS, "attnswitch", "device")},
             "env": info["env"], "ties": info["ties"], "recommendation": report.recommendation,
@@ -128,6 +146,7 @@ class MeasuredPolicy:
     environment: Mapping = field(default_factory=dict)
     workload: Mapping = field(default_factory=dict)
     source: str = ""
+    compile: str | None = None  # the torch.compile mode it was measured under (None: uncompiled)
 
     def apply(self, model):
         """``attnswitch.patch(model, selection)``: every thread, until ``attnswitch.unpatch(model)``."""
@@ -196,7 +215,10 @@ def load_policy(path: str | Path) -> MeasuredPolicy:
         if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int, float))):
             raise ValueError(f"{path}: 'environment'.'{key}' must be a version or a name (or null), not "
                              f"{_shown(value)}")
-    policy = MeasuredPolicy(selection, environment, doc.get("workload") or {}, str(path))
+    mode = doc.get("compile")
+    if mode is not None and (not isinstance(mode, str) or mode not in MODES[1:]):
+        raise ValueError(f"{path}: 'compile' must be one of {', '.join(MODES[1:])} (or null), not {_shown(mode)}")
+    policy = MeasuredPolicy(selection, environment, doc.get("workload") or {}, str(path), mode)
     key = str(p.resolve())
     differ = _mismatches(policy.environment)
     if differ and key not in _WARNED:
