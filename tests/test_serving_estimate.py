@@ -25,9 +25,9 @@ def _row(name, ms, new=10.0, seen=10.0, ops=(), status="ok", compile=None):
                          generate=GenerateStats(new_shape_step_ms=new, seen_shape_step_ms=seen))
 
 
-def _point(seq, rows, ties=None, new_tokens=4):
+def _point(seq, rows, ties=None, new_tokens=4, batch=4):
     ranking = tuple(b.backend for b in sorted((b for b in rows if b.time_ms), key=lambda b: b.time_ms))
-    return SweepPoint(4, seq, tuple(rows), ranking, ranking[:1] if ties is None else ties, new_tokens=new_tokens)
+    return SweepPoint(batch, seq, tuple(rows), ranking, ranking[:1] if ties is None else ties, new_tokens=new_tokens)
 
 
 @pytest.mark.parametrize("requests", [1, 10, 1000, 100_000])
@@ -119,3 +119,13 @@ def test_a_policy_files_compile_mode_is_checked(tmp_path, mode):
     p.write_text(json.dumps({"schema": 1, "selection": "flash", "compile": mode}))
     with pytest.raises(ValueError, match=r"policy.json: 'compile' must be one of default, reduce-overhead"):
         load_policy(p)
+
+
+def test_the_estimate_says_which_batch_it_is_for_and_deploy_names_every_batch_measured(cpu_report):
+    from attnswitch.deploy import deploy_info
+
+    pts = [_point(n, [_row("flash", 10.0 * b), _row("math", 13.0 * b)], batch=b) for b in (1, 3) for n in (16, 32)]
+    s = serving_estimate(pts[:2], Lengths.of({16: 1, 32: 1}), 10, 4)
+    assert s.text()[0].startswith("For 10 requests of this length mix (batch 1, 4 new tokens): `flash`")
+    report = dataclasses.replace(cpu_report, sweep=tuple(pts))
+    assert "for batch sizes other than 1, 3" in deploy_info(report, pick="flash")["remeasure"]

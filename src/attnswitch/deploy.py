@@ -88,8 +88,9 @@ def _remeasure(report) -> list[str]:
     if lens:
         out.append(f"for lengths outside {min(lens)}–{max(lens)} tokens" if len(set(lens)) > 1 else
                    f"for lengths other than {lens[0]} tokens")
-    if work.get("batch"):
-        out.append(f"for batch sizes other than {work['batch']}")
+    batches = sorted({p.batch for p in report.sweep}) if report.sweep else [work["batch"]] if work.get("batch") else []
+    if batches:
+        out.append(f"for batch sizes other than {', '.join(map(str, batches))}")
     if work.get("dtype"):
         out.append(f"in another dtype than {work['dtype']}")
     return [x for x in out if x]

@@ -46,9 +46,11 @@ class Serving:
     tied: tuple[str, ...] = ()  # tied at every measured length: one steady cost
     same: tuple[str, ...] = ()  # as cheap as the pick for this run: tied, and paying no more for shapes met first
     left_out: tuple[str, ...] = ()  # candidates not measured at every length (failed, refused, or added at some)
+    batch: int | None = None  # the batch size of the points it was made from (a sweep may have several)
 
     def text(self) -> list[str]:
-        lines = [f"For {self.requests} requests of this length mix: `{self.pick}`, "
+        shape = f" (batch {self.batch}, {self.new_tokens} new tokens)" if self.batch else ""
+        lines = [f"For {self.requests} requests of this length mix{shape}: `{self.pick}`, "
                  f"{self.per_request_ms[self.pick]:.3f} ms per request ({self.first_met:.0f} shapes met first)."]
         if self.same:
             lines.append(f"{_names(self.same)} as cheap: tied at every measured length, and paying no more for "
@@ -189,4 +191,4 @@ def serving_estimate(points, lengths: Lengths, requests: int, new_tokens: int) -
     seen = dict.fromkeys(n for p in points for n in candidates(tuple(b.backend for b in p.backends)))
     return Serving(requests, new_tokens, per_request, steady, first, met, pick,
                    tuple(changes), outside, tied, same if pick in tied else (),
-                   tuple(n for n in seen if n not in steady))
+                   tuple(n for n in seen if n not in steady), points[0].batch)
