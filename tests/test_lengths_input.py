@@ -225,3 +225,9 @@ def test_the_command_line_checks_every_length_of_the_mix_against_the_model_befor
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: a prompt of 5000 tokens plus 4 new ones (5004) is beyond the 1024 positions of the "
                    f"model's position table (the longest prompt length of {p})"]
+
+
+@pytest.mark.parametrize("counts", [[[512, 120]], None, 512])
+def test_lengths_that_are_no_mapping_nor_sequence_of_lengths_are_one_line(counts):
+    with pytest.raises(ValueError, match=r"prompt lengths are \{length: count\} or a sequence of lengths, not "):
+        Lengths.of(counts)

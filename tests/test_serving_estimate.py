@@ -76,40 +76,70 @@ def test_a_compiled_candidates_new_length_cost_is_never_borrowed_nor_lent():
     assert _cold_peer(compiled_auto, [flash]) is None  # its recompiles are its own
 
 
-@pytest.mark.parametrize("low, high, want", [(1.003, 2.09, "1.33x [1.003–2.09]"), (1.05, 1.13, "1.33x [1.05–1.13]"),
-                                             (0.99, 1.02, "1.33x [0.99–1.02]"), (0.5, 0.9996, "1.33x [0.50–0.9996]")])
-def test_a_decided_margin_never_prints_a_bound_of_one(low, high, want):
-    assert Margin("best", 1.33, low, high, 0.96, 20).text() == want
+@pytest.mark.parametrize("ratio, low, high, want", [
+    (1.33, 1.003, 2.09, "1.330x [1.003–2.090]"), (1.33, 1.05, 1.13, "1.33x [1.05–1.13]"),
+    (1.0, 0.99, 1.02, "1.00x [0.99–1.02]"), (0.7, 0.5, 0.9996, "0.7000x [0.5000–0.9996]"),
+    (1.004, 1.003, 1.0049, "1.004x [1.003–1.005]"), (0.996, 0.9951, 0.997, "0.996x [0.995–0.997]")])
+def test_a_decided_margin_never_prints_a_bound_of_one(ratio, low, high, want):
+    # both bounds (and the ratio) to the digits that show the decided one apart from 1, so they stay in order
+    assert Margin("best", ratio, low, high, 0.96, 20).text() == want
 
 
-@pytest.mark.parametrize("cache, mode", [("dynamic", "default"), ("static", "reduce-overhead")])
-def test_a_compiled_picks_deploy_snippet_runs_switched_and_compiled_as_measured(cpu_report, tmp_path, cache, mode):
+@pytest.mark.parametrize("workload, mode", [("prefill", "default"), ("generate", "reduce-overhead")])
+def test_a_compiled_picks_deploy_snippet_switches_then_compiles_what_was_measured(cpu_report, tmp_path, monkeypatch,
+                                                                                   workload, mode):
+    # a generate's candidate is measured with its decode steps compiled and its prefill eager; the snippet
+    # compiles the same (torch.compile stood in for: inductor would take minutes on a CPU)
+    import torch
     from conftest import tiny
 
     import attnswitch
     from attnswitch.compiling import label
     from attnswitch.deploy import deploy_info, load_policy, write_policy
 
-    report = dataclasses.replace(cpu_report, workload={**cpu_report.workload, "mode": "generate", "cache": cache})
-    pick = label("flash", mode)
-    report = dataclasses.replace(report, deploy=deploy_info(report, pick=pick))
+    compiled_calls, modes = [], []
+
+    def fake_compile(fn, mode=None, **kw):
+        modes.append(mode)
+
+        def run(*a, **k):
+            compiled_calls.append(k["input_ids"].shape[1])
+            return fn(*a, **k)
+        return run
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    report = dataclasses.replace(cpu_report, workload={**cpu_report.workload, "mode": workload})
+    report = dataclasses.replace(report, deploy=deploy_info(report, pick=label("flash", mode)))
     d = report.deploy
     assert d["selection"] == "flash" and d["compile"] == mode
     model = tiny("llama")
     try:
         exec(d["attnswitch"], {"model": model})  # the report's own text, as a user copies it
-        assert attnswitch.is_patched(model) == "flash"
-        if cache == "static":  # transformers compiles the static cache's decode steps with this config
-            assert model.generation_config.compile_config.mode == mode
-        else:
-            assert "forward" in vars(model) and hasattr(model.forward, "_torchdynamo_orig_callable")
+        assert attnswitch.is_patched(model) == "flash" and modes == [None if mode == "default" else mode]
+        with torch.no_grad():
+            model(input_ids=torch.randint(0, 100, (2, 8)))
+            model(input_ids=torch.randint(0, 100, (2, 1)))
     finally:
         attnswitch.unpatch(model)
+    assert compiled_calls == ([1] if workload == "generate" else [8, 1])
     policy = load_policy(write_policy(report, tmp_path / "policy.json"))
     assert (policy.selection, policy.compile) == ("flash", mode)
 
 
-@pytest.mark.parametrize("mode", ["fast", 3, "none"])
+def test_a_policy_file_that_names_a_compiled_pick_in_its_selection_reads_as_backend_and_mode(tmp_path):
+    import json
+
+    from attnswitch.deploy import load_policy
+
+    p = tmp_path / "policy.json"  # as written before policy files had a compile field
+    for sel, want in (("flash+compile", ("flash", "default")), ("cudnn+compile:reduce-overhead",
+                                                                  ("cudnn", "reduce-overhead"))):
+        p.write_text(json.dumps({"schema": 1, "selection": sel}))
+        assert (load_policy(p).selection, load_policy(p).compile) == want
+    p.write_text(json.dumps({"schema": 1, "selection": "math", "compile": "none"}))
+    assert load_policy(p).compile is None
+
+
+@pytest.mark.parametrize("mode", ["fast", 3])
 def test_a_policy_files_compile_mode_is_checked(tmp_path, mode):
     import json
 
@@ -117,7 +147,7 @@ def test_a_policy_files_compile_mode_is_checked(tmp_path, mode):
 
     p = tmp_path / "policy.json"
     p.write_text(json.dumps({"schema": 1, "selection": "flash", "compile": mode}))
-    with pytest.raises(ValueError, match=r"policy.json: 'compile' must be one of default, reduce-overhead"):
+    with pytest.raises(ValueError, match=r"policy.json: 'compile' must be one of none, default, reduce-overhead"):
         load_policy(p)
 
 
@@ -129,3 +159,32 @@ def test_the_estimate_says_which_batch_it_is_for_and_deploy_names_every_batch_me
     assert s.text()[0].startswith("For 10 requests of this length mix (batch 1, 4 new tokens): `flash`")
     report = dataclasses.replace(cpu_report, sweep=tuple(pts))
     assert "for batch sizes other than 1, 3" in deploy_info(report, pick="flash")["remeasure"]
+
+
+def test_a_sweeps_one_choice_ran_at_every_shape_whoever_was_tied_or_cheapest():
+    # at 16 A is first and D failed, at 32 D is first and A failed: E, second at both, ran everywhere
+    pts = [_point(16, [_row("A", 10.0), _row("E", 11.0), _row("D", None, status="failed")], new_tokens=None),
+           _point(32, [_row("D", 10.0), _row("E", 11.0), _row("A", None, status="failed")], new_tokens=None)]
+    assert sweep_choice(pts) == "E"
+    # with a mix: its estimate (batch 1) picks A, which failed at batch 8; B ran at every shape
+    mixed = [_point(n, [_row("A", 10.0), _row("B", 11.0)], batch=1) for n in (16, 32)] + [
+        _point(16, [_row("A", 50.0), _row("B", 55.0)], batch=8),
+        _point(32, [_row("B", 60.0), _row("A", None, status="failed")], batch=8)]
+    from attnswitch.comparison import _serving
+    serving, _ = _serving(mixed, Lengths.of({16: 1, 32: 1}), 1000)
+    assert serving["pick"] == "A" and sweep_choice(mixed, serving) == "B"
+
+
+def test_a_backend_name_cannot_look_like_a_compiled_candidate():
+    import attnswitch
+    with pytest.raises(ValueError, match=r"without ',', '=', '/' or '\+'"):
+        attnswitch.register_backend("my+compile", lambda q, k, v, **kw: q)
+
+
+@pytest.mark.parametrize("args, said", [(["--prompt-lens", "99999999"], "--prompt-lens 99999999 is beyond"),
+                                        (["--new-tokens", "99999999"], "--new-tokens 99999999 is beyond")])
+def test_generate_lengths_past_any_models_positions_are_one_line_and_exit_2(capsys, args, said):
+    from attnswitch import cli
+    assert cli.main(["compare", "tiny-llama", "--mode", "generate", "--num-layers", "1", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0], err

@@ -25,7 +25,7 @@ from .profiling import profile
 from .profiling.compiled import compiled_forward
 from .ranking import BUSY_PREFIX, rank, ranked, verdict
 from .recommend import recommend, recommend_sweep
-from .results import BackendResult, Numerics, Report, SweepPoint
+from .results import BackendResult, Numerics, Report, SweepPoint, candidates
 from .serving import serving_estimate
 from .workload import Workload, make_workload, position_limit
 
@@ -208,17 +208,22 @@ def _serving(points: list[SweepPoint], lengths: Lengths | None, requests: int) -
 def sweep_choice(points: list[SweepPoint], serving: dict | None = None) -> str | None:
     """The one backend to deploy over a sweep: the cheapest for the length mix where one was given, else
     the candidate tied for the pick at the most lengths (the faster over all of them where that ties)."""
-    if serving:
+    # a candidate that failed or was refused at a measured shape is deployed only where none ran at all
+    everywhere = [n for n in candidates(points[0].ranking) if all(n in p.ranking for p in points)] if points else []
+    if serving and (serving["pick"] in everywhere or not everywhere):
         return serving["pick"]
+    cost = {n: ms for n, ms in (serving or {}).get("per_request_ms", {}).items() if n in everywhere}
+    if cost:  # the mix's pick failed at another batch size: the cheapest of those that ran at every shape
+        return min(cost, key=cost.get)
     counts: dict[str, int] = {}
     for p in points:
         for n in p.ties or ((p.pick,) if p.pick else ()):
             counts[n] = counts.get(n, 0) + 1
+    if everywhere and not set(counts) & set(everywhere):  # none tied for a pick ran everywhere
+        counts = {n: 0 for n in everywhere}
     if not counts:
         return None
-    # a candidate that failed or was refused at a measured length is deployed only where none ran at all;
-    # totals over the lengths where every one of them ran (fewer lengths would sum to less)
-    everywhere = {n for n in counts if all(n in p.ranking for p in points)}
+    # totals over the shapes where every one of them ran (fewer shapes would sum to less)
     common = [p for p in points if all(n in p.ranking for n in counts)] or points
     total = {n: sum(b.time_ms for p in common for b in p.backends if b.backend == n and b.time_ms) for n in counts}
     return min(counts, key=lambda n: (n not in everywhere, -counts[n], total[n]))

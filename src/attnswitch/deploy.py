@@ -39,20 +39,29 @@ def _selection_of(pick: str):
     return out
 
 
-def _attnswitch_snippet(sel, mode: str | None = None, static: bool = False) -> str:
+#: a generate's decode steps compiled and its prefill eager, as a compiled generate candidate is measured
+_DECODE_ONLY = """eager, compiled = model.forward, torch.compile(model.forward{arg})
+
+
+def forward(*args, **kwargs):  # decode steps (one query token) compiled, the prefill eager: as measured
+    x = kwargs.get("input_ids", kwargs.get("inputs_embeds", args[0] if args else None))
+    return (compiled if x is not None and x.shape[1] == 1 else eager)(*args, **kwargs)
+
+
+model.forward = forward  # generate(..., disable_compile=True): this compile in place of transformers' own"""
+
+
+def _attnswitch_snippet(sel, mode: str | None = None, generate: bool = False) -> str:
     """Runs as it is with ``model`` in scope: the switch, then (a compiled pick) the compile as measured."""
     imports, lines = ["import attnswitch"], [
         f"attnswitch.patch(model, {sel!r})  # every thread, until attnswitch.unpatch(model)",
         "# or exactly what was measured, with a warning where the versions differ:",
         "# attnswitch.load_policy(\"policy.json\").apply(model)"]
-    if mode is not None and static:  # measured as transformers compiles a static cache's decode steps
-        imports.append("from transformers import CompileConfig")
-        lines += [f"model.generation_config.compile_config = CompileConfig(mode={mode!r})  # decode steps compiled, "
-                  "as measured", "# model.generate(**inputs, cache_implementation=\"static\")"]
-    elif mode is not None:
+    if mode is not None:
         imports.append("import torch")
         arg = "" if mode == "default" else f", mode={mode!r}"
-        lines.append(f"model.forward = torch.compile(model.forward{arg})  # compiled, as measured")
+        lines.append(_DECODE_ONLY.format(arg=arg) if generate else
+                     f"model.forward = torch.compile(model.forward{arg})  # compiled, as measured")
     return "\n".join(imports) + "\n\n" + "\n".join(lines)
 
 
@@ -108,13 +117,23 @@ def deploy_info(report, pick: str | None = None) -> dict | None:
     sel = _selection_of(base)
     plain, loses = _plain_equivalent(sel)
     if mode is not None and plain is not None:
-        plain += f"\n# then compile as measured (torch.compile, mode {mode!r})"
+        plain = f"# compiled as measured (torch.compile, mode {mode!r}) before the calls below\n{plain}"
     env = report.environment
-    static = report.workload.get("mode") == "generate" and report.workload.get("cache") == "static"
-    return {"pick": pick, "selection": sel, "compile": mode, "attnswitch": _attnswitch_snippet(sel, mode, static),
+    generate = report.workload.get("mode") == "generate"
+    return {"pick": pick, "selection": sel, "compile": mode, "attnswitch": _attnswitch_snippet(sel, mode, generate),
             "plain": plain, "plain_loses": loses, "env": dict(env.get("env_vars") or {}),
             "versions": {k: env.get(k) for k in (*_VERSIONS, "attnswitch") if env.get(k) is not None},
             "remeasure": _remeasure(report), "ties": list(report.ties)}
+
+
+def _selection_and_mode(selection, mode: str | None):
+    """A selection and its compile mode, where files and reports from before the ``compile`` field named a
+    compiled pick as one string (``flash+compile``)."""
+    if mode is None and isinstance(selection, str):
+        base, mode = split(selection)
+        if mode is not None:
+            return (_selection_of(base) if "decode=" in base and "prefill=" in base else base), mode
+    return selection, mode
 
 
 def policy_document(report) -> dict | None:
@@ -123,7 +142,8 @@ def policy_document(report) -> dict | None:
     info = report.deploy or deploy_info(report)
     if info is None:
         return None
-    return {"schema": POLICY_SCHEMA, "selection": info["selection"], "compile": info.get("compile"),
+    selection, mode = _selection_and_mode(info["selection"], info.get("compile"))
+    return {"schema": POLICY_SCHEMA, "selection": selection, "compile": mode,
             "model": report.model,
             "workload": {k: v for k, v in report.workload.items() if k != "description"},
             "environment": {k: report.environment.get(k) for k in (*_VERSIONS, "attnswitch", "device")},
@@ -200,6 +220,10 @@ def load_policy(path: str | Path) -> MeasuredPolicy:
     if type(schema) is not int or schema != POLICY_SCHEMA:  # (not true, nor 1.0)
         raise ValueError(f"{path}: not a policy file of schema {POLICY_SCHEMA} ('schema' is {_shown(schema)})")
     selection = doc["selection"]
+    mode = doc.get("compile")
+    if mode is not None and (not isinstance(mode, str) or mode not in MODES):
+        raise ValueError(f"{path}: 'compile' must be one of {', '.join(MODES)} (or null), not {_shown(mode)}")
+    selection, mode = _selection_and_mode(selection, None if mode == "none" else mode)
     if not isinstance(selection, (str, dict)):
         raise ValueError(f"{path}: 'selection' must be a backend name or {{\"prefill\": ..., \"decode\": ...}}, "
                          f"not {_shown(selection)}")
@@ -216,9 +240,6 @@ def load_policy(path: str | Path) -> MeasuredPolicy:
         if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int, float))):
             raise ValueError(f"{path}: 'environment'.'{key}' must be a version or a name (or null), not "
                              f"{_shown(value)}")
-    mode = doc.get("compile")
-    if mode is not None and (not isinstance(mode, str) or mode not in MODES[1:]):
-        raise ValueError(f"{path}: 'compile' must be one of {', '.join(MODES[1:])} (or null), not {_shown(mode)}")
     policy = MeasuredPolicy(selection, environment, doc.get("workload") or {}, str(path), mode)
     key = str(p.resolve())
     differ = _mismatches(policy.environment)

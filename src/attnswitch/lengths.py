@@ -71,8 +71,12 @@ class Lengths:
                              f"{_shown(counts)}{where}")
         if not isinstance(counts, Mapping):
             tally: dict = {}
-            for n in counts:
-                tally[n] = tally.get(n, 0) + 1
+            try:
+                for n in counts:
+                    tally[n] = tally.get(n, 0) + 1
+            except TypeError:  # not iterable, or an item that is no length ([[512, 120]]: a file's form)
+                raise ValueError(f"prompt lengths are {{length: count}} or a sequence of lengths, not "
+                                 f"{_shown(counts)}{where}") from None
             counts = tally
         merged: dict[int, Fraction] = {}
         for k, v in counts.items():

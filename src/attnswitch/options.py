@@ -233,6 +233,12 @@ def check_generation(new_tokens, prompt_lens=None, cache: str = "dynamic", promp
                               "prompt length")
         if not all(_whole(n) and n >= 1 for n in lens):
             raise OptionError("{prompt_lens} must be positive whole numbers, got {got}", got=tuple(lens))
+    most = 1 << 24  # (lengths.MAX_LENGTH, as check_shape's): no model has more positions
+    for name, n in (("prompt_lens", max(prompt_lens or [0])), ("prompt_len", prompt_len or 0),
+                    ("new_tokens", new_tokens)):
+        if n > most:
+            raise OptionError("{" + name + "} " + str(n) + " is beyond any model's positions (at most {most} tokens)",
+                              most=most)
     check_choice("cache", cache, CACHES)
 
 

@@ -106,15 +106,16 @@ class Margin:
     def text(self) -> str:
         """``1.09x [1.05–1.13]``; a bound that excludes 1 gets the digits it needs to show it (``[1.003–1.20]``,
         never ``[1.00–1.20]`` for a decided margin)."""
-        return f"{self.ratio:.2f}x [{_bound(self.low, self.decided and self.low > 1)}–" \
-               f"{_bound(self.high, self.decided and self.high < 1)}]"
+        d = _digits(self.low if self.low > 1 else self.high) if self.decided else 2
+        return f"{self.ratio:.{d}f}x [{self.low:.{d}f}–{self.high:.{d}f}]"
 
 
-def _bound(x: float, excludes_one: bool) -> str:
+def _digits(x: float) -> int:
+    """The decimals (2 at least) that show a bound excluding 1 as other than 1 (both bounds get them)."""
     digits = 2
-    while excludes_one and digits < 6 and f"{x:.{digits}f}" == f"{1:.{digits}f}":
+    while digits < 12 and f"{x:.{digits}f}" == f"{1:.{digits}f}":
         digits += 1
-    return f"{x:.{digits}f}"
+    return digits
 
 
 def paired_margin(units: Sequence[Sequence[float]], ref: Sequence[Sequence[float]], against: str,

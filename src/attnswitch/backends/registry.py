@@ -251,8 +251,9 @@ class _Kernel:
 
 def _key(name) -> str:
     key = name.strip().lower() if isinstance(name, str) else None
-    if not key or "," in key or "=" in key or "/" in key:
-        raise ValueError(f"backend name must be a non-empty string without ',', '=' or '/': {name!r}")
+    # ',' '=' '/' separate backends and phases; '+' marks a compiled candidate (``flash+compile``)
+    if not key or any(c in key for c in ",=/+"):
+        raise ValueError(f"backend name must be a non-empty string without ',', '=', '/' or '+': {name!r}")
     return key
 
 
