@@ -102,7 +102,7 @@ def independent_train(model, ids, names, rounds=3, steps=6) -> dict:
     model.train()
     out: dict = {n: {"step": [], "forward": [], "backward": [], "after_switch": []} for n in names}
 
-    def step(name, timed=True):
+    def step():
         a, b, c = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         a.record()
         loss = model(input_ids=ids, labels=ids).loss
@@ -116,7 +116,7 @@ def independent_train(model, ids, names, rounds=3, steps=6) -> dict:
     for name in names:  # warm
         with attnswitch.backend(name, model=model):
             for _ in range(2):
-                step(name)
+                step()
     torch.cuda.synchronize()
     for _ in range(rounds):
         for turn in ("loop", "after_switch"):
@@ -126,11 +126,11 @@ def independent_train(model, ids, names, rounds=3, steps=6) -> dict:
                 try:
                     with attnswitch.backend(name, model=model):
                         if turn == "after_switch":
-                            step(name)
-                            out[name]["after_switch"].append(step(name)[0])
+                            step()
+                            out[name]["after_switch"].append(step()[0])
                             continue
                         for _ in range(steps):
-                            s, f, b = step(name)
+                            s, f, b = step()
                             out[name]["step"].append(s)
                             out[name]["forward"].append(f)
                             out[name]["backward"].append(b)

@@ -55,9 +55,10 @@ def test_a_sweep_does_not_deploy_a_candidate_that_failed_at_a_measured_length():
 def test_the_estimate_names_the_candidates_it_leaves_out():
     # the policy was measured at two lengths of three (added only where the phases' best differ)
     pol = "prefill=math/decode=flash"
-    pts = [_point(16, [_row("flash", 12.0), _row("math", 13.0), _row(pol, 8.0)]),
-           _point(32, [_row("flash", 12.0), _row("math", 13.0), _row(pol, 8.0)]),
-           _point(64, [_row("flash", 12.0), _row("math", 13.0)])]
+    refused = _row("cudnn", None, status="unavailable")  # refused at every length: never in the running
+    pts = [_point(16, [_row("flash", 12.0), _row("math", 13.0), _row(pol, 8.0), refused]),
+           _point(32, [_row("flash", 12.0), _row("math", 13.0), _row(pol, 8.0), refused]),
+           _point(64, [_row("flash", 12.0), _row("math", 13.0), refused])]
     s = serving_estimate(pts, Lengths.of({16: 100, 32: 100, 64: 1}), 1000, 4)
     assert s.pick == "flash" and s.left_out == (pol,)
     assert f"Not in this estimate (not measured at every length): `{pol}`." in s.text()

@@ -17,13 +17,12 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+from .options import MAX_LENGTH
+
 __all__ = ["Lengths", "read_lengths", "MEASURED", "MAX_LENGTH"]
 
 #: lengths measured for a distribution of more distinct lengths than this: its weighted quantiles
 MEASURED = 5
-#: the longest prompt length taken at all, as ``options.check_shape``'s bound: no model has more positions,
-#: and a longer one is a typo (a model's own table of positions is checked where the model is known)
-MAX_LENGTH = 1 << 24
 
 
 def _length(k) -> int | None:

@@ -21,7 +21,11 @@ __all__ = ["OptionError", "near", "BACKENDS", "ALIASES", "COMPARED", "backend_ke
            "parse_policy", "policy_fields", "check_backends", "DTYPES", "dtype_name", "MODES", "CACHES",
            "DEVICE_MAPS", "check_choice", "check_placement", "check_layers", "check_shape", "check_generation",
            "prompt_lengths", "positions_needed", "check_positions", "Preset", "PRESETS", "Source", "model_source",
-           "check_model_workload", "looks_like_hub_id"]
+           "check_model_workload", "looks_like_hub_id", "MAX_LENGTH"]
+
+#: the longest prompt (or sequence) taken at all: no model has more positions, and a longer one is a typo
+#: (a model's own table of positions is checked where the model is known)
+MAX_LENGTH = 1 << 24
 
 
 class OptionError(ValueError):
@@ -207,7 +211,7 @@ def check_shape(batch, seq, mode: str = "prefill", padding: bool = False) -> Non
     """A workload's batch and length, its mode, and padding where it applies."""
     if not all(_whole(n) and n >= 1 for n in (batch, seq)):
         raise OptionError("{batch} and {seq} must be positive whole numbers, got {b!r} and {s!r}", b=batch, s=seq)
-    most = 1 << 24  # (lengths.MAX_LENGTH): no model has more positions; a longer one is a typo, not a workload
+    most = MAX_LENGTH  # no model has more positions: a longer one is a typo, not a workload
     if seq > most:  # a generate's seq is its prompt length
         raise OptionError("{" + ("prompt_len" if mode == "generate" else "seq") + "} {s} is beyond any model's "
                           "positions (at most {most} tokens)", s=seq, most=most)
@@ -233,7 +237,7 @@ def check_generation(new_tokens, prompt_lens=None, cache: str = "dynamic", promp
                               "prompt length")
         if not all(_whole(n) and n >= 1 for n in lens):
             raise OptionError("{prompt_lens} must be positive whole numbers, got {got}", got=tuple(lens))
-    most = 1 << 24  # (lengths.MAX_LENGTH, as check_shape's): no model has more positions
+    most = MAX_LENGTH  # no model has more positions: a longer one is a typo, not a workload
     for name, n in (("prompt_lens", max(prompt_lens or [0])), ("prompt_len", prompt_len or 0),
                     ("new_tokens", new_tokens)):
         if n > most:

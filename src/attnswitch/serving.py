@@ -188,7 +188,8 @@ def serving_estimate(points, lengths: Lengths, requests: int, new_tokens: int) -
     # what a request costs each: the steady cost the pick was made on (tied candidates held to one), and
     # its share of the shapes met first; ``steady_ms`` keeps each one's own median
     per_request = {n: held[n] + first[n] * met / requests for n in steady}
-    seen = dict.fromkeys(n for p in points for n in candidates(tuple(b.backend for b in p.backends)))
+    # measured somewhere but not everywhere (a candidate refused at every length was never in the running)
+    seen = dict.fromkeys(n for p in points for n in candidates(p.ranking))
     return Serving(requests, new_tokens, per_request, steady, first, met, pick,
                    tuple(changes), outside, tied, same if pick in tied else (),
                    tuple(n for n in seen if n not in steady), points[0].batch)
