@@ -8,11 +8,12 @@ as fast as it should?
   ``model.generate()`` loop per backend (medians of 5 interleaved repeats);
 - ``prefill``: the default preset's prefill compare (wall time and answer);
 - ``train``: a Qwen3-shaped 6-layer model, B2 S2048: ``compare(mode="train")`` against an independent
-  training loop (forward with labels, backward, ``zero_grad(set_to_none=True)``; CUDA events per step,
+  training loop on the same inputs (forward with labels, backward, ``zero_grad(set_to_none=True)``; CUDA
+  events per step,
   medians of 3 rounds x 6 steps), run before and after the compare (the host drifts), with the forward and
   backward apart, and the step ``compare`` times (one untimed step after the switch, one timed) in the same
   rounds, per backend;
-- ``train_device_bound``: the same at B4 S4096 with the fused kernels, whose steps the GPU sets.
+- ``train_device_bound``: the same at B4 S4096, where the GPU, not the host, sets every backend's step.
 """
 
 from __future__ import annotations
@@ -91,8 +92,9 @@ def prefill_check(out: Path) -> dict:
     return {"model": desc, **answer}
 
 
-def independent_train(model, ids, names, rounds=3, steps=6) -> dict:
-    """A user's training loop per backend, outside attnswitch's measurement: forward with labels, backward,
+def independent_train(model, kwargs, names, rounds=3, steps=6) -> dict:
+    """A user's training loop per backend, outside attnswitch's measurement, on ``kwargs`` (the compare's
+    inputs: ids, attention mask, labels): forward with labels, backward,
     ``zero_grad(set_to_none=True)``; CUDA events around each step and around its forward; the backends
     in turn in each round; garbage collected before each backend's turn, not inside it.
 
@@ -105,7 +107,7 @@ def independent_train(model, ids, names, rounds=3, steps=6) -> dict:
     def step():
         a, b, c = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         a.record()
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = model(**kwargs).loss
         b.record()
         loss.backward()
         model.zero_grad(set_to_none=True)
@@ -157,16 +159,15 @@ def train_check(out: Path, batch: int = 2, seq: int = 2048, backends=tuple(TRAIN
     model = Qwen3ForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
     work = make_workload(model, batch=batch, seq=seq, mode="train")
     names = list(backends)
-    ids = work.kwargs["input_ids"]
     probe = [_probe_ms()]
-    before = independent_train(model, ids, names)  # the loop before and after: the host drifts
+    before = independent_train(model, work.kwargs, names)  # the loop before and after: the host drifts
     probe.append(_probe_ms())
     t0 = time.perf_counter()
     report = compare(model, work, backends=names, model_name="qwen3 (6 layers)")
     answer = _answer(report, time.perf_counter() - t0)
     report.to_json(out / f"{name}.json")
     probe.append(_probe_ms())
-    after = independent_train(model, ids, names)
+    after = independent_train(model, work.kwargs, names)
     probe.append(_probe_ms())
     rows = {}
     for n in names:
@@ -191,9 +192,9 @@ def train_check(out: Path, batch: int = 2, seq: int = 2048, backends=tuple(TRAIN
 
 
 def train_device_bound_check(out: Path) -> dict:
-    """The train check where the GPU, not the host, sets the step time (B4 S4096, the fused kernels): a host
-    whose speed drifts moves host-bound steps by tens of percent within a minute, device-bound ones not."""
-    return train_check(out, batch=4, seq=4096, backends=("flash", "cudnn", "efficient"), name="train_device_bound")
+    """The train check where the GPU, not the host, sets every backend's step time (B4 S4096): a host whose
+    speed drifts moves host-bound steps by tens of percent within a minute, device-bound ones not."""
+    return train_check(out, batch=4, seq=4096, name="train_device_bound")
 
 
 CHECKS = {"generate": generate_check, "prefill": prefill_check, "train": train_check,
