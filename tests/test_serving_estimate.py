@@ -77,6 +77,21 @@ def test_a_compiled_candidates_new_length_cost_is_never_borrowed_nor_lent():
     assert _cold_peer(compiled_auto, [flash]) is None  # its recompiles are its own
 
 
+def test_a_policy_is_charged_only_its_decode_phases_plans_for_shapes_met_first():
+    # cuDNN's plans cost 50 ms per new decode shape; flash's nothing. Shapes met first are decode steps'.
+    rows = [_row("cudnn", 10.0, new=60.0), _row("flash", 11.0),
+            _row("prefill=cudnn/decode=flash", 10.5), _row("prefill=flash/decode=cudnn", 10.5)]
+    s = serving_estimate([_point(n, rows) for n in (16, 32)], Lengths.of({16: 1, 32: 1}), 10, 4)
+    assert s.first_met_ms == {"cudnn": 50.0, "flash": 0.0, "prefill=cudnn/decode=flash": 0.0,
+                              "prefill=flash/decode=cudnn": 50.0}
+    assert s.pick == "prefill=cudnn/decode=flash"
+
+
+def test_one_request_is_said_in_the_singular():
+    s = serving_estimate([_point(n, [_row("flash", 11.0)]) for n in (16, 32)], Lengths.of({16: 1}), 1, 4)
+    assert s.text()[0].startswith("For 1 request of this length mix")
+
+
 @pytest.mark.parametrize("ratio, low, high, want", [
     (1.33, 1.003, 2.09, "1.330x [1.003–2.090]"), (1.33, 1.05, 1.13, "1.33x [1.05–1.13]"),
     (1.0, 0.99, 1.02, "1.00x [0.99–1.02]"), (0.7, 0.5, 0.9996, "0.7000x [0.5000–0.9996]"),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .backends import kernel_families
+from .backends import kernel_families, phase_backends
 from .compiling import split
 from .lengths import Lengths
 from .results import candidates
@@ -50,7 +50,8 @@ class Serving:
 
     def text(self) -> list[str]:
         shape = f" (batch {self.batch}, {self.new_tokens} new tokens)" if self.batch else ""
-        lines = [f"For {self.requests} requests of this length mix{shape}: `{self.pick}`, "
+        many = "s" if self.requests != 1 else ""
+        lines = [f"For {self.requests} request{many} of this length mix{shape}: `{self.pick}`, "
                  f"{self.per_request_ms[self.pick]:.3f} ms per request ({self.first_met:.0f} shapes met first)."]
         if self.same:
             lines.append(f"{_names(self.same)} as cheap: tied at every measured length, and paying no more for "
@@ -107,14 +108,21 @@ def _first_met_cost(b) -> float:
     return extra if extra > g.seen_shape_step_ms * max(b.noise_pct or 0.0, 10.0) / 100 else 0.0
 
 
+def _decode_families(b) -> tuple[str, ...]:
+    """The kernel families a candidate's decode steps run: the steps a shape met first is measured on. A
+    policy per phase's are its decode phase's (its prefill phase's plans are paid on prompts, not there); one
+    whose decode phase forces none is read off all its ops, prefill's included."""
+    ops = b.attn_ops + b.attn_kernel_names
+    return kernel_families(phase_backends(b.backend)[-1] if "=" in b.backend else b.backend, ops)
+
+
 def _first_met_costs(point) -> dict[str, float]:
     """At one length, what each candidate paid for a shape met first, charged at least the most that any
-    candidate of a kernel family it runs paid (the plan cache they share was filled by the first of them): a
-    policy per phase runs its phases' families. A compiled candidate is charged its own (its recompiles are
-    its graph's, not a shared cache's)."""
+    candidate of a kernel family its decode steps run paid (the plan cache they share was filled by the first
+    of them). A compiled candidate is charged its own (its recompiles are its graph's, not a shared
+    cache's)."""
     own = {b.backend: _first_met_cost(b) for b in point.backends}
-    fams = {b.backend: kernel_families(b.backend, b.attn_ops + b.attn_kernel_names) for b in point.backends
-            if split(b.backend)[1] is None}
+    fams = {b.backend: _decode_families(b) for b in point.backends if split(b.backend)[1] is None}
     most: dict[str, float] = {}
     for name, fs in fams.items():
         if "=" not in name:  # what a policy met first, its phases' backends met before it
