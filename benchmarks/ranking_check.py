@@ -9,11 +9,11 @@ as fast as it should?
 - ``prefill``: the default preset's prefill compare (wall time and answer);
 - ``train``: a Qwen3-shaped 6-layer model, B2 S2048: ``compare(mode="train")`` against an independent
   training loop on the same inputs (forward with labels, backward, ``zero_grad(set_to_none=True)``; CUDA
-  events per step,
-  medians of 3 rounds x 6 steps), run before and after the compare (the host drifts), with the forward and
-  backward apart, and the step ``compare`` times (one untimed step after the switch, one timed) in the same
-  rounds, per backend;
-- ``train_device_bound``: the same at B4 S4096, where the GPU, not the host, sets every backend's step.
+  events per step, medians of 6 rounds x 6 steps), run before and after the compare (the host drifts), with
+  the forward and backward apart, and the step ``compare`` times (one untimed step after the switch, one
+  timed) in the same rounds, per backend;
+- ``train_device_bound``: the same at B4 S4096 (3 rounds), where the GPU, not the host, sets every backend's
+  step.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def _probe_ms() -> float:
 
 
 def train_check(out: Path, batch: int = 2, seq: int = 2048, backends=tuple(TRAIN_BACKENDS),
-                name: str = "train") -> dict:
+                name: str = "train", rounds: int = 6) -> dict:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
@@ -160,14 +160,14 @@ def train_check(out: Path, batch: int = 2, seq: int = 2048, backends=tuple(TRAIN
     work = make_workload(model, batch=batch, seq=seq, mode="train")
     names = list(backends)
     probe = [_probe_ms()]
-    before = independent_train(model, work.kwargs, names)  # the loop before and after: the host drifts
+    before = independent_train(model, work.kwargs, names, rounds)  # the loop before and after: the host drifts
     probe.append(_probe_ms())
     t0 = time.perf_counter()
     report = compare(model, work, backends=names, model_name="qwen3 (6 layers)")
     answer = _answer(report, time.perf_counter() - t0)
     report.to_json(out / f"{name}.json")
     probe.append(_probe_ms())
-    after = independent_train(model, work.kwargs, names)
+    after = independent_train(model, work.kwargs, names, rounds)
     probe.append(_probe_ms())
     rows = {}
     for n in names:
@@ -194,7 +194,7 @@ def train_check(out: Path, batch: int = 2, seq: int = 2048, backends=tuple(TRAIN
 def train_device_bound_check(out: Path) -> dict:
     """The train check where the GPU, not the host, sets every backend's step time (B4 S4096): a host whose
     speed drifts moves host-bound steps by tens of percent within a minute, device-bound ones not."""
-    return train_check(out, batch=4, seq=4096, name="train_device_bound")
+    return train_check(out, batch=4, seq=4096, name="train_device_bound", rounds=3)
 
 
 CHECKS = {"generate": generate_check, "prefill": prefill_check, "train": train_check,

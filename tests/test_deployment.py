@@ -244,12 +244,13 @@ def test_a_compiled_twins_recompiles_are_not_charged_to_the_uncompiled_backend()
 
 
 def test_a_policy_per_phase_is_charged_its_phases_plan_caches():
-    # measured after cudnn and flash, the policy met their caches warm; deployed, it pays cudnn's plans
+    # measured after cudnn and flash, the policy met their caches warm; deployed, it pays cudnn's plans on the
+    # prompt lengths it meets first (its decode steps run flash)
     pts = [_point(n, [("cudnn", 100.0, 60.0, 10.0, ()), ("flash", 100.0, 10.0, 10.0, ()),
                       ("prefill=cudnn/decode=flash", 100.0, 10.0, 10.0, ())],
                   ("cudnn", "flash", "prefill=cudnn/decode=flash")) for n in (256, 1024)]
     s = serving_estimate(pts, Lengths.of({256: 1, 1024: 1}), 10, 4)
-    assert s.first_met_ms["prefill=cudnn/decode=flash"] == 50.0 and s.pick == "flash"
+    assert s.first_met_phase_ms["prefill=cudnn/decode=flash"] == (50.0, 0.0) and s.pick == "flash"
 
 
 def test_the_kernel_families_a_candidate_runs():

@@ -77,14 +77,26 @@ def test_a_compiled_candidates_new_length_cost_is_never_borrowed_nor_lent():
     assert _cold_peer(compiled_auto, [flash]) is None  # its recompiles are its own
 
 
-def test_a_policy_is_charged_only_its_decode_phases_plans_for_shapes_met_first():
-    # cuDNN's plans cost 50 ms per new decode shape; flash's nothing. Shapes met first are decode steps'.
+@pytest.mark.parametrize("requests", [1, 10, 300, 1000])
+def test_a_policy_pays_each_phases_plans_on_that_phases_shapes_met_first(requests):
+    # cuDNN's plans cost 50 ms per new shape; flash's nothing. Deployed, `prefill=cudnn/decode=flash` pays
+    # cuDNN's plans on prompt lengths met first only, `prefill=flash/decode=cudnn` on decode steps' only.
     rows = [_row("cudnn", 10.0, new=60.0), _row("flash", 11.0),
             _row("prefill=cudnn/decode=flash", 10.5), _row("prefill=flash/decode=cudnn", 10.5)]
-    s = serving_estimate([_point(n, rows) for n in (16, 32)], Lengths.of({16: 1, 32: 1}), 10, 4)
-    assert s.first_met_ms == {"cudnn": 50.0, "flash": 0.0, "prefill=cudnn/decode=flash": 0.0,
-                              "prefill=flash/decode=cudnn": 50.0}
-    assert s.pick == "prefill=cudnn/decode=flash"
+    lengths = Lengths.of({16: 1, 32: 1})
+    s = serving_estimate([_point(n, rows) for n in (16, 32)], lengths, requests, 4)
+    prompts, steps = lengths.first_met_phases(requests, 4)
+    assert s.first_met == pytest.approx(prompts + steps) and steps > prompts > 0
+    assert s.per_request_ms["prefill=cudnn/decode=flash"] == pytest.approx(10.5 + 50.0 * prompts / requests)
+    assert s.per_request_ms["prefill=flash/decode=cudnn"] == pytest.approx(10.5 + 50.0 * steps / requests)
+    assert s.per_request_ms["cudnn"] == pytest.approx(10.0 + 50.0 * (prompts + steps) / requests)
+    assert s.first_met_phase_ms == {"prefill=cudnn/decode=flash": (50.0, 0.0),
+                                    "prefill=flash/decode=cudnn": (0.0, 50.0)}
+    assert s.pick == min(s.per_request_ms, key=s.per_request_ms.get)
+    if requests == 300:  # flash for a few requests, cudnn for many, the policy between
+        assert s.pick == "prefill=cudnn/decode=flash"
+        assert ("`prefill=cudnn/decode=flash` pays 50.000 ms for each prompt length met first and 0.000 ms for "
+                "each decode step's key length.") in s.text()
 
 
 def test_one_request_is_said_in_the_singular():

@@ -119,15 +119,19 @@ class Lengths:
         request's prompt length (its prefill) and the key lengths of its decode steps (prompt + 1 to prompt
         + ``new_tokens`` - 1). Exact for lengths drawn independently from the distribution:
         ``sum over shapes of 1 - (1 - p)^requests``, ``p`` the chance that one request meets it."""
+        return sum(self.first_met_phases(requests, new_tokens))
+
+    def first_met_phases(self, requests: int, new_tokens: int) -> tuple[float, float]:
+        """``first_met`` apart: the prefill shapes (prompt lengths) and the decode steps' key lengths."""
         if requests <= 0:
-            return 0.0
+            return 0.0, 0.0
         prefill = sum(1 - (1 - w) ** requests for _, w in self.weights)
         touched: dict[int, float] = {}
         for n, w in self.weights:
             for kv in range(n + 1, n + new_tokens):
                 touched[kv] = touched.get(kv, 0.0) + w
         decode = sum(1 - (1 - min(p, 1.0)) ** requests for p in touched.values())
-        return prefill + decode
+        return prefill, decode
 
 
 def read_lengths(path: str | Path) -> Lengths:

@@ -10,12 +10,13 @@ changes; the margins of each length's own ranking say how sure the steady part i
 measured length are held to one steady cost (their medians' differences are within their own noise), so
 that only what they pay for shapes met first can set them apart. A plan cache is the kernel's, not the
 candidate's: candidates that ran one kernel family share it, and whichever of them met a shape first paid
-for all; each is charged the most any of them paid.
+for all; each is charged the most any of them paid. A policy per phase pays its prefill phase's plans on
+prompt lengths met first and its decode phase's on decode steps'.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .backends import kernel_families, phase_backends
 from .compiling import split
@@ -38,7 +39,7 @@ class Serving:
     new_tokens: int
     per_request_ms: dict[str, float]  # the pick's basis: tied candidates' steady part held to one
     steady_ms: dict[str, float]  # each candidate's own steady median per request
-    first_met_ms: dict[str, float]
+    first_met_ms: dict[str, float]  # per shape met first, in this run's mix of prompt and decode shapes
     first_met: float
     pick: str
     changes: tuple[tuple[int, str, str], ...] = ()
@@ -47,6 +48,8 @@ class Serving:
     same: tuple[str, ...] = ()  # as cheap as the pick for this run: tied, and paying no more for shapes met first
     left_out: tuple[str, ...] = ()  # candidates not measured at every length (failed, refused, or added at some)
     batch: int | None = None  # the batch size of the points it was made from (a sweep may have several)
+    # a policy per phase whose phases pay differently: (per prompt length, per decode key length) met first
+    first_met_phase_ms: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def text(self) -> list[str]:
         shape = f" (batch {self.batch}, {self.new_tokens} new tokens)" if self.batch else ""
@@ -63,7 +66,11 @@ class Serving:
             own = [self.steady_ms[n] for n in self.tied]
             lines.append(f"Tied candidates are held to one steady cost, {min(own):.3f} ms per request (their own "
                          f"medians {min(own):.3f}-{max(own):.3f} ms, not told apart at any measured length).")
-        if self.first_met_ms.get(self.pick, 0) > 0:
+        if self.pick in self.first_met_phase_ms:
+            p, d = self.first_met_phase_ms[self.pick]
+            lines.append(f"`{self.pick}` pays {p:.3f} ms for each prompt length met first and {d:.3f} ms for each "
+                         "decode step's key length.")
+        elif self.first_met_ms.get(self.pick, 0) > 0:
             lines.append(f"`{self.pick}` pays {self.first_met_ms[self.pick]:.3f} ms for each shape met first.")
         for n, a, b in self.changes:
             lines.append(f"From about {n} requests `{b}` is cheaper than `{a}`.")
@@ -108,27 +115,39 @@ def _first_met_cost(b) -> float:
     return extra if extra > g.seen_shape_step_ms * max(b.noise_pct or 0.0, 10.0) / 100 else 0.0
 
 
-def _decode_families(b) -> tuple[str, ...]:
-    """The kernel families a candidate's decode steps run: the steps a shape met first is measured on. A
-    policy per phase's are its decode phase's (its prefill phase's plans are paid on prompts, not there); one
-    whose decode phase forces none is read off all its ops, prefill's included."""
-    ops = b.attn_ops + b.attn_kernel_names
-    return kernel_families(phase_backends(b.backend)[-1] if "=" in b.backend else b.backend, ops)
-
-
-def _first_met_costs(point) -> dict[str, float]:
-    """At one length, what each candidate paid for a shape met first, charged at least the most that any
-    candidate of a kernel family its decode steps run paid (the plan cache they share was filled by the first
-    of them). A compiled candidate is charged its own (its recompiles are its graph's, not a shared
-    cache's)."""
+def _first_met_costs(point) -> dict[str, tuple[float, float]]:
+    """At one length, what each candidate pays for a shape met first: ``(a prompt length, a decode step's key
+    length)``. It is measured on decode steps (``_first_met_cost``), and a backend is taken to pay the same for
+    its prompts' shapes. Each is charged at least the most that any candidate of a kernel family it runs there
+    paid (the plan cache they share was filled by the first of them): a policy per phase its prefill phase's
+    families for prompts, its decode phase's for decode steps (its own measured cost is its decode steps').
+    A compiled candidate is charged its own (its recompiles are its graph's, not a shared cache's)."""
     own = {b.backend: _first_met_cost(b) for b in point.backends}
-    fams = {b.backend: _decode_families(b) for b in point.backends if split(b.backend)[1] is None}
     most: dict[str, float] = {}
-    for name, fs in fams.items():
-        if "=" not in name:  # what a policy met first, its phases' backends met before it
-            for f in fs:
-                most[f] = max(most.get(f, 0.0), own[name])
-    return {n: max([c, *(most.get(f, 0.0) for f in fams.get(n, ()))]) for n, c in own.items()}
+    for b in point.backends:
+        if split(b.backend)[1] is None and "=" not in b.backend:
+            for f in kernel_families(b.backend, _ops(b)):
+                most[f] = max(most.get(f, 0.0), own[b.backend])
+
+    def charged(name: str, ops: tuple, base: float) -> float:
+        # a phase that forces no family (``auto``) is read off all the candidate's ops, both phases'
+        return max([base, *(most.get(f, 0.0) for f in kernel_families(name, ops))])
+
+    out = {}
+    for b in point.backends:
+        name, c = b.backend, own[b.backend]
+        if split(name)[1] is not None:
+            out[name] = (c, c)
+        elif "=" in name:
+            prefill, decode = phase_backends(name)
+            out[name] = (charged(prefill, _ops(b), 0.0), charged(decode, _ops(b), c))
+        else:
+            out[name] = (charged(name, _ops(b), c),) * 2
+    return out
+
+
+def _ops(b) -> tuple:
+    return tuple(b.attn_ops) + tuple(b.attn_kernel_names)
 
 
 def _costs(points, lengths: Lengths, new_tokens: int):
@@ -141,7 +160,8 @@ def _costs(points, lengths: Lengths, new_tokens: int):
             continue
         steady[name] = sum(w * _at(per, n) for n, w in lengths.weights)
         # where a shape is new to the process: a later length may meet shapes an earlier one's runs cached
-        first[name] = max(c[name] for c in paid if name in c)
+        costs = [c[name] for c in paid if name in c]
+        first[name] = (max(c[0] for c in costs), max(c[1] for c in costs))
     return steady, first
 
 
@@ -151,9 +171,18 @@ def _tied(points, steady: dict) -> tuple[str, ...]:
     return tuple(common) if len(common) > 1 else ()
 
 
+def _first_share(first: dict, lengths: Lengths, new_tokens: int, requests: int) -> dict[str, float]:
+    """Each candidate's cost of the shapes a run of ``requests`` meets first, per shape met (ms): its prompt
+    lengths' and its decode steps' weighed by how many of each the run meets."""
+    met_p, met_d = lengths.first_met_phases(requests, new_tokens)
+    met = met_p + met_d
+    return {n: (p * met_p + d * met_d) / met if met else d for n, (p, d) in first.items()}
+
+
 def _cheapest(steady, first, lengths: Lengths, new_tokens: int, requests: int) -> str:
     met = lengths.first_met(requests, new_tokens)
-    cost = {n: steady[n] + first[n] * met / requests for n in steady}
+    share = _first_share(first, lengths, new_tokens, requests)
+    cost = {n: steady[n] + share[n] * met / requests for n in steady}
     return min(cost, key=cost.get)
 
 
@@ -191,13 +220,15 @@ def serving_estimate(points, lengths: Lengths, requests: int, new_tokens: int) -
         prev_n, prev = n, now
     measured = (points[0].seq, points[-1].seq)
     outside = tuple(n for n in lengths.lengths if not measured[0] <= n <= measured[1])
-    same = tuple(n for n in tied if n != pick and first[n] <= first[pick])
     met = lengths.first_met(requests, new_tokens)
+    share = _first_share(first, lengths, new_tokens, requests)
+    same = tuple(n for n in tied if n != pick and share[n] <= share[pick])
     # what a request costs each: the steady cost the pick was made on (tied candidates held to one), and
     # its share of the shapes met first; ``steady_ms`` keeps each one's own median
-    per_request = {n: held[n] + first[n] * met / requests for n in steady}
+    per_request = {n: held[n] + share[n] * met / requests for n in steady}
     # measured somewhere but not everywhere (a candidate refused at every length was never in the running)
     seen = dict.fromkeys(n for p in points for n in candidates(p.ranking))
-    return Serving(requests, new_tokens, per_request, steady, first, met, pick,
+    return Serving(requests, new_tokens, per_request, steady, {n: share[n] for n in steady}, met, pick,
                    tuple(changes), outside, tied, same if pick in tied else (),
-                   tuple(n for n in seen if n not in steady), points[0].batch)
+                   tuple(n for n in seen if n not in steady), points[0].batch,
+                   {n: first[n] for n in steady if first[n][0] != first[n][1]})
