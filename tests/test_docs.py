@@ -56,8 +56,8 @@ FIRST_LINES = [
     "```bash",
     'pip install "torch==2.13.0" -e . && attnswitch compare --out report/     # install, then rank every attention '
     "backend on the default model",
-    'pip install "torch==2.13.0" -e ".[test]" && ruff check . && python -m pytest -q   # install, then lint and run '
-    "the tests (CPU)",
+    'pip install "torch==2.13.0" -e ".[test]" && ruff check . && python -m pytest -q -n auto   # install, then '
+    "lint and run the tests (CPU)",
     "```",
 ]
 
@@ -168,7 +168,7 @@ def test_the_readme_begins_with_the_two_commands_ci_runs():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert lines[:len(FIRST_LINES)] == FIRST_LINES
     ci = (ROOT / ".ci" / "run").read_text()
-    assert 'pip install -q "torch==2.13.0" -e ".[test]" && ruff check . && python -m pytest -q' in ci
+    assert 'pip install -q "torch==2.13.0" -e ".[test]" && ruff check . && python -m pytest -q -n auto' in ci
 
 
 def test_the_readme_is_for_the_first_ten_minutes():
@@ -366,7 +366,7 @@ def test_every_other_command_names_what_exists(block, words):
         assert rest[0] == "check"
     elif tool in ("python", "python3"):
         if rest[:2] == ["-m", "pytest"]:
-            paths = [w for w in rest[2:] if not w.startswith("-") and w not in ("slow", "gpu")]
+            paths = [w for w in rest[2:] if not w.startswith("-") and w not in ("slow", "gpu", "auto")]
             assert all((ROOT / p).exists() for p in paths), f"{block.where}: {paths}"
         elif rest[0] == "-m":
             assert _module_exists(rest[1]), f"{block.where}: no module {rest[1]}"

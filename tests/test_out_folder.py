@@ -17,6 +17,8 @@ BASE = ["compare", "tiny-llama", "--device", "cpu", "--num-layers", "1", "--seq"
 # first attention call, then runs the command as the console script does
 INTERRUPTING = textwrap.dedent("""
     import os, signal
+    # Ctrl-C's own handler, whatever the test runner's launcher left (a background job ignores SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import attnswitch
     from attnswitch.backends import Call, naive_attention
 

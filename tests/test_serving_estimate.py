@@ -95,8 +95,83 @@ def test_a_policy_pays_each_phases_plans_on_that_phases_shapes_met_first(request
     assert s.pick == min(s.per_request_ms, key=s.per_request_ms.get)
     if requests == 300:  # flash for a few requests, cudnn for many, the policy between
         assert s.pick == "prefill=cudnn/decode=flash"
-        assert ("`prefill=cudnn/decode=flash` pays 50.000 ms for each prompt length met first and 0.000 ms for "
-                "each decode step's key length.") in s.text()
+        said = "`prefill=cudnn/decode=flash` pays 50.000 ms for each of the 2.0 prompt lengths it meets first."
+        assert said in s.text()
+        assert s.per_request_ms[s.pick] == pytest.approx(10.5 + (50.0 * 2.0 + 0.0 * 6.0) / 300)
+
+
+def _all_picks_agree(s, pts, lengths, new_tokens):
+    """The changes the estimate states are where its own pick changes, run length by run length."""
+    def pick(n):
+        return serving_estimate(pts, lengths, n, new_tokens).pick
+    for n, a, b in s.changes:
+        assert pick(n - 1) == a and pick(n) == b
+
+
+def test_a_pick_that_wins_only_between_two_grid_points_is_stated():
+    # the policy is cheapest from 286 to 461 requests only: between the grid's 200 and 500 before
+    rows = [_row("cudnn", 10.0, new=60.0), _row("flash", 11.0), _row("prefill=cudnn/decode=flash", 10.65)]
+    pts, lengths = [_point(n, rows) for n in (16, 32)], Lengths.of({16: 1, 32: 1})
+    s = serving_estimate(pts, lengths, 300, 4)
+    assert s.pick == "prefill=cudnn/decode=flash"
+    assert [(a, b) for _, a, b in s.changes] == [("flash", s.pick), (s.pick, "cudnn")]
+    _all_picks_agree(s, pts, lengths, 4)
+
+
+@pytest.mark.parametrize("policy, ops, new, want", [
+    # auto's decode ran flash: the cuDNN op is its prefill's
+    ("prefill=cudnn/decode=auto", ("aten::_scaled_dot_product_cudnn_attention", *FLASH_OP), 10.0, (50.0, 0.0)),
+    # every prompt (16 and 32 tokens) is at most decode_max_query: all run the decode phase, none cuDNN
+    ("prefill=cudnn/decode=flash/decode_max_query=64", (), 10.0, (50.0, 0.0)),
+    # both phases one family: the 30 ms the policy paid on its decode steps it pays on its prompts too
+    ("prefill=flash/decode=flash", (), 40.0, (30.0, 30.0)),
+])
+def test_a_policys_phases_are_each_charged_what_they_run(policy, ops, new, want):
+    rows = [_row("cudnn", 10.0, new=60.0), _row("flash", 11.0), _row(policy, 10.5, new=new, ops=ops)]
+    s = serving_estimate([_point(n, rows) for n in (16, 32)], Lengths.of({16: 1, 32: 1}), 10, 4)
+    assert s.first_met_phase_ms.get(policy, (s.first_met_ms[policy],) * 2) == want
+    if "decode_max_query" in policy:  # no prompt runs cuDNN: nothing paid on cuDNN's plans
+        assert s.phase_shapes[policy][0] == 0.0 and s.per_request_ms[policy] == pytest.approx(10.5)
+
+
+def test_a_compiled_candidates_prompts_pay_its_kernels_plans():
+    # cudnn+compile's prompts run eager cuDNN (a generate compiles the decode steps only)
+    rows = [_row("cudnn", 11.0, new=60.0), _row("cudnn+compile", 10.0, compile="default")]
+    s = serving_estimate([_point(n, rows) for n in (16, 32)], Lengths.of({16: 1, 32: 1}), 10, 4)
+    assert s.first_met_phase_ms["cudnn+compile"] == (50.0, 0.0)
+    assert s.per_request_ms["cudnn+compile"] == pytest.approx(10.0 + 50.0 * s.phase_shapes["cudnn+compile"][0] / 10)
+
+
+def test_a_policy_whose_prefill_was_not_measured_alone_says_so():
+    rows = [_row("flash", 11.0), _row("prefill=cudnn/decode=flash", 10.0)]
+    s = serving_estimate([_point(n, rows) for n in (16, 32)], Lengths.of({16: 1, 32: 1}), 10, 4)
+    assert s.pick == "prefill=cudnn/decode=flash" and s.unpriced == (s.pick,)
+    assert any("prefill phase was not measured alone" in line for line in s.text())
+
+
+def test_requests_beyond_the_bound_and_timings_that_are_not_finite_are_refused_or_left_out():
+    rows = [_row("flash", 11.0), _row("math", float("nan"))]
+    pts = [_point(n, rows) for n in (16, 32)]
+    s = serving_estimate(pts, Lengths.of({16: 1}), 10, 4)
+    assert s.pick == "flash" and s.left_out == ("math",)
+    with pytest.raises(ValueError, match="requests must be from 1"):
+        serving_estimate(pts, Lengths.of({16: 1}), 10**309, 4)
+
+
+def test_a_mix_of_thousands_of_lengths_is_estimated_at_once():
+    rows = [_row("cudnn", 10.0, new=60.0), _row("flash", 11.0), _row("prefill=cudnn/decode=flash", 10.6)]
+    lengths = Lengths.of({n: 1 + n % 7 for n in range(16, 4016)})
+    pts = [_point(n, rows) for n in (16, 4015)]
+    s = serving_estimate(pts, lengths, 1000, 256)
+    prompts, steps = lengths.first_met_phases(1000, 256)
+    assert s.first_met == pytest.approx(prompts + steps)
+    assert s.per_request_ms["cudnn"] == pytest.approx(10.0 + 50.0 * (prompts + steps) / 1000)
+
+
+def test_singular_and_plural_are_said_right():
+    s = serving_estimate([_point(n, [_row("flash", 11.0)]) for n in (16, 32)], Lengths.of({16: 1}), 1, 1)
+    assert s.text()[0].startswith("For 1 request of this length mix (batch 4, 1 new token): `flash`")
+    assert "(1 shape met first)" in s.text()[0]
 
 
 def test_one_request_is_said_in_the_singular():

@@ -162,8 +162,8 @@ def _check_combinations(args) -> None:
         raise ValueError(f"{' and '.join(given)}: each says which prompt lengths to measure; choose one")
     if args.requests is not None and args.prompt_lens_from is None:
         raise ValueError("--requests charges the first-met shapes of a length mix: give --prompt-lens-from FILE")
-    if args.requests is not None and args.requests < 1:
-        raise ValueError(f"--requests must be at least 1, got {args.requests}")
+    if args.requests is not None and not 1 <= args.requests <= options.MAX_REQUESTS:
+        raise ValueError(f"--requests must be from 1 to {options.MAX_REQUESTS:.0e}, got {args.requests}")
     if args.prompt_lens is not None and len(args.new_tokens or [1]) > 1:
         raise ValueError("--prompt-lens gives one generate workload; a list of --new-tokens is a sweep over "
                          "--prompt-len (or --prompt-lens-from)")

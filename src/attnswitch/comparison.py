@@ -179,8 +179,10 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
 def check_mix(model: nn.Module, mode: str, lengths: Lengths | None, requests, new_tokens: int) -> None:
     """A sweep's length mix and run of requests, checked before anything is measured: a mix for a generate
     sweep only, and every length of it (not only those measured) within the model's positions."""
-    if isinstance(requests, bool) or not isinstance(requests, numbers.Integral) or requests < 1:
-        raise options.OptionError("{requests} must be a whole number of at least 1, got {got!r}", got=requests)
+    whole = isinstance(requests, numbers.Integral) and not isinstance(requests, bool)
+    if not whole or not 1 <= requests <= options.MAX_REQUESTS:
+        raise options.OptionError("{requests} must be a whole number from 1 to {most:.0e}, got {got!r}",
+                                  got=requests, most=options.MAX_REQUESTS)
     if lengths is None:
         return
     if not isinstance(lengths, Lengths):

@@ -8,6 +8,7 @@ A file holds one length a line (``#`` comments and blank lines allowed), or JSON
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import numbers
@@ -122,16 +123,34 @@ class Lengths:
         return sum(self.first_met_phases(requests, new_tokens))
 
     def first_met_phases(self, requests: int, new_tokens: int) -> tuple[float, float]:
-        """``first_met`` apart: the prefill shapes (prompt lengths) and the decode steps' key lengths."""
+        """``first_met`` apart: the prompt lengths, and the decode steps' key lengths."""
         if requests <= 0:
             return 0.0, 0.0
-        prefill = sum(1 - (1 - w) ** requests for _, w in self.weights)
-        touched: dict[int, float] = {}
-        for n, w in self.weights:
-            for kv in range(n + 1, n + new_tokens):
-                touched[kv] = touched.get(kv, 0.0) + w
-        decode = sum(1 - (1 - min(p, 1.0)) ** requests for p in touched.values())
-        return prefill, decode
+        prompts = sum(1 - (1 - w) ** requests for _, w in self.weights)
+        steps = sum(k * (1 - (1 - p) ** requests) for k, p in self.step_segments(new_tokens))
+        return prompts, steps
+
+    def step_segments(self, new_tokens: int) -> tuple[tuple[int, float], ...]:
+        """The decode steps' key lengths in runs of equal chance: ``(how many key lengths, the chance that one
+        request meets each)``. A request of prompt length n meets n + 1 to n + ``new_tokens`` - 1."""
+        return _step_segments(self.weights, new_tokens)
+
+
+@functools.lru_cache(maxsize=8)
+def _step_segments(weights: tuple[tuple[int, float], ...], new_tokens: int) -> tuple[tuple[int, float], ...]:
+    # a sweep over where the windows of key lengths start and end, the chance summed exactly (no drift)
+    events: dict[int, Fraction] = {}
+    for n, w in weights:
+        if new_tokens > 1:
+            events[n + 1] = events.get(n + 1, Fraction(0)) + Fraction(w)
+            events[n + new_tokens] = events.get(n + new_tokens, Fraction(0)) - Fraction(w)
+    out, chance, at = [], Fraction(0), None
+    for kv in sorted(events):
+        if at is not None and chance > 0:
+            out.append((kv - at, min(float(chance), 1.0)))
+        chance += events[kv]
+        at = kv
+    return tuple(out)
 
 
 def read_lengths(path: str | Path) -> Lengths:

@@ -21,11 +21,13 @@ __all__ = ["OptionError", "near", "BACKENDS", "ALIASES", "COMPARED", "backend_ke
            "parse_policy", "policy_fields", "check_backends", "DTYPES", "dtype_name", "MODES", "CACHES",
            "DEVICE_MAPS", "check_choice", "check_placement", "check_layers", "check_shape", "check_generation",
            "prompt_lengths", "positions_needed", "check_positions", "Preset", "PRESETS", "Source", "model_source",
-           "check_model_workload", "looks_like_hub_id", "MAX_LENGTH"]
+           "check_model_workload", "looks_like_hub_id", "MAX_LENGTH", "MAX_REQUESTS"]
 
 #: the longest prompt (or sequence) taken at all: no model has more positions, and a longer one is a typo
 #: (a model's own table of positions is checked where the model is known)
 MAX_LENGTH = 1 << 24
+#: the most requests a serving estimate is made for
+MAX_REQUESTS = 10**12
 
 
 class OptionError(ValueError):

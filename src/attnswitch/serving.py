@@ -16,17 +16,21 @@ prompt lengths met first and its decode phase's on decode steps'.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+import torch
+
 from .backends import kernel_families, phase_backends
+from .backends.registry import kernel_family
+from .backends.sdpa import FORCED
 from .compiling import split
 from .lengths import Lengths
+from .options import MAX_REQUESTS
 from .results import candidates
 
-__all__ = ["Serving", "serving_estimate", "REQUEST_GRID"]
+__all__ = ["Serving", "serving_estimate", "REQUEST_GRID", "MAX_REQUESTS"]
 
-#: the run lengths (requests) the pick is evaluated at, before the change points are narrowed down
-REQUEST_GRID = tuple(m * 10 ** e for e in range(8) for m in (1, 2, 5))
 
 
 @dataclass(frozen=True)
@@ -48,14 +52,17 @@ class Serving:
     same: tuple[str, ...] = ()  # as cheap as the pick for this run: tied, and paying no more for shapes met first
     left_out: tuple[str, ...] = ()  # candidates not measured at every length (failed, refused, or added at some)
     batch: int | None = None  # the batch size of the points it was made from (a sweep may have several)
-    # a policy per phase whose phases pay differently: (per prompt length, per decode key length) met first
+    # where a candidate's phases pay differently (a policy per phase, a compiled decode): per shape met first
+    # on prompts and on decode steps (``(prompt, step)``), and how many of each this run meets
     first_met_phase_ms: dict[str, tuple[float, float]] = field(default_factory=dict)
+    phase_shapes: dict[str, tuple[float, float]] = field(default_factory=dict)
+    unpriced: tuple[str, ...] = ()  # policies whose prefill phase's plans were not measured (its family alone)
 
     def text(self) -> list[str]:
-        shape = f" (batch {self.batch}, {self.new_tokens} new tokens)" if self.batch else ""
-        many = "s" if self.requests != 1 else ""
-        lines = [f"For {self.requests} request{many} of this length mix{shape}: `{self.pick}`, "
-                 f"{self.per_request_ms[self.pick]:.3f} ms per request ({self.first_met:.0f} shapes met first)."]
+        shape = f" (batch {self.batch}, {_count(self.new_tokens, 'new token')})" if self.batch else ""
+        lines = [f"For {_count(self.requests, 'request')} of this length mix{shape}: `{self.pick}`, "
+                 f"{self.per_request_ms[self.pick]:.3f} ms per request "
+                 f"({_count(round(self.first_met), 'shape')} met first)."]
         if self.same:
             lines.append(f"{_names(self.same)} as cheap: tied at every measured length, and paying no more for "
                          "shapes met first.")
@@ -66,14 +73,9 @@ class Serving:
             own = [self.steady_ms[n] for n in self.tied]
             lines.append(f"Tied candidates are held to one steady cost, {min(own):.3f} ms per request (their own "
                          f"medians {min(own):.3f}-{max(own):.3f} ms, not told apart at any measured length).")
-        if self.pick in self.first_met_phase_ms:
-            p, d = self.first_met_phase_ms[self.pick]
-            lines.append(f"`{self.pick}` pays {p:.3f} ms for each prompt length met first and {d:.3f} ms for each "
-                         "decode step's key length.")
-        elif self.first_met_ms.get(self.pick, 0) > 0:
-            lines.append(f"`{self.pick}` pays {self.first_met_ms[self.pick]:.3f} ms for each shape met first.")
+        lines += self._first_met_lines()
         for n, a, b in self.changes:
-            lines.append(f"From about {n} requests `{b}` is cheaper than `{a}`.")
+            lines.append(f"From about {_count(n, 'request')} `{b}` is cheaper than `{a}`.")
         if not self.changes:
             lines.append("The pick is the same for any number of requests.")
         if self.left_out:
@@ -83,6 +85,27 @@ class Serving:
                          + (" and more" if len(self.outside) > 5 else "")
                          + " lie outside the measured ones: their times are the nearest measured length's.")
         return lines
+
+    def _first_met_lines(self) -> list[str]:
+        """What the pick pays for shapes met first: per phase where its phases pay differently (with how many
+        shapes of each, so that the figures add up), and whether its prefill plans were priced at all."""
+        lines = []
+        if self.pick in self.first_met_phase_ms:
+            (p, d), (on_p, on_d) = self.first_met_phase_ms[self.pick], self.phase_shapes[self.pick]
+            parts = [f"{ms:.3f} ms for each of the {k:.1f} {what} it meets first"
+                     for ms, k, what in ((p, on_p, "prompt lengths"), (d, on_d, "decode shapes")) if ms and k]
+            if parts:  # (what it pays nothing on adds nothing)
+                lines.append(f"`{self.pick}` pays {' and '.join(parts)}.")
+        elif self.first_met_ms.get(self.pick, 0) > 0:
+            lines.append(f"`{self.pick}` pays {self.first_met_ms[self.pick]:.3f} ms for each shape met first.")
+        if self.pick in self.unpriced:
+            lines.append(f"`{self.pick}`'s prefill phase was not measured alone: what its plans cost on prompt "
+                         "lengths met first is not in this estimate.")
+        return lines
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
 
 
 def _names(names) -> str:
@@ -115,13 +138,46 @@ def _first_met_cost(b) -> float:
     return extra if extra > g.seen_shape_step_ms * max(b.noise_pct or 0.0, 10.0) / 100 else 0.0
 
 
-def _first_met_costs(point) -> dict[str, tuple[float, float]]:
-    """At one length, what each candidate pays for a shape met first: ``(a prompt length, a decode step's key
-    length)``. It is measured on decode steps (``_first_met_cost``), and a backend is taken to pay the same for
-    its prompts' shapes. Each is charged at least the most that any candidate of a kernel family it runs there
-    paid (the plan cache they share was filled by the first of them): a policy per phase its prefill phase's
-    families for prompts, its decode phase's for decode steps (its own measured cost is its decode steps').
-    A compiled candidate is charged its own (its recompiles are its graph's, not a shared cache's)."""
+@dataclass(frozen=True)
+class _Charge:
+    """What a candidate pays per shape met first: on a prompt of more than ``short`` tokens (``prompt``), and
+    on a decode step's new key length or a prompt of at most ``short`` tokens (``step``: a policy's decode
+    phase runs those)."""
+
+    prompt: float
+    step: float
+    short: int = 0
+
+
+def _phase_families(phase: str, other: str, ops: tuple) -> tuple[str, ...]:
+    """The SDPA families one phase of a policy runs: a forced backend's own; ``auto``'s read off the
+    candidate's ops, less those the other phase forces (where anything is left); none for the others."""
+    if phase in FORCED:
+        return (phase,)
+    if phase != "auto":
+        return ()
+    present = tuple(dict.fromkeys(f for o in ops if (f := kernel_family([o])) is not None))
+    return tuple(f for f in present if f != other) or present
+
+
+def _policy_fields(name: str) -> tuple[str, str, int]:
+    fields = dict(part.split("=", 1) for part in name.split("/") if "=" in part)
+    prefill, decode = phase_backends(name)
+    try:
+        short = int(fields.get("decode_max_query", 1))
+    except ValueError:
+        short = 1
+    return prefill, decode, short
+
+
+def _first_met_costs(point) -> tuple[dict[str, _Charge], set[str]]:
+    """At one length, what each candidate pays per shape met first, and the policies whose prefill phase's
+    plans were not measured (no candidate ran its family alone). Measured on decode steps (``_first_met_cost``);
+    a backend is taken to pay the same on its prompts. Each is charged at least the most that any candidate of
+    a kernel family it runs there paid (the plan cache they share was filled by the first of them): a policy
+    per phase its prefill phase's families on prompts, its decode phase's on decode steps. A compiled
+    candidate (a generate compiles its decode steps only) is charged its own on decode steps (its recompiles
+    are its graph's, not a shared cache's) and its kernel family's on prompts, which run uncompiled."""
     own = {b.backend: _first_met_cost(b) for b in point.backends}
     most: dict[str, float] = {}
     for b in point.backends:
@@ -129,61 +185,124 @@ def _first_met_costs(point) -> dict[str, tuple[float, float]]:
             for f in kernel_families(b.backend, _ops(b)):
                 most[f] = max(most.get(f, 0.0), own[b.backend])
 
-    def charged(name: str, ops: tuple, base: float) -> float:
-        # a phase that forces no family (``auto``) is read off all the candidate's ops, both phases'
-        return max([base, *(most.get(f, 0.0) for f in kernel_families(name, ops))])
+    def charged(families, base: float) -> float:
+        return max([base, *(most.get(f, 0.0) for f in families)])
 
-    out = {}
+    out, unpriced = {}, set()
     for b in point.backends:
         name, c = b.backend, own[b.backend]
-        if split(name)[1] is not None:
-            out[name] = (c, c)
-        elif "=" in name:
-            prefill, decode = phase_backends(name)
-            out[name] = (charged(prefill, _ops(b), 0.0), charged(decode, _ops(b), c))
+        base, mode = split(name)
+        if "=" in base:
+            prefill, decode, short = _policy_fields(base)
+            fp, fd = _phase_families(prefill, decode, _ops(b)), _phase_families(decode, prefill, _ops(b))
+            if fp and not set(fp) & set(most) and not set(fp) & set(fd):
+                unpriced.add(name)
+            # a prefill phase of the decode phase's family shares the plans the candidate's own steps paid
+            out[name] = _Charge(charged(fp, c if set(fp) & set(fd) else 0.0), charged(fd, c), short)
+        elif mode is not None:
+            out[name] = _Charge(charged(kernel_families(base, _ops(b)), 0.0), c)
         else:
-            out[name] = (charged(name, _ops(b), c),) * 2
-    return out
+            cost = charged(kernel_families(name, _ops(b)), c)
+            out[name] = _Charge(cost, cost)
+    return out, unpriced
 
 
 def _ops(b) -> tuple:
     return tuple(b.attn_ops) + tuple(b.attn_kernel_names)
 
 
-def _costs(points, lengths: Lengths, new_tokens: int):
+def _costs(points, lengths: Lengths):
     names = [n for n in candidates(points[0].ranking) if all(n in p.ranking for p in points)]
     paid = [_first_met_costs(p) for p in points]
     steady, first = {}, {}
     for name in names:
         per = sorted((p.seq, _per_prompt(next(b for b in p.backends if b.backend == name))) for p in points)
-        if any(t is None for _, t in per):
+        if any(t is None or not math.isfinite(t) for _, t in per):
             continue
         steady[name] = sum(w * _at(per, n) for n, w in lengths.weights)
         # where a shape is new to the process: a later length may meet shapes an earlier one's runs cached
-        costs = [c[name] for c in paid if name in c]
-        first[name] = (max(c[0] for c in costs), max(c[1] for c in costs))
-    return steady, first
+        charges = [c[name] for c, _ in paid if name in c]
+        first[name] = _Charge(max(c.prompt for c in charges), max(c.step for c in charges), charges[0].short)
+    unpriced = set().union(*(u for _, u in paid)) & set(steady)
+    return steady, first, unpriced
+
+
+class _Runs:
+    """The shapes runs of requests meet first, for many run lengths at once: each prompt length's expected
+    count and the decode steps' total (``Lengths.first_met_phases``, split by prompt length)."""
+
+    def __init__(self, lengths: Lengths, new_tokens: int):
+        self.lens = torch.tensor(lengths.lengths, dtype=torch.float64)
+        self.weights = torch.tensor([w for _, w in lengths.weights], dtype=torch.float64)
+        segments = lengths.step_segments(new_tokens)
+        self.counts = torch.tensor([k for k, _ in segments], dtype=torch.float64)
+        self.chances = torch.tensor([p for _, p in segments], dtype=torch.float64)
+
+    def met(self, runs) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(prompts [runs, lengths], steps [runs])`` for each run length in ``runs``."""
+        r = torch.as_tensor(runs, dtype=torch.float64)[:, None]
+        prompts = -torch.expm1(r * torch.log1p(-self.weights))  # 1 - (1 - w)^r, exact for tiny w
+        steps = (self.counts * -torch.expm1(r * torch.log1p(-self.chances))).sum(-1)
+        return prompts, steps
+
+    def split(self, charge: _Charge, prompts: torch.Tensor, steps: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The shapes a candidate pays ``prompt`` on and those it pays ``step`` on, per run length."""
+        long = self.lens > charge.short
+        on_prompt = (prompts * long).sum(-1)
+        return on_prompt, steps + (prompts * ~long).sum(-1)
+
+    def costs(self, steady: dict, first: dict, runs) -> tuple[list[str], torch.Tensor]:
+        """Each candidate's expected time per request (ms) for each run length: ``[candidates, runs]``."""
+        parts = []
+        for r in torch.as_tensor(runs, dtype=torch.float64).split(256):  # a mix of many lengths: bounded memory
+            prompts, steps = self.met(r)
+            rows = []
+            for n in steady:
+                on_prompt, on_step = self.split(first[n], prompts, steps)
+                rows.append(steady[n] + (first[n].prompt * on_prompt + first[n].step * on_step) / r)
+            parts.append(torch.stack(rows))
+        return list(steady), torch.cat(parts, dim=1)
+
+
+def _request_grid(top: int) -> list[int]:
+    """Every run length to 100, then every 2 % or so up to ``top``."""
+    grid, n = list(range(1, 101)), 100.0
+    while n < top:
+        n *= 1.02
+        grid.append(min(int(n), top))
+    return sorted(set(grid))
+
+
+#: the run lengths (requests) the pick is evaluated at, before each change point is narrowed down
+REQUEST_GRID = tuple(_request_grid(10**9))
+
+
+def _changes(runs: _Runs, steady: dict, first: dict) -> list[tuple[int, str, str]]:
+    """Where the cheapest candidate changes with the run's length, ``(requests, from, to)``: picks on the grid,
+    each change then narrowed down to the smallest run length with the new pick."""
+    names, costs = runs.costs(steady, first, REQUEST_GRID)
+    picks = [names[i] for i in costs.argmin(0).tolist()]
+
+    def pick(n: int) -> str:
+        return names[int(runs.costs(steady, first, [n])[1][:, 0].argmin())]
+
+    out, prev = [], picks[0]
+    for (lo, _), (hi, now) in zip(zip(REQUEST_GRID, picks), zip(REQUEST_GRID[1:], picks[1:])):
+        while now != prev:  # the smallest run length in (lo, hi] whose pick is not ``prev``
+            a, b = lo, hi
+            while b - a > 1:
+                mid = (a + b) // 2
+                a, b = (a, mid) if pick(mid) != prev else (mid, b)
+            new = pick(b)
+            out.append((b, prev, new))
+            prev, lo = new, b
+    return out
 
 
 def _tied(points, steady: dict) -> tuple[str, ...]:
     """The candidates tied for the pick at every measured length (each length's own ties)."""
     common = [n for n in candidates(points[0].ranking) if n in steady and all(n in p.ties for p in points)]
     return tuple(common) if len(common) > 1 else ()
-
-
-def _first_share(first: dict, lengths: Lengths, new_tokens: int, requests: int) -> dict[str, float]:
-    """Each candidate's cost of the shapes a run of ``requests`` meets first, per shape met (ms): its prompt
-    lengths' and its decode steps' weighed by how many of each the run meets."""
-    met_p, met_d = lengths.first_met_phases(requests, new_tokens)
-    met = met_p + met_d
-    return {n: (p * met_p + d * met_d) / met if met else d for n, (p, d) in first.items()}
-
-
-def _cheapest(steady, first, lengths: Lengths, new_tokens: int, requests: int) -> str:
-    met = lengths.first_met(requests, new_tokens)
-    share = _first_share(first, lengths, new_tokens, requests)
-    cost = {n: steady[n] + share[n] * met / requests for n in steady}
-    return min(cost, key=cost.get)
 
 
 def _held(steady: dict, tied: tuple[str, ...]) -> dict:
@@ -197,38 +316,35 @@ def _held(steady: dict, tied: tuple[str, ...]) -> dict:
 def serving_estimate(points, lengths: Lengths, requests: int, new_tokens: int) -> Serving | None:
     """The estimate over a generate sweep's ``points`` (each a prompt length, ``new_tokens`` each); None
     where no backend ran at every length."""
-    if requests < 1:
-        raise ValueError(f"requests must be at least 1, got {requests}")
+    if not 1 <= requests <= MAX_REQUESTS:
+        raise ValueError(f"requests must be from 1 to {MAX_REQUESTS:.0e}, got {requests}")
     points = sorted(points, key=lambda p: p.seq)
     if not points:
         return None
-    steady, first = _costs(points, lengths, new_tokens)
+    steady, first, unpriced = _costs(points, lengths)
     if not steady:
         return None
     tied = _tied(points, steady)
     held = _held(steady, tied)
-    pick = _cheapest(held, first, lengths, new_tokens, requests)
-    changes, prev_n, prev = [], 1, _cheapest(held, first, lengths, new_tokens, 1)
-    for n in REQUEST_GRID[1:]:
-        now = _cheapest(held, first, lengths, new_tokens, n)
-        if now != prev:
-            lo, hi = prev_n, n  # the smallest run length with the new pick, by bisection
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                lo, hi = (lo, mid) if _cheapest(held, first, lengths, new_tokens, mid) == now else (mid, hi)
-            changes.append((hi, prev, now))
-        prev_n, prev = n, now
+    runs = _Runs(lengths, new_tokens)
+    # what a request costs each: the steady cost the pick is made on (tied candidates held to one), and its
+    # share of the shapes met first; ``steady_ms`` keeps each one's own median
+    names, costs = runs.costs(held, first, [requests])
+    per_request = dict(zip(names, costs[:, 0].tolist()))
+    pick = names[int(costs[:, 0].argmin())]
+    prompts, steps = runs.met([requests])
+    met = float(prompts.sum() + steps.sum())
+    shapes = {n: tuple(float(x) for x in runs.split(first[n], prompts, steps)) for n in names}
+    total = {n: first[n].prompt * shapes[n][0] + first[n].step * shapes[n][1] for n in names}
+    same = tuple(n for n in tied if n != pick and total[n] <= total[pick])
+    phased = [n for n in names if first[n].prompt != first[n].step]
     measured = (points[0].seq, points[-1].seq)
     outside = tuple(n for n in lengths.lengths if not measured[0] <= n <= measured[1])
-    met = lengths.first_met(requests, new_tokens)
-    share = _first_share(first, lengths, new_tokens, requests)
-    same = tuple(n for n in tied if n != pick and share[n] <= share[pick])
-    # what a request costs each: the steady cost the pick was made on (tied candidates held to one), and
-    # its share of the shapes met first; ``steady_ms`` keeps each one's own median
-    per_request = {n: held[n] + share[n] * met / requests for n in steady}
     # measured somewhere but not everywhere (a candidate refused at every length was never in the running)
     seen = dict.fromkeys(n for p in points for n in candidates(p.ranking))
-    return Serving(requests, new_tokens, per_request, steady, {n: share[n] for n in steady}, met, pick,
-                   tuple(changes), outside, tied, same if pick in tied else (),
+    return Serving(requests, new_tokens, per_request, steady,
+                   {n: total[n] / met if met else first[n].step for n in names}, met, pick,
+                   tuple(_changes(runs, held, first)), outside, tied, same if pick in tied else (),
                    tuple(n for n in seen if n not in steady), points[0].batch,
-                   {n: first[n] for n in steady if first[n][0] != first[n][1]})
+                   {n: (first[n].prompt, first[n].step) for n in phased}, {n: shapes[n] for n in phased},
+                   tuple(n for n in names if n in unpriced))
