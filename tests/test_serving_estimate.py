@@ -95,7 +95,7 @@ def test_a_policy_pays_each_phases_plans_on_that_phases_shapes_met_first(request
     assert s.pick == min(s.per_request_ms, key=s.per_request_ms.get)
     if requests == 300:  # flash for a few requests, cudnn for many, the policy between
         assert s.pick == "prefill=cudnn/decode=flash"
-        said = "`prefill=cudnn/decode=flash` pays 50.000 ms for each of the 2.0 prompt lengths it meets first."
+        said = "`prefill=cudnn/decode=flash` pays 50.000 ms for each prompt length it meets first (2.0 in this run)."
         assert said in s.text()
         assert s.per_request_ms[s.pick] == pytest.approx(10.5 + (50.0 * 2.0 + 0.0 * 6.0) / 300)
 
@@ -145,8 +145,27 @@ def test_a_compiled_candidates_prompts_pay_its_kernels_plans():
 def test_a_policy_whose_prefill_was_not_measured_alone_says_so():
     rows = [_row("flash", 11.0), _row("prefill=cudnn/decode=flash", 10.0)]
     s = serving_estimate([_point(n, rows) for n in (16, 32)], Lengths.of({16: 1, 32: 1}), 10, 4)
-    assert s.pick == "prefill=cudnn/decode=flash" and s.unpriced == (s.pick,)
-    assert any("prefill phase was not measured alone" in line for line in s.text())
+    assert s.pick == "prefill=cudnn/decode=flash" and s.unpriced == {s.pick: "cudnn"}
+    assert ("`prefill=cudnn/decode=flash`'s prompts run `cudnn`, which was not measured alone: what it pays on "
+            "prompt lengths met first is not in this estimate.") in s.text()
+
+
+@pytest.mark.parametrize("alone", ["failed", "unavailable", None])
+def test_prompts_run_by_a_backend_not_measured_alone_are_said_unpriced(alone):
+    # cuDNN alone failed, was refused, or was not a candidate: what its plans cost is not known
+    rows = [_row("flash", 11.0), _row("prefill=cudnn/decode=flash", 10.0), _row("cudnn+compile", 10.5,
+                                                                               compile="default")]
+    if alone:
+        rows.append(_row("cudnn", None, status=alone))
+    s = serving_estimate([_point(n, rows) for n in (16, 32)], Lengths.of({16: 1, 32: 1}), 10, 4)
+    assert s.unpriced == {"prefill=cudnn/decode=flash": "cudnn", "cudnn+compile": "cudnn"}
+
+
+def test_a_prefill_phase_that_is_no_sdpa_kernel_pays_what_it_paid_alone():
+    # a kernel that compiles per new shape (as flex does) costs 500 ms a shape alone; so on a policy's prompts
+    rows = [_row("flash", 11.0), _row("flex", 10.0, new=510.0), _row("prefill=flex/decode=flash", 10.5)]
+    s = serving_estimate([_point(n, rows) for n in (16, 32)], Lengths.of({16: 1, 32: 1}), 10, 4)
+    assert s.first_met_phase_ms["prefill=flex/decode=flash"] == (500.0, 0.0) and not s.unpriced
 
 
 def test_requests_beyond_the_bound_and_timings_that_are_not_finite_are_refused_or_left_out():
@@ -154,8 +173,12 @@ def test_requests_beyond_the_bound_and_timings_that_are_not_finite_are_refused_o
     pts = [_point(n, rows) for n in (16, 32)]
     s = serving_estimate(pts, Lengths.of({16: 1}), 10, 4)
     assert s.pick == "flash" and s.left_out == ("math",)
-    with pytest.raises(ValueError, match="requests must be from 1"):
-        serving_estimate(pts, Lengths.of({16: 1}), 10**309, 4)
+    for bad in (10**309, 0, 5.5, True):
+        with pytest.raises(ValueError, match="requests must be a whole number from 1 to 1000000000000, got"):
+            serving_estimate(pts, Lengths.of({16: 1}), bad, 4)
+    inf_cost = dataclasses.replace(_row("cudnn", 9.0, new=float("inf")))  # a broken first-met figure
+    s = serving_estimate([_point(n, [_row("flash", 11.0), inf_cost]) for n in (16, 32)], Lengths.of({16: 1}), 10, 1)
+    assert s.pick == "flash" and s.left_out == ("cudnn",)
 
 
 def test_a_mix_of_thousands_of_lengths_is_estimated_at_once():

@@ -163,7 +163,7 @@ def _check_combinations(args) -> None:
     if args.requests is not None and args.prompt_lens_from is None:
         raise ValueError("--requests charges the first-met shapes of a length mix: give --prompt-lens-from FILE")
     if args.requests is not None and not 1 <= args.requests <= options.MAX_REQUESTS:
-        raise ValueError(f"--requests must be from 1 to {options.MAX_REQUESTS:.0e}, got {args.requests}")
+        raise ValueError(f"--requests must be from 1 to {options.MAX_REQUESTS}, got {args.requests}")
     if args.prompt_lens is not None and len(args.new_tokens or [1]) > 1:
         raise ValueError("--prompt-lens gives one generate workload; a list of --new-tokens is a sweep over "
                          "--prompt-len (or --prompt-lens-from)")

@@ -181,7 +181,7 @@ def check_mix(model: nn.Module, mode: str, lengths: Lengths | None, requests, ne
     sweep only, and every length of it (not only those measured) within the model's positions."""
     whole = isinstance(requests, numbers.Integral) and not isinstance(requests, bool)
     if not whole or not 1 <= requests <= options.MAX_REQUESTS:
-        raise options.OptionError("{requests} must be a whole number from 1 to {most:.0e}, got {got!r}",
+        raise options.OptionError("{requests} must be a whole number from 1 to {most}, got {got!r}",
                                   got=requests, most=options.MAX_REQUESTS)
     if lengths is None:
         return

@@ -126,8 +126,8 @@ class Lengths:
         """``first_met`` apart: the prompt lengths, and the decode steps' key lengths."""
         if requests <= 0:
             return 0.0, 0.0
-        prompts = sum(1 - (1 - w) ** requests for _, w in self.weights)
-        steps = sum(k * (1 - (1 - p) ** requests) for k, p in self.step_segments(new_tokens))
+        prompts = sum(_met(w, requests) for _, w in self.weights)
+        steps = sum(k * _met(p, requests) for k, p in self.step_segments(new_tokens))
         return prompts, steps
 
     def step_segments(self, new_tokens: int) -> tuple[tuple[int, float], ...]:
@@ -138,19 +138,28 @@ class Lengths:
 
 @functools.lru_cache(maxsize=8)
 def _step_segments(weights: tuple[tuple[int, float], ...], new_tokens: int) -> tuple[tuple[int, float], ...]:
-    # a sweep over where the windows of key lengths start and end, the chance summed exactly (no drift)
-    events: dict[int, Fraction] = {}
-    for n, w in weights:
-        if new_tokens > 1:
-            events[n + 1] = events.get(n + 1, Fraction(0)) + Fraction(w)
-            events[n + new_tokens] = events.get(n + new_tokens, Fraction(0)) - Fraction(w)
-    out, chance, at = [], Fraction(0), None
+    # a sweep over where the windows of key lengths start and end, the chances summed exactly (no drift, and
+    # 0 where no window is): each weight an integer over one common power of two
+    if new_tokens <= 1:
+        return ()
+    ratios = [w.as_integer_ratio() for _, w in weights]
+    scale = max(d for _, d in ratios)
+    events: dict[int, int] = {}
+    for (n, _), (num, den) in zip(weights, ratios):
+        events[n + 1] = events.get(n + 1, 0) + num * (scale // den)
+        events[n + new_tokens] = events.get(n + new_tokens, 0) - num * (scale // den)
+    out, chance, at = [], 0, None
     for kv in sorted(events):
         if at is not None and chance > 0:
-            out.append((kv - at, min(float(chance), 1.0)))
+            out.append((kv - at, min(chance / scale, 1.0)))
         chance += events[kv]
         at = kv
     return tuple(out)
+
+
+def _met(chance: float, requests: int) -> float:
+    """``1 - (1 - chance)^requests``, exact for tiny chances and many requests."""
+    return 1.0 if chance >= 1 else -math.expm1(requests * math.log1p(-chance))
 
 
 def read_lengths(path: str | Path) -> Lengths:

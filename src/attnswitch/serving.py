@@ -17,11 +17,13 @@ prompt lengths met first and its decode phase's on decode steps'.
 from __future__ import annotations
 
 import math
+import numbers
+import reprlib
 from dataclasses import dataclass, field
 
 import torch
 
-from .backends import kernel_families, phase_backends
+from .backends import phase_backends
 from .backends.registry import kernel_family
 from .backends.sdpa import FORCED
 from .compiling import split
@@ -56,7 +58,8 @@ class Serving:
     # on prompts and on decode steps (``(prompt, step)``), and how many of each this run meets
     first_met_phase_ms: dict[str, tuple[float, float]] = field(default_factory=dict)
     phase_shapes: dict[str, tuple[float, float]] = field(default_factory=dict)
-    unpriced: tuple[str, ...] = ()  # policies whose prefill phase's plans were not measured (its family alone)
+    # candidate -> the backend its prompts run, where what that one pays per shape met first was not measured
+    unpriced: dict[str, str] = field(default_factory=dict)
 
     def text(self) -> list[str]:
         shape = f" (batch {self.batch}, {_count(self.new_tokens, 'new token')})" if self.batch else ""
@@ -92,15 +95,15 @@ class Serving:
         lines = []
         if self.pick in self.first_met_phase_ms:
             (p, d), (on_p, on_d) = self.first_met_phase_ms[self.pick], self.phase_shapes[self.pick]
-            parts = [f"{ms:.3f} ms for each of the {k:.1f} {what} it meets first"
-                     for ms, k, what in ((p, on_p, "prompt lengths"), (d, on_d, "decode shapes")) if ms and k]
+            parts = [f"{ms:.3f} ms for each {what} it meets first ({k:.1f} in this run)"
+                     for ms, k, what in ((p, on_p, "prompt length"), (d, on_d, "decode shape")) if ms and k]
             if parts:  # (what it pays nothing on adds nothing)
                 lines.append(f"`{self.pick}` pays {' and '.join(parts)}.")
         elif self.first_met_ms.get(self.pick, 0) > 0:
             lines.append(f"`{self.pick}` pays {self.first_met_ms[self.pick]:.3f} ms for each shape met first.")
         if self.pick in self.unpriced:
-            lines.append(f"`{self.pick}`'s prefill phase was not measured alone: what its plans cost on prompt "
-                         "lengths met first is not in this estimate.")
+            lines.append(f"`{self.pick}`'s prompts run `{self.unpriced[self.pick]}`, which was not measured alone: "
+                         "what it pays on prompt lengths met first is not in this estimate.")
         return lines
 
 
@@ -130,11 +133,14 @@ def _per_prompt(b) -> float | None:
 
 def _first_met_cost(b) -> float:
     """What a backend's step paid more for a key length met first (ms), where that is beyond the step's own
-    noise (at least 10 %, as the recommendation tells new-length costs); 0 where it is not."""
+    noise (at least 10 %, as the recommendation tells new-length costs); 0 where it is not; NaN where the
+    figures are not finite (a broken measurement: the candidate is left out)."""
     g = b.generate
     if g is None or g.new_shape_step_ms is None or g.seen_shape_step_ms is None:
         return 0.0
     extra = g.new_shape_step_ms - g.seen_shape_step_ms
+    if not math.isfinite(extra) or not math.isfinite(g.seen_shape_step_ms):
+        return math.nan
     return extra if extra > g.seen_shape_step_ms * max(b.noise_pct or 0.0, 10.0) / 100 else 0.0
 
 
@@ -142,20 +148,23 @@ def _first_met_cost(b) -> float:
 class _Charge:
     """What a candidate pays per shape met first: on a prompt of more than ``short`` tokens (``prompt``), and
     on a decode step's new key length or a prompt of at most ``short`` tokens (``step``: a policy's decode
-    phase runs those)."""
+    phase runs those); ``prompts_by``: the backend its prompts run where what that one pays was not measured
+    (it ran alone nowhere), else None."""
 
     prompt: float
     step: float
     short: int = 0
+    prompts_by: str | None = None
 
 
-def _phase_families(phase: str, other: str, ops: tuple) -> tuple[str, ...]:
-    """The SDPA families one phase of a policy runs: a forced backend's own; ``auto``'s read off the
-    candidate's ops, less those the other phase forces (where anything is left); none for the others."""
-    if phase in FORCED:
-        return (phase,)
-    if phase != "auto":
-        return ()
+def _keys(name: str, ops: tuple, other: str | None = None) -> tuple[str, ...]:
+    """What a backend's cost per shape met first is shared through: a forced SDPA backend's kernel family
+    (its plan cache); ``auto``'s read off the ops (in a policy, less the family its other phase forces, where
+    anything is left); any other backend its own (flex's compiles, a user kernel's own caches)."""
+    if name in FORCED:
+        return (name,)
+    if name != "auto":
+        return (name,)
     present = tuple(dict.fromkeys(f for o in ops if (f := kernel_family([o])) is not None))
     return tuple(f for f in present if f != other) or present
 
@@ -170,41 +179,42 @@ def _policy_fields(name: str) -> tuple[str, str, int]:
     return prefill, decode, short
 
 
-def _first_met_costs(point) -> tuple[dict[str, _Charge], set[str]]:
-    """At one length, what each candidate pays per shape met first, and the policies whose prefill phase's
-    plans were not measured (no candidate ran its family alone). Measured on decode steps (``_first_met_cost``);
-    a backend is taken to pay the same on its prompts. Each is charged at least the most that any candidate of
-    a kernel family it runs there paid (the plan cache they share was filled by the first of them): a policy
-    per phase its prefill phase's families on prompts, its decode phase's on decode steps. A compiled
-    candidate (a generate compiles its decode steps only) is charged its own on decode steps (its recompiles
-    are its graph's, not a shared cache's) and its kernel family's on prompts, which run uncompiled."""
+def _first_met_costs(point) -> dict[str, _Charge]:
+    """At one length, what each candidate pays per shape met first. Measured on decode steps
+    (``_first_met_cost``); a backend is taken to pay the same on its prompts. Each is charged at least the most
+    that any candidate sharing its cache paid alone (``_keys``: the plan cache a kernel family shares was
+    filled by the first of them): a policy per phase its prefill phase's on prompts, its decode phase's on
+    decode steps. A compiled candidate (a generate compiles its decode steps only) is charged its own on
+    decode steps (its recompiles are its graph's, not a shared cache's) and its backend's on prompts, which
+    run uncompiled. What a backend that ran alone nowhere pays on prompts is not known: ``prompts_by``."""
     own = {b.backend: _first_met_cost(b) for b in point.backends}
     most: dict[str, float] = {}
-    for b in point.backends:
-        if split(b.backend)[1] is None and "=" not in b.backend:
-            for f in kernel_families(b.backend, _ops(b)):
-                most[f] = max(most.get(f, 0.0), own[b.backend])
+    for b in point.backends:  # candidates measured alone, uncompiled, with a finite figure
+        name = b.backend
+        if b.status == "ok" and split(name)[1] is None and "=" not in name and math.isfinite(own[name]):
+            for k in _keys(name, _ops(b)):
+                most[k] = max(most.get(k, 0.0), own[name])
 
-    def charged(families, base: float) -> float:
-        return max([base, *(most.get(f, 0.0) for f in families)])
+    def charged(keys, base: float) -> float:
+        return max([base, *(most.get(k, 0.0) for k in keys)])
 
-    out, unpriced = {}, set()
+    out = {}
     for b in point.backends:
         name, c = b.backend, own[b.backend]
         base, mode = split(name)
         if "=" in base:
             prefill, decode, short = _policy_fields(base)
-            fp, fd = _phase_families(prefill, decode, _ops(b)), _phase_families(decode, prefill, _ops(b))
-            if fp and not set(fp) & set(most) and not set(fp) & set(fd):
-                unpriced.add(name)
-            # a prefill phase of the decode phase's family shares the plans the candidate's own steps paid
-            out[name] = _Charge(charged(fp, c if set(fp) & set(fd) else 0.0), charged(fd, c), short)
+            kp, kd = _keys(prefill, _ops(b), decode), _keys(decode, _ops(b), prefill)
+            shared = bool(set(kp) & set(kd))  # one cache: the policy's own steps paid for its prompts too
+            unknown = prefill if not shared and not set(kp) & set(most) else None
+            out[name] = _Charge(charged(kp, c if shared else 0.0), charged(kd, c), short, unknown)
         elif mode is not None:
-            out[name] = _Charge(charged(kernel_families(base, _ops(b)), 0.0), c)
+            kp = _keys(base, _ops(b))
+            out[name] = _Charge(charged(kp, 0.0), c, 0, None if set(kp) & set(most) else base)
         else:
-            cost = charged(kernel_families(name, _ops(b)), c)
+            cost = charged(_keys(name, _ops(b)), c)
             out[name] = _Charge(cost, cost)
-    return out, unpriced
+    return out
 
 
 def _ops(b) -> tuple:
@@ -217,14 +227,15 @@ def _costs(points, lengths: Lengths):
     steady, first = {}, {}
     for name in names:
         per = sorted((p.seq, _per_prompt(next(b for b in p.backends if b.backend == name))) for p in points)
-        if any(t is None or not math.isfinite(t) for _, t in per):
+        charges = [c[name] for c in paid if name in c]
+        if any(t is None or not math.isfinite(t) for _, t in per) or \
+                not all(math.isfinite(c.prompt) and math.isfinite(c.step) for c in charges):
             continue
         steady[name] = sum(w * _at(per, n) for n, w in lengths.weights)
         # where a shape is new to the process: a later length may meet shapes an earlier one's runs cached
-        charges = [c[name] for c, _ in paid if name in c]
-        first[name] = _Charge(max(c.prompt for c in charges), max(c.step for c in charges), charges[0].short)
-    unpriced = set().union(*(u for _, u in paid)) & set(steady)
-    return steady, first, unpriced
+        first[name] = _Charge(max(c.prompt for c in charges), max(c.step for c in charges), charges[0].short,
+                              next((c.prompts_by for c in charges if c.prompts_by), None))
+    return steady, first
 
 
 class _Runs:
@@ -232,33 +243,34 @@ class _Runs:
     count and the decode steps' total (``Lengths.first_met_phases``, split by prompt length)."""
 
     def __init__(self, lengths: Lengths, new_tokens: int):
-        self.lens = torch.tensor(lengths.lengths, dtype=torch.float64)
+        self.lens = torch.tensor(lengths.lengths, dtype=torch.float64)  # ascending
         self.weights = torch.tensor([w for _, w in lengths.weights], dtype=torch.float64)
         segments = lengths.step_segments(new_tokens)
         self.counts = torch.tensor([k for k, _ in segments], dtype=torch.float64)
         self.chances = torch.tensor([p for _, p in segments], dtype=torch.float64)
 
     def met(self, runs) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(prompts [runs, lengths], steps [runs])`` for each run length in ``runs``."""
+        """``(prompts [runs, lengths + 1], steps [runs])`` for each run length in ``runs``: the prompt lengths
+        met first, cumulated (column i: the i shortest lengths; column 0: none), and the decode steps'."""
         r = torch.as_tensor(runs, dtype=torch.float64)[:, None]
         prompts = -torch.expm1(r * torch.log1p(-self.weights))  # 1 - (1 - w)^r, exact for tiny w
+        cum = torch.nn.functional.pad(prompts.cumsum(-1), (1, 0))
         steps = (self.counts * -torch.expm1(r * torch.log1p(-self.chances))).sum(-1)
-        return prompts, steps
+        return cum, steps
 
-    def split(self, charge: _Charge, prompts: torch.Tensor, steps: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def split(self, charge: _Charge, cum: torch.Tensor, steps: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The shapes a candidate pays ``prompt`` on and those it pays ``step`` on, per run length."""
-        long = self.lens > charge.short
-        on_prompt = (prompts * long).sum(-1)
-        return on_prompt, steps + (prompts * ~long).sum(-1)
+        shorter = int(torch.searchsorted(self.lens, float(charge.short), right=True))  # prompts of <= short
+        return cum[:, -1] - cum[:, shorter], steps + cum[:, shorter]
 
     def costs(self, steady: dict, first: dict, runs) -> tuple[list[str], torch.Tensor]:
         """Each candidate's expected time per request (ms) for each run length: ``[candidates, runs]``."""
         parts = []
         for r in torch.as_tensor(runs, dtype=torch.float64).split(256):  # a mix of many lengths: bounded memory
-            prompts, steps = self.met(r)
+            cum, steps = self.met(r)
             rows = []
             for n in steady:
-                on_prompt, on_step = self.split(first[n], prompts, steps)
+                on_prompt, on_step = self.split(first[n], cum, steps)
                 rows.append(steady[n] + (first[n].prompt * on_prompt + first[n].step * on_step) / r)
             parts.append(torch.stack(rows))
         return list(steady), torch.cat(parts, dim=1)
@@ -274,20 +286,23 @@ def _request_grid(top: int) -> list[int]:
 
 
 #: the run lengths (requests) the pick is evaluated at, before each change point is narrowed down
-REQUEST_GRID = tuple(_request_grid(10**9))
+REQUEST_GRID = tuple(_request_grid(MAX_REQUESTS))
 
 
-def _changes(runs: _Runs, steady: dict, first: dict) -> list[tuple[int, str, str]]:
-    """Where the cheapest candidate changes with the run's length, ``(requests, from, to)``: picks on the grid,
-    each change then narrowed down to the smallest run length with the new pick."""
-    names, costs = runs.costs(steady, first, REQUEST_GRID)
+def _changes(runs: _Runs, steady: dict, first: dict, requests: int) -> list[tuple[int, str, str]]:
+    """Where the cheapest candidate changes with the run's length, ``(requests, from, to)``: picks on the grid
+    and at ``requests`` (so that the changes stated agree with the pick made there), each change then narrowed
+    down to the smallest run length with the new pick. A pick that holds over less than about 2 % of the run
+    length, away from ``requests``, can fall between two grid points."""
+    grid = sorted({*REQUEST_GRID, requests})
+    names, costs = runs.costs(steady, first, grid)
     picks = [names[i] for i in costs.argmin(0).tolist()]
 
     def pick(n: int) -> str:
         return names[int(runs.costs(steady, first, [n])[1][:, 0].argmin())]
 
     out, prev = [], picks[0]
-    for (lo, _), (hi, now) in zip(zip(REQUEST_GRID, picks), zip(REQUEST_GRID[1:], picks[1:])):
+    for (lo, _), (hi, now) in zip(zip(grid, picks), zip(grid[1:], picks[1:])):
         while now != prev:  # the smallest run length in (lo, hi] whose pick is not ``prev``
             a, b = lo, hi
             while b - a > 1:
@@ -316,12 +331,13 @@ def _held(steady: dict, tied: tuple[str, ...]) -> dict:
 def serving_estimate(points, lengths: Lengths, requests: int, new_tokens: int) -> Serving | None:
     """The estimate over a generate sweep's ``points`` (each a prompt length, ``new_tokens`` each); None
     where no backend ran at every length."""
-    if not 1 <= requests <= MAX_REQUESTS:
-        raise ValueError(f"requests must be from 1 to {MAX_REQUESTS:.0e}, got {requests}")
+    if isinstance(requests, bool) or not isinstance(requests, numbers.Integral) or not 1 <= requests <= MAX_REQUESTS:
+        raise ValueError(f"requests must be a whole number from 1 to {MAX_REQUESTS}, got {reprlib.repr(requests)}")
+    requests = int(requests)
     points = sorted(points, key=lambda p: p.seq)
     if not points:
         return None
-    steady, first, unpriced = _costs(points, lengths)
+    steady, first = _costs(points, lengths)
     if not steady:
         return None
     tied = _tied(points, steady)
@@ -332,9 +348,9 @@ def serving_estimate(points, lengths: Lengths, requests: int, new_tokens: int) -
     names, costs = runs.costs(held, first, [requests])
     per_request = dict(zip(names, costs[:, 0].tolist()))
     pick = names[int(costs[:, 0].argmin())]
-    prompts, steps = runs.met([requests])
-    met = float(prompts.sum() + steps.sum())
-    shapes = {n: tuple(float(x) for x in runs.split(first[n], prompts, steps)) for n in names}
+    cum, steps = runs.met([requests])
+    met = float(cum[0, -1] + steps[0])
+    shapes = {n: tuple(float(x) for x in runs.split(first[n], cum, steps)) for n in names}
     total = {n: first[n].prompt * shapes[n][0] + first[n].step * shapes[n][1] for n in names}
     same = tuple(n for n in tied if n != pick and total[n] <= total[pick])
     phased = [n for n in names if first[n].prompt != first[n].step]
@@ -344,7 +360,7 @@ def serving_estimate(points, lengths: Lengths, requests: int, new_tokens: int) -
     seen = dict.fromkeys(n for p in points for n in candidates(p.ranking))
     return Serving(requests, new_tokens, per_request, steady,
                    {n: total[n] / met if met else first[n].step for n in names}, met, pick,
-                   tuple(_changes(runs, held, first)), outside, tied, same if pick in tied else (),
+                   tuple(_changes(runs, held, first, requests)), outside, tied, same if pick in tied else (),
                    tuple(n for n in seen if n not in steady), points[0].batch,
                    {n: (first[n].prompt, first[n].step) for n in phased}, {n: shapes[n] for n in phased},
-                   tuple(n for n in names if n in unpriced))
+                   {n: first[n].prompts_by for n in names if first[n].prompts_by})
