@@ -25,14 +25,12 @@ import torch
 
 from .backends import phase_backends
 from .backends.registry import kernel_family
-from .backends.sdpa import FORCED
 from .compiling import split
 from .lengths import Lengths
 from .options import MAX_REQUESTS
 from .results import candidates
 
 __all__ = ["Serving", "serving_estimate", "REQUEST_GRID", "MAX_REQUESTS"]
-
 
 
 @dataclass(frozen=True)
@@ -161,9 +159,7 @@ def _keys(name: str, ops: tuple, other: str | None = None) -> tuple[str, ...]:
     """What a backend's cost per shape met first is shared through: a forced SDPA backend's kernel family
     (its plan cache); ``auto``'s read off the ops (in a policy, less the family its other phase forces, where
     anything is left); any other backend its own (flex's compiles, a user kernel's own caches)."""
-    if name in FORCED:
-        return (name,)
-    if name != "auto":
+    if name != "auto":  # a forced backend's name is its family's
         return (name,)
     present = tuple(dict.fromkeys(f for o in ops if (f := kernel_family([o])) is not None))
     return tuple(f for f in present if f != other) or present
