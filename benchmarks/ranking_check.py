@@ -149,8 +149,7 @@ def _probe_ms() -> float:
     return (time.perf_counter() - t) * 1e3
 
 
-def train_check(out: Path, batch: int = 2, seq: int = 2048, backends=tuple(TRAIN_BACKENDS),
-                name: str = "train", rounds: int = 6) -> dict:
+def train_check(out: Path, batch: int = 2, seq: int = 2048, name: str = "train", rounds: int = 6) -> dict:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
@@ -158,7 +157,7 @@ def train_check(out: Path, batch: int = 2, seq: int = 2048, backends=tuple(TRAIN
                       num_key_value_heads=8, head_dim=128, vocab_size=32000, max_position_embeddings=4096)
     model = Qwen3ForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
     work = make_workload(model, batch=batch, seq=seq, mode="train")
-    names = list(backends)
+    names = list(TRAIN_BACKENDS)
     probe = [_probe_ms()]
     before = independent_train(model, work.kwargs, names, rounds)  # the loop before and after: the host drifts
     probe.append(_probe_ms())

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .backends import phase_backends
+from . import options
 from .backends.registry import kernel_family
 from .compiling import split
 from .lengths import Lengths
@@ -165,16 +165,6 @@ def _keys(name: str, ops: tuple, other: str | None = None) -> tuple[str, ...]:
     return tuple(f for f in present if f != other) or present
 
 
-def _policy_fields(name: str) -> tuple[str, str, int]:
-    fields = dict(part.split("=", 1) for part in name.split("/") if "=" in part)
-    prefill, decode = phase_backends(name)
-    try:
-        short = int(fields.get("decode_max_query", 1))
-    except ValueError:
-        short = 1
-    return prefill, decode, short
-
-
 def _first_met_costs(point) -> dict[str, _Charge]:
     """At one length, what each candidate pays per shape met first. Measured on decode steps
     (``_first_met_cost``); a backend is taken to pay the same on its prompts. Each is charged at least the most
@@ -199,7 +189,7 @@ def _first_met_costs(point) -> dict[str, _Charge]:
         name, c = b.backend, own[b.backend]
         base, mode = split(name)
         if "=" in base:
-            prefill, decode, short = _policy_fields(base)
+            prefill, decode, short = options.policy_fields(options.parse_policy(base))
             kp, kd = _keys(prefill, _ops(b), decode), _keys(decode, _ops(b), prefill)
             shared = bool(set(kp) & set(kd))  # one cache: the policy's own steps paid for its prompts too
             unknown = prefill if not shared and not set(kp) & set(most) else None
