@@ -30,8 +30,8 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 import torch
 
+from attnswitch.candidate import Candidate
 from attnswitch.comparison import compare
-from attnswitch.compiling import label
 from attnswitch.env import environment
 from attnswitch.models import load_model
 from attnswitch.results import candidates
@@ -52,7 +52,7 @@ def summary(report, backends, mode: str) -> dict:
     by = {b.backend: b for b in report.backends}
     rows = {}
     for name in backends:
-        u, c = by.get(name), by.get(label(name, mode))
+        u, c = by.get(name), by.get(str(Candidate(name, mode)))
         rows[name] = {
             "uncompiled_ms": u.time_ms if u and u.ok else None, "uncompiled_status": u.status if u else None,
             "compiled_ms": c.time_ms if c and c.ok else None, "compiled_status": c.status if c else None,
@@ -67,7 +67,7 @@ def summary(report, backends, mode: str) -> dict:
     plain = next((n for n in picks if by[n].compile is None), None)
     comp = next((n for n in picks if by[n].compile is not None), None)
     return {"backends": rows, "pick_uncompiled": plain, "pick_compiled": comp,
-            "pick_changes": None if None in (plain, comp) else comp != label(plain, mode),
+            "pick_changes": None if None in (plain, comp) else comp != str(Candidate(plain, mode)),
             "recommendation": report.recommendation, "ranking": list(report.ranking),
             "time_s": report.settings.get("time_s")}
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import attnswitch
+from attnswitch.candidate import Candidate, Policy, parse
 from attnswitch.cli import main
-from attnswitch.compiling import label, parse_compile, split
+from attnswitch.compiling import parse_compile
 from attnswitch.models import load_model
 from attnswitch.profiling.compiled import attention_seen, merged_modes, mismatch, paid_back
 from attnswitch.profiling.trace import Trace
@@ -25,10 +26,15 @@ def test_compile_modes_parse_and_name_candidates_both_ways():
     assert parse_compile("default,none") == ("default", None)
     assert parse_compile(["reduce-overhead", "max-autotune", "reduce-overhead"]) == ("reduce-overhead", "max-autotune")
     for mode in (None, "default", "reduce-overhead", "max-autotune"):
-        for backend in ("flash", "naive-inplace", "prefill=cudnn/decode=flash"):
-            assert split(label(backend, mode)) == (backend, mode)
-    assert label("flash", "default") == "flash+compile" and label("cudnn", "reduce-overhead") == \
+        for backend in ("flash", "naive-inplace", Policy("cudnn", "flash")):
+            c = Candidate(backend, mode)
+            assert parse(str(c)) == c and parse(str(c)).uncompiled == Candidate(backend)
+    assert str(Candidate("flash", "default")) == "flash+compile" and str(Candidate("cudnn", "reduce-overhead")) == \
         "cudnn+compile:reduce-overhead"
+    assert str(Candidate(Policy("cudnn", "flash"), "default")) == "prefill=cudnn/decode=flash+compile"
+    for bad in ("flash+compile:bogus", "flash+compile:none", "flash+compiled", "+compile"):
+        with pytest.raises(ValueError, match="a compiled candidate is written|an empty backend name"):
+            parse(bad)
     with pytest.raises(ValueError, match="use one of none, default, reduce-overhead, max-autotune"):
         parse_compile("default,fast")
 

@@ -11,6 +11,7 @@ from conftest import tiny
 
 import attnswitch
 from attnswitch import cli, options
+from attnswitch.candidate import check_backends
 from attnswitch.models import _AUTO, PRESETS, load_model, parse_dtype
 from attnswitch.workload import make_workload, position_limit, task_of
 
@@ -104,7 +105,7 @@ def test_an_option_error_keeps_its_wording_through_pickle_and_reads_user_input_a
     back = pickle.loads(pickle.dumps(e))  # (as a process pool or a process group sends it)
     assert str(back) == "new_tokens must be at least 1, got '{layers}'"
     assert back.worded(cli.FLAGS) == "--new-tokens must be at least 1, got '{layers}'"
-    assert options.check_backends(["naive", {"prefill": "cudnn", "decode": "flash_attention"}, "SDPA"]) == [
+    assert check_backends(["naive", {"prefill": "cudnn", "decode": "flash_attention"}, "SDPA"]) == [
         "naive", "prefill=cudnn/decode=flash", "auto"]
 
 

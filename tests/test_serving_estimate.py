@@ -220,7 +220,7 @@ def test_a_compiled_picks_deploy_snippet_switches_then_compiles_what_was_measure
     from conftest import tiny
 
     import attnswitch
-    from attnswitch.compiling import label
+    from attnswitch.candidate import Candidate
     from attnswitch.deploy import deploy_info, load_policy, write_policy
 
     compiled_calls, modes = [], []
@@ -234,7 +234,7 @@ def test_a_compiled_picks_deploy_snippet_switches_then_compiles_what_was_measure
         return run
     monkeypatch.setattr(torch, "compile", fake_compile)
     report = dataclasses.replace(cpu_report, workload={**cpu_report.workload, "mode": workload})
-    report = dataclasses.replace(report, deploy=deploy_info(report, pick=label("flash", mode)))
+    report = dataclasses.replace(report, deploy=deploy_info(report, pick=str(Candidate("flash", mode))))
     d = report.deploy
     assert d["selection"] == "flash" and d["compile"] == mode
     model = tiny("llama")

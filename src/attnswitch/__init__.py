@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 #: public name -> the module that defines it
 _EXPORTS = {
     "BACKENDS": "backends", "register_backend": "backends", "unregister_backend": "backends",
-    "resolve_name": "backends", "Policy": "backends",
+    "resolve_name": "backends", "Policy": "backends", "Candidate": "candidate",
     "CheckResult": "eligibility", "Eligibility": "eligibility", "check": "eligibility",
     "compare": "comparison", "compare_sweep": "comparison",
     "BackendUnavailable": "errors", "UnsupportedModel": "errors", "load_policy": "deploy",

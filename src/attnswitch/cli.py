@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import options, outfolder
+from . import candidate, options, outfolder
 
 __all__ = ["main", "run", "build_parser", "COMMANDS", "EXIT_OK", "EXIT_NOTHING_RAN", "EXIT_BAD_INPUT",
            "EXIT_INTERRUPTED", "EXIT_BROKEN_PIPE", "FLAGS"]
@@ -211,7 +211,7 @@ def _registered() -> list[str]:
 def _check_values(args) -> None:
     """Every name and number the library checks, checked here as the library does (``options``), without
     torch: the model (where its name or path decides), backends, dtype, placement, shapes, generation."""
-    options.check_backends(args.backends, _registered())
+    candidate.check_backends(args.backends, _registered())
     if args.dtype is not None:
         options.dtype_name(args.dtype)
     options.check_placement(args.device_map, args.tp)

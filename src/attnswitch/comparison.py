@@ -17,7 +17,6 @@ from typing import Any
 import torch.nn as nn
 
 from . import options
-from .compiling import split
 from .deploy import deploy_info
 from .lengths import Lengths
 from .numerics import REFERENCES, grad_numerics, numerics, token_agreement
@@ -47,7 +46,7 @@ def _with_numerics(results: list[BackendResult], workload: Workload, reference: 
 
 
 def _checked(results: list[BackendResult], workload: Workload, reference: str, around) -> list[BackendResult]:
-    names = {b.backend: split(b.backend)[0] for b in results}
+    names = {b.backend: str(b.candidate.uncompiled) for b in results}
     ok = [names[b.backend] for b in results if b.ok]
     nums = numerics(workload.model, workload, ok, reference, around=around)
     results = [dataclasses.replace(b, numerics=nums[names[b.backend]])

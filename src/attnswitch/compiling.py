@@ -1,16 +1,14 @@
-"""``torch.compile`` as part of a candidate: its modes, how a compiled candidate is named, ``--compile``.
+"""``torch.compile``'s modes, and ``--compile`` (the modes to run every candidate under).
 
 A leaf without torch, so that the command line answers bad input before importing it. ``none`` is the
-uncompiled run; a compiled candidate is named after its backend (``flash+compile``,
-``cudnn+compile:reduce-overhead``), so that compiled and uncompiled runs of one backend stand side by side
-in one ranking.
+uncompiled run; how a compiled candidate is named (``flash+compile``) is ``candidate``'s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["MODES", "parse_compile", "label", "split"]
+__all__ = ["MODES", "parse_compile"]
 
 #: ``--compile`` values: ``none`` (uncompiled) and torch.compile's modes
 MODES = ("none", "default", "reduce-overhead", "max-autotune")
@@ -32,18 +30,3 @@ def parse_compile(spec: str | Iterable[str | None] | None) -> tuple[str | None, 
     if not modes:
         raise ValueError(f"--compile {spec!r}: name a mode: {', '.join(MODES)}")
     return tuple(dict.fromkeys(modes))
-
-
-def label(backend: str, mode: str | None) -> str:
-    """The candidate's name in a report: the backend, compiled or not."""
-    if mode is None:
-        return backend
-    return f"{backend}+compile" if mode == "default" else f"{backend}+compile:{mode}"
-
-
-def split(name: str) -> tuple[str, str | None]:
-    """``(backend, mode)`` of a candidate's name (``label``'s inverse)."""
-    backend, sep, rest = name.rpartition("+compile")
-    if not sep or (rest and not rest.startswith(":")):
-        return name, None
-    return backend, rest[1:] or "default"

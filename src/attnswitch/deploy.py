@@ -14,29 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .compiling import MODES, split
+from . import candidate, catalog
+from .compiling import MODES
 
 __all__ = ["deploy_info", "policy_document", "write_policy", "load_policy", "MeasuredPolicy", "POLICY_SCHEMA"]
 
 POLICY_SCHEMA = 1
-#: SDPA backend -> its ``SDPBackend`` member, for PyTorch's own ``sdpa_kernel``
-_SDP = {"math": "MATH", "efficient": "EFFICIENT_ATTENTION", "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
-#: attnswitch backend -> transformers' own ``attn_implementation`` running the same kernels
-_TRANSFORMERS = {"auto": "sdpa", "eager": "eager", "flex": "flex_attention", "fa2": "flash_attention_2",
-                 "fa3": "flash_attention_3"}
 #: the versions a measurement holds for (another one: measure again)
 _VERSIONS = ("gpu", "torch", "cuda", "cudnn", "transformers")
-
-
-def _selection_of(pick: str):
-    """``cudnn`` or ``{"prefill": "cudnn", "decode": "flash"}`` for a pick's name."""
-    if "=" not in pick:
-        return pick
-    parts = dict(p.split("=", 1) for p in pick.split("/"))
-    out: dict = {"prefill": parts["prefill"], "decode": parts["decode"]}
-    if "decode_max_query" in parts:
-        out["decode_max_query"] = int(parts["decode_max_query"])
-    return out
 
 
 #: a generate's decode steps compiled and its prefill eager, as a compiled generate candidate is measured
@@ -69,18 +54,19 @@ def _plain_equivalent(sel) -> tuple[str | None, list[str]]:
     """PyTorch's and transformers' own way to run the same kernels, and what it loses; None where none."""
     if isinstance(sel, dict):
         return None, ["a backend per phase: transformers and PyTorch choose one kernel for every call"]
-    if sel in _SDP:
+    row = catalog.row(sel)
+    if row is not None and row.sdp_backend:
         code = ("import torch\nfrom torch.nn.attention import SDPBackend, sdpa_kernel\n\n"
                 "model.set_attn_implementation(\"sdpa\")\n"
-                f"with sdpa_kernel([SDPBackend.{_SDP[sel]}]):  # process-wide while open\n"
+                f"with sdpa_kernel([SDPBackend.{row.sdp_backend}]):  # process-wide while open\n"
                 "    model.generate(**inputs)  # or model(**inputs)")
         loses = ["the flags are process-wide: every thread and every model's SDPA calls are forced while it is open",
                  "no layout change where the backend refuses the inputs as given (grouped k/v heads for "
                  "efficient): SDPA raises 'No available kernel' instead",
                  "under torch.compile the kernel is the one of the first compile, whatever the flags say later"]
         return code, loses
-    if sel in _TRANSFORMERS:
-        return (f"model.set_attn_implementation({_TRANSFORMERS[sel]!r})",
+    if row is not None and row.transformers:
+        return (f"model.set_attn_implementation({row.transformers!r})",
                 [] if sel != "auto" else ["SDPA's own choice may change with the inputs, the GPU or PyTorch"])
     return None, [f"`{sel}` is attnswitch's own: transformers has no attention implementation that runs it"]
 
@@ -113,8 +99,9 @@ def deploy_info(report, pick: str | None = None) -> dict | None:
     pick = pick or report.pick
     if pick is None:
         return None
-    base, mode = split(pick)  # a compiled candidate: its backend, then torch.compile as it was measured
-    sel = _selection_of(base)
+    c = candidate.parse(pick)  # a compiled candidate: its backend, then torch.compile as it was measured
+    mode = c.compile
+    sel = c.policy.as_dict() if c.policy is not None else c.selection
     plain, loses = _plain_equivalent(sel)
     if mode is not None and plain is not None:
         plain = f"# compiled as measured (torch.compile, mode {mode!r}) before the calls below\n{plain}"
@@ -130,9 +117,9 @@ def _selection_and_mode(selection, mode: str | None):
     """A selection and its compile mode, where files and reports from before the ``compile`` field named a
     compiled pick as one string (``flash+compile``)."""
     if mode is None and isinstance(selection, str):
-        base, mode = split(selection)
-        if mode is not None:
-            return (_selection_of(base) if "decode=" in base and "prefill=" in base else base), mode
+        c = candidate.parse(selection)
+        if c.compile is not None:
+            return (c.policy.as_dict() if c.policy is not None else c.selection), c.compile
     return selection, mode
 
 
@@ -223,11 +210,11 @@ def load_policy(path: str | Path) -> MeasuredPolicy:
     mode = doc.get("compile")
     if mode is not None and (not isinstance(mode, str) or mode not in MODES):
         raise ValueError(f"{path}: 'compile' must be one of {', '.join(MODES)} (or null), not {_shown(mode)}")
-    selection, mode = _selection_and_mode(selection, None if mode == "none" else mode)
     if not isinstance(selection, (str, dict)):
         raise ValueError(f"{path}: 'selection' must be a backend name or {{\"prefill\": ..., \"decode\": ...}}, "
                          f"not {_shown(selection)}")
     try:
+        selection, mode = _selection_and_mode(selection, None if mode == "none" else mode)
         resolve_selection(selection)  # an unknown backend: the registry's own error
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: 'selection': {e}") from None

@@ -4,7 +4,7 @@ model sources, dtypes, modes, caches, placements and the numbers of a workload.
 The library (``backends``, ``models``, ``workload``) and the command line check their input here, so that a
 misspelt name is answered at once, with the nearest valid one. An ``OptionError`` names the library's
 parameters (``new_tokens``); the command line words the same error with its flags (``--new-tokens``).
-A leaf module: it imports nothing of attnswitch, nor torch.
+A leaf module: it imports nothing of attnswitch but the catalog of backends, nor torch.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["OptionError", "near", "BACKENDS", "ALIASES", "COMPARED", "backend_key", "unknown_backend",
-           "parse_policy", "policy_fields", "check_backends", "DTYPES", "dtype_name", "MODES", "CACHES",
-           "DEVICE_MAPS", "check_choice", "check_placement", "check_layers", "check_shape", "check_generation",
-           "prompt_lengths", "positions_needed", "check_positions", "Preset", "PRESETS", "Source", "model_source",
-           "check_model_workload", "looks_like_hub_id", "MAX_LENGTH", "MAX_REQUESTS"]
+from . import catalog
+
+__all__ = ["OptionError", "near", "BACKENDS", "ALIASES", "COMPARED", "backend_key", "unknown_backend", "DTYPES",
+           "dtype_name", "MODES", "CACHES", "DEVICE_MAPS", "check_choice", "check_placement", "check_layers",
+           "check_shape", "check_generation", "prompt_lengths", "positions_needed", "check_positions", "Preset",
+           "PRESETS", "Source", "model_source", "check_model_workload", "looks_like_hub_id", "MAX_LENGTH",
+           "MAX_REQUESTS"]
 
 #: the longest prompt (or sequence) taken at all: no model has more positions, and a longer one is a typo
 #: (a model's own table of positions is checked where the model is known)
@@ -65,23 +67,11 @@ def near(word: str, choices: Iterable[str]) -> str:
 
 # -- backends ------------------------------------------------------------------------------------------
 
-#: every built-in backend, in the order the registry holds them (``backends/registry.py`` checks it at import)
-BACKENDS = ("naive", "naive-inplace", "math", "efficient", "flash", "cudnn", "flex", "fa2", "fa3", "auto", "eager",
-            "eager-fp32")
-#: the built-ins compared by default (fa2, fa3: where their package is installed)
-COMPARED = tuple(b for b in BACKENDS if b != "eager-fp32")
-#: alias -> built-in backend
-ALIASES = {
-    "naive_inplace": "naive-inplace", "naiveinplace": "naive-inplace", "mem_efficient": "efficient",
-    "mem-efficient": "efficient", "memory_efficient": "efficient", "efficient_attention": "efficient",
-    "flash_attention": "flash", "cudnn_attention": "cudnn", "sdpa": "auto",
-    "sdpbackend.math": "math", "sdpbackend.efficient_attention": "efficient",
-    "sdpbackend.flash_attention": "flash", "sdpbackend.cudnn_attention": "cudnn",
-    "flex_attention": "flex", "flexattention": "flex",
-    "flash_attention_2": "fa2", "flash_attn_2": "fa2", "flash_attention_3": "fa3", "flash_attn_3": "fa3",
-}
-_VALID = ", ".join(b for b in COMPARED if b not in ("fa2", "fa3")) + " (and fa2, fa3 where their packages are " \
-    "installed)"
+#: every built-in backend, in the order the registry holds them; those compared by default; alias -> backend
+BACKENDS, COMPARED, ALIASES = catalog.NAMES, catalog.COMPARED, catalog.ALIASES
+_PACKAGED = [r.name for r in catalog.ROWS if r.compared and r.package]
+_VALID = (", ".join(b for b in COMPARED if b not in _PACKAGED)
+          + f" (and {', '.join(_PACKAGED)} where their packages are installed)")
 
 
 def unknown_backend(name, choices: Iterable[str], valid: str = _VALID) -> OptionError:
@@ -101,58 +91,6 @@ def backend_key(name, registered: Iterable[str] = ()) -> str:
     if key in ALIASES:
         return ALIASES[key]
     raise unknown_backend(name, [*BACKENDS, *ALIASES, *registered])
-
-
-_PHASE_KEYS = ("prefill", "decode", "decode_max_query")
-
-
-def parse_policy(text: str) -> dict:
-    """``prefill=cudnn/decode=flash[/decode_max_query=N]`` as a dict (names unchecked)."""
-    out: dict = {}
-    for part in text.split("/"):
-        key, eq, value = part.partition("=")
-        if not eq or not key.strip() or not value.strip():
-            raise OptionError("a backend policy is written phase=backend/phase=backend (e.g. prefill=cudnn/"
-                              "decode=flash), not {given!r}", given=text)
-        key, value = key.strip(), value.strip()
-        out[key] = int(value) if key == "decode_max_query" and value.isdigit() else value
-    return out
-
-
-def policy_fields(policy: Mapping) -> tuple[str, str, int]:
-    """``(prefill backend, decode backend, decode_max_query)`` of a policy's mapping, its keys checked."""
-    unknown = set(policy) - set(_PHASE_KEYS)
-    if unknown:
-        raise OptionError("unknown phase key(s) {keys}{hint}; a policy takes 'prefill', 'decode' and optionally "
-                          "'decode_max_query'", keys=", ".join(map(repr, sorted(unknown, key=str))),
-                          hint=near(str(min(unknown, key=str)), _PHASE_KEYS))
-    if "prefill" not in policy or "decode" not in policy:
-        raise OptionError("a backend policy needs both 'prefill' and 'decode'")
-    limit = policy.get("decode_max_query", 1)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise OptionError("decode_max_query must be a positive int, got {got!r}", got=limit)
-    return policy["prefill"], policy["decode"], limit
-
-
-def check_backends(spec, registered: Iterable[str] = ()) -> list[str]:
-    """Each name or policy of ``spec`` (``"all"``, a comma-separated string or an iterable of names) checked:
-    the canonical names, in order, without repeats (policies as written, their names canonical)."""
-    if spec is None or spec == "all":
-        return ["all"]
-    registered = tuple(registered)
-    items = [b for b in spec.split(",") if b.strip()] if isinstance(spec, str) else list(spec)
-    out = []
-    for item in items:
-        if isinstance(item, Mapping) or (isinstance(item, str) and "=" in item):
-            prefill, decode, limit = policy_fields(parse_policy(item) if isinstance(item, str) else item)
-            limit_text = f"/decode_max_query={limit}" if limit != 1 else ""
-            out.append(f"prefill={backend_key(prefill, registered)}/decode={backend_key(decode, registered)}"
-                       + limit_text)
-        else:
-            out.append(backend_key(item, registered))
-    if not out:
-        raise OptionError("no backends given: name at least one, or 'all'")
-    return list(dict.fromkeys(out))
 
 
 # -- dtypes, modes, caches, placement, numbers --------------------------------------------------------

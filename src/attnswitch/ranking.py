@@ -16,8 +16,9 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from . import catalog
 from .backends import kernel_family
-from .compiling import label, split
+from .candidate import Candidate
 from .results import BackendResult, Margin, candidates
 from .stats import paired_margin
 
@@ -54,16 +55,12 @@ class Verdict:
         return tuple(n for n in candidates(self.order) if n not in self.ties)
 
 
-#: forced backends: a compiled graph of one that ran another kernel is not the backend asked for
-_FORCED = ("math", "efficient", "flash", "cudnn")
-
-
 def _good(b: BackendResult) -> bool:
     """Ran, with acceptable numerics (outputs, and gradients in a training step), and, compiled, the kernel
     it forces (``auto``'s compiled graph is only flagged: what it runs is SDPA's choice of its compile)."""
     return (b.ok and b.time_ms is not None and (b.numerics is None or b.numerics.ok)
             and (b.train is None or b.train.grad_ok is not False)
-            and not (b.attn_mismatch and split(b.backend)[0] in _FORCED))
+            and not (b.attn_mismatch and b.candidate.backend in catalog.FORCED))
 
 
 def _margins(good: list[BackendResult], ref: BackendResult) -> dict[str, Margin]:
@@ -82,11 +79,11 @@ def _aliases(by: dict[str, BackendResult]) -> dict[str, str]:
     """``auto`` (compiled or not) -> the forced backend it ran here (compiled alike), where both ran."""
     out = {}
     for name, b in by.items():
-        base, mode = split(name)
-        if base != "auto":
+        c = b.candidate
+        if c.backend != "auto":
             continue
         fam = kernel_family(b.attn_ops + b.attn_kernel_names)
-        target = label(fam, mode) if fam else None
+        target = str(Candidate(fam, c.compile)) if fam else None
         if target in by:
             out[name] = target
     return out

@@ -4,7 +4,7 @@ each. Pure functions over results and their ``ranking.Verdict``."""
 from __future__ import annotations
 
 from .backends import kernel_families, kernel_family
-from .compiling import split
+from .candidate import Candidate
 from .ranking import Verdict
 from .results import BackendResult, candidates
 from .stats import LEVEL
@@ -119,7 +119,7 @@ def _compile_lines(results: list[BackendResult], picks: list[str], by: dict, wor
     plain = [by[n] for n in picks if by[n].compile is None]
     if compiled and plain:
         c, u = compiled[0], plain[0]
-        if split(c.backend)[0] == u.backend:
+        if str(c.candidate.uncompiled) == u.backend:
             lines.append(f"Compiling does not change the pick: `{u.backend}` leads compiled and uncompiled.")
         else:
             lines.append(f"Compiling changes the pick: uncompiled `{u.backend}` ({u.time_ms:.3f} ms), compiled "
@@ -168,11 +168,10 @@ def _cold_peer(best: BackendResult, others: list[BackendResult]) -> BackendResul
     """For ``auto``, the forced backend that ran its kernel and was measured before it (its cold figures are
     the kernel's in a fresh process; ``auto`` met those caches warm). Compiled candidates have none, and are
     none: a compiled graph's new-length cost is its recompiles, its own (as the serving estimate charges)."""
-    base, mode = split(best.backend)
-    if base != "auto" or mode is not None:
+    if best.candidate != Candidate("auto"):
         return None
     fams = kernel_families(best.backend, best.attn_ops + best.attn_kernel_names)
-    return next((o for o in others if o.ok and split(o.backend)[1] is None and split(o.backend)[0] in fams), None)
+    return next((o for o in others if o.ok and o.candidate.compile is None and o.candidate.backend in fams), None)
 
 
 def _deciding_phase(g, o: BackendResult, workload: dict) -> str:

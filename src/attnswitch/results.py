@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import render
+from . import candidate, render
 from .backends import resolve_name
+from .candidate import Candidate
 from .stats import Margin
 
 __all__ = ["SCHEMA_VERSION", "Margin", "LayerStats", "DeviceStats", "TransferStats", "Numerics", "GenerateStats",
@@ -211,6 +212,11 @@ class BackendResult:
     def ok(self) -> bool:
         return self.status == "ok"
 
+    @property
+    def candidate(self) -> Candidate:
+        """What this row ran, as a value: its selection and compile mode (``backend`` is its name)."""
+        return candidate.parse(self.backend)
+
 
 def candidates(ranking) -> list[str]:
     """The ranking without ``eager``: the model's own attention is ranked as the reference the others are
@@ -288,9 +294,10 @@ class Report:
     schema_version: int = SCHEMA_VERSION
 
     def __getitem__(self, name) -> BackendResult:
-        try:  # a policy's name, or a backend registered when the report was made and not now, as it is
-            key = name if isinstance(name, str) and "=" in name else resolve_name(name)
-        except ValueError:
+        try:  # its names made canonical; a backend registered when the report was made and not now, as it is
+            key = str(candidate.parse(name, resolve_name)) if isinstance(name, (str, Candidate)) else \
+                resolve_name(name)
+        except (ValueError, TypeError):
             key = name
         for b in self.backends:
             if b.backend == key:

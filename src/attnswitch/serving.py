@@ -23,9 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import options
 from .backends.registry import kernel_family
-from .compiling import split
 from .lengths import Lengths
 from .options import MAX_REQUESTS
 from .results import candidates
@@ -177,7 +175,8 @@ def _first_met_costs(point) -> dict[str, _Charge]:
     most: dict[str, float] = {}
     for b in point.backends:  # candidates measured alone, uncompiled, with a finite figure
         name = b.backend
-        if b.status == "ok" and split(name)[1] is None and "=" not in name and math.isfinite(own[name]):
+        if b.status == "ok" and b.candidate.compile is None and b.candidate.backend is not None \
+                and math.isfinite(own[name]):
             for k in _keys(name, _ops(b)):
                 most[k] = max(most.get(k, 0.0), own[name])
 
@@ -187,14 +186,15 @@ def _first_met_costs(point) -> dict[str, _Charge]:
     out = {}
     for b in point.backends:
         name, c = b.backend, own[b.backend]
-        base, mode = split(name)
-        if "=" in base:
-            prefill, decode, short = options.policy_fields(options.parse_policy(base))
+        cand = b.candidate
+        if cand.policy is not None:
+            prefill, decode, short = cand.policy.prefill, cand.policy.decode, cand.policy.decode_max_query
             kp, kd = _keys(prefill, _ops(b), decode), _keys(decode, _ops(b), prefill)
             shared = bool(set(kp) & set(kd))  # one cache: the policy's own steps paid for its prompts too
             unknown = prefill if not shared and not set(kp) & set(most) else None
             out[name] = _Charge(charged(kp, c if shared else 0.0), charged(kd, c), short, unknown)
-        elif mode is not None:
+        elif cand.compile is not None:
+            base = str(cand.uncompiled)
             kp = _keys(base, _ops(b))
             out[name] = _Charge(charged(kp, 0.0), c, 0, None if set(kp) & set(most) else base)
         else:

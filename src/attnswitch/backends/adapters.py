@@ -34,17 +34,14 @@ _HALF = (torch.float16, torch.bfloat16)
 
 @dataclass(frozen=True)
 class Adapter:
-    """A kernel from a package: its SDPA-signature function, its check, and where it comes from."""
+    """The runner of a kernel with SDPA's signature: its function, its check and what it takes (where it comes
+    from, its names and its package are its row in ``catalog``)."""
 
     name: str
     fn: Callable
     check: Callable
-    module: str  # the import name whose presence offers it
-    package: str  # the distribution to install
-    install: str  # how to install it, for the reason given when it is absent
-    about: str
     softcap: bool = True
-    aliases: tuple[str, ...] = ()
+    gqa: bool | Callable = True  # grouped-query inputs as they are (or a predicate ``gqa(q, k)``, per call)
 
 
 def importable(name: str) -> bool:
@@ -190,17 +187,5 @@ def hub_adapter(kernel, repo_id: str) -> tuple[Callable, Callable]:
     return fn, check
 
 
-_FA_ABOUT = ("{pkg}'s flash_attn_func ([b, s, h, d], grouped-query heads native, softcap); refuses attention "
-             "masks (padding needs varlen) and causal calls with unequal query and key lengths (bottom-right "
-             "alignment)")
-
 #: the kernels offered when their package is importable
-ADAPTERS = (
-    Adapter("fa2", flash_attn_2, check_flash_attn_2, "flash_attn", "flash-attn",
-            "pip install flash-attn --no-build-isolation (or attnswitch[flash])",
-            _FA_ABOUT.format(pkg="FlashAttention 2 (flash-attn)"), aliases=("flash_attention_2", "flash_attn_2")),
-    Adapter("fa3", flash_attn_3, check_flash_attn_3, "flash_attn_interface", "flash-attn-3",
-            "build FlashAttention 3 from the hopper/ directory of github.com/Dao-AILab/flash-attention",
-            _FA_ABOUT.format(pkg="FlashAttention 3 (flash_attn_interface)") + "; no dropout",
-            aliases=("flash_attention_3", "flash_attn_3")),
-)
+ADAPTERS = (Adapter("fa2", flash_attn_2, check_flash_attn_2), Adapter("fa3", flash_attn_3, check_flash_attn_3))

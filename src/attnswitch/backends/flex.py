@@ -34,13 +34,8 @@ try:
 except ImportError:  # pragma: no cover - a torch without FlexAttention
     create_block_mask = flex_attention = None
 
-__all__ = ["flex_sdpa", "flex_check", "takes_gqa", "ABOUT", "CAUSAL_CACHE", "MASK_CACHE", "cache_info",
+__all__ = ["flex_sdpa", "flex_check", "takes_gqa", "CAUSAL_CACHE", "MASK_CACHE", "cache_info",
            "clear_caches"]
-
-ABOUT = ("torch.nn.attention.flex_attention, compiled once per process per kind of call (Triton kernels; the "
-         "first call of a kind compiles); masks as block masks, additive masks and softcap as score_mods. CUDA "
-         "only: compiling it for CPUs took 35-47 s for the first kind and 10-17 s for each further one (torch "
-         "2.13, an idle 2-core machine)")
 
 #: causal block masks kept (one per query length, key length and device); the oldest go first
 CAUSAL_CACHE = 32

@@ -1,66 +1,40 @@
 """A backend per phase: one backend for prefill calls, another for decode steps (serving engines do this;
-transformers does not). Written ``{"prefill": "cudnn", "decode": "flash"}`` or ``prefill=cudnn/decode=flash``."""
+transformers does not). Written ``{"prefill": "cudnn", "decode": "flash"}`` or ``prefill=cudnn/decode=flash``;
+the value and its text are ``candidate``'s, the names checked against the registry here."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
 
-from .. import options
-from ..compiling import split
-from .registry import default_backends, kernel_family, resolve_name
-from .sdpa import FORCED
+from .. import candidate, catalog, options
+from ..candidate import Candidate, Policy
+from .registry import default_backends, resolve_name
 
 __all__ = ["Policy", "Selection", "resolve_selection", "choose", "parse_backends", "phase_backends",
            "kernel_families"]
-
-
-@dataclass(frozen=True)
-class Policy:
-    """A backend per phase: calls with at most ``decode_max_query`` query tokens are decode steps (one
-    new token each, by default), the rest prefill."""
-
-    prefill: str
-    decode: str
-    decode_max_query: int = 1
-
-    def __str__(self) -> str:
-        limit = f"/decode_max_query={self.decode_max_query}" if self.decode_max_query != 1 else ""
-        return f"prefill={self.prefill}/decode={self.decode}{limit}"
-
 
 Selection = str | Policy
 
 
 def resolve_selection(x) -> Selection:
-    """A backend name (or alias), a ``Policy``, a dict ``{"prefill": ..., "decode": ...}`` or its text
-    ``"prefill=cudnn/decode=flash"``, checked."""
-    if isinstance(x, str) and "=" in x:
-        x = options.parse_policy(x)
-    if isinstance(x, Policy):
-        x = {"prefill": x.prefill, "decode": x.decode, "decode_max_query": x.decode_max_query}
-    if isinstance(x, Mapping):
-        prefill, decode, limit = options.policy_fields(x)
-        return Policy(resolve_name(prefill), resolve_name(decode), limit)
-    return resolve_name(x)
+    """A backend name (or alias, or ``SDPBackend``), a ``Policy``, a dict ``{"prefill": ..., "decode": ...}``
+    or its text ``"prefill=cudnn/decode=flash"``, checked against the registry."""
+    return candidate.selection_of(x, resolve_name)
 
 
-def phase_backends(name: str) -> tuple[str, ...]:
-    """The backends a candidate's name runs: a policy's (``prefill=A/decode=B``: A and B), else the name. Read
-    off the text alone (a report read back may name kernels not registered in this process)."""
-    if "=" not in name:
-        return (name,)
-    fields = dict(part.split("=", 1) for part in name.split("/") if "=" in part)
-    return tuple(fields[k] for k in ("prefill", "decode") if k in fields)
+def phase_backends(name: str | Candidate) -> tuple[str, ...]:
+    """The backends a candidate runs: a policy's phases', else its one backend. Read off the name alone (a
+    report read back may name kernels not registered in this process)."""
+    return candidate.parse(name).backends
 
 
-def kernel_families(name: str, ops: Iterable[str] = ()) -> tuple[str, ...]:
+def kernel_families(name: str | Candidate, ops: Iterable[str] = ()) -> tuple[str, ...]:
     """The SDPA families whose kernels (and plan caches) a candidate runs: a forced backend's own, compiled or
     not; a policy's phases' (a phase that forces none, as ``auto``, read off ``ops``); otherwise what ``ops``
     (its op and kernel names) say, as for ``auto``. Empty where none is an SDPA family's (naive, a user's)."""
-    phases = phase_backends(split(name)[0])
-    forced = [p for p in phases if p in FORCED]
-    found = kernel_family(ops) if len(forced) < len(phases) else None
+    c = candidate.parse(name)
+    forced = c.forced_families
+    found = catalog.kernel_family(ops) if len(forced) < len(c.backends) else None
     return tuple(dict.fromkeys([*forced, *([found] if found else [])]))
 
 
@@ -73,13 +47,14 @@ def choose(sel: Selection, q_len: int) -> str:
 
 def parse_backends(spec, device) -> list[str]:
     """Canonical names, in order, without repeats, from ``spec``: None or ``"all"`` (every backend that
-    can exist on ``device``), a comma-separated string, or an iterable of names; a policy per phase
-    (``prefill=cudnn/decode=flash``) is a candidate of its own."""
+    can exist on ``device``), a comma-separated string, or an iterable of names, ``Candidate``s (their
+    selection), policies and their mappings; a policy per phase (``prefill=cudnn/decode=flash``) is a
+    candidate of its own."""
     if spec is None or spec == "all":
         return default_backends(device)
     if isinstance(spec, str):
         spec = [b for b in spec.split(",") if b.strip()]
-    result = [str(resolve_selection(b)) if not isinstance(b, str) or "=" in b else resolve_name(b) for b in spec]
+    result = [str(resolve_selection(b.selection if isinstance(b, Candidate) else b)) for b in spec]
     if not result:
         raise options.OptionError("no backends given: name at least one, or 'all'")
     return list(dict.fromkeys(result))

@@ -18,12 +18,12 @@ from importlib.metadata import PackageNotFoundError, packages_distributions, ver
 import torch
 from torch.nn.attention import SDPBackend
 
-from .. import options
+from .. import catalog, options
 from ..errors import Refused
 from . import adapters, flex
 from .call import Call, note, repeat_kv, unavailable, validate
 from .naive import naive_attention
-from .sdpa import GPU_ONLY, runner, sdpa_auto
+from .sdpa import runner, sdpa_auto
 
 __all__ = ["Backend", "REFERENCE", "MODEL_LEVEL", "REGISTRY", "get", "names", "resolve_name", "register_backend",
            "unregister_backend", "define_backend", "default_backends", "kernel_family", "KERNEL_OPS",
@@ -47,39 +47,31 @@ class Backend:
     module: str | None = None  # the import name that offers it: among "all" backends only where importable
 
 
-#: the numerics reference: the model's own eager attention computed in float32 inside a model that stays in
-#: its dtype (a model too large for a float32 copy); not compared
-REFERENCE = "eager-fp32"
-#: backends that are the model's own attention code
-MODEL_LEVEL = frozenset({"eager", REFERENCE})
+REFERENCE = catalog.REFERENCE  # the model's eager attention in float32: the numerics reference, not compared
+MODEL_LEVEL = catalog.MODEL_LEVEL  # the model's own attention code
+_SDPA_ENUM = {r.name: getattr(SDPBackend, r.sdp_backend) for r in catalog.ROWS if r.sdp_backend}
+#: each built-in's runner (None: the model's own attention, which needs its module); flex and the adapters are
+#: registered below through register_backend's path
+_RUNNERS: dict[str, Runner | None] = {
+    "naive": functools.partial(naive_attention, inplace=False),
+    "naive-inplace": functools.partial(naive_attention, inplace=True),
+    **{name: runner(name) for name in catalog.FORCED},
+    "auto": sdpa_auto, "eager": None, REFERENCE: None,
+}
+#: the built-ins with SDPA's signature, registered as a user's kernel is
+_KERNELS = {"flex": adapters.Adapter("flex", flex.flex_sdpa, flex.flex_check, softcap=True, gqa=flex.takes_gqa),
+            **{a.name: a for a in adapters.ADAPTERS}}
 
-_SDPA_ENUM = {"math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-              "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
-_FIRST = [
-    Backend("naive", "q @ kᵀ * scale, masked_fill (out of place: one extra Memcpy DtoD), softmax, @ v",
-            functools.partial(naive_attention, inplace=False)),
-    Backend("naive-inplace", "the same with masked_fill_ (no Memcpy)",
-            functools.partial(naive_attention, inplace=True)),
-    Backend("math", "SDPA's math backend (its own ATen op)", runner("math")),
-    Backend("efficient", "SDPA's memory-efficient (CUTLASS) kernel", runner("efficient"),
-            devices=frozenset({"cuda"})),
-    Backend("flash", "SDPA's FlashAttention-2 kernel (on CPUs, its flash kernel for CPUs)",
-            runner("flash")),
-    Backend("cudnn", "SDPA's cuDNN kernel", runner("cudnn"), devices=frozenset({"cuda"})),
-]
-# after flex and the adapters, which are registered below through register_backend's path
-_LAST = [
-    Backend("auto", "SDPA's own choice (transformers' sdpa function in a model)", sdpa_auto),
-    Backend("eager", "the model's own transformers eager attention"),
-    Backend(REFERENCE, "the model's eager attention computed in float32 (numerics reference)", compared=False),
-]
-assert GPU_ONLY == {b.name for b in _FIRST if b.devices == frozenset({"cuda"})}
+
+def _builtin(r: catalog.Row) -> Backend:
+    return Backend(r.name, r.about, _RUNNERS[r.name], devices=r.devices, compared=r.compared)
+
 
 #: name -> Backend, every one registered; read it anywhere, change it only through (un)register_backend
-REGISTRY: dict[str, Backend] = {b.name: b for b in _FIRST}
+REGISTRY: dict[str, Backend] = {}
 # every built-in alias (flex's and the adapters' too, which they declare again when registered); the names
 # and aliases the command line checks before torch is imported are these (checked below)
-_ALIASES = dict(options.ALIASES)
+_ALIASES: dict[str, str] = {}
 _LOCK = threading.Lock()
 
 
@@ -174,18 +166,8 @@ def package_of(name: str) -> str | None:
 
 
 #: ATen ops that name the attention kernel family, wherever they sit under an attention call
-KERNEL_OPS = ("aten::_scaled_dot_product", "aten::_flash_attention", "aten::_efficient_attention",
-              "aten::_cudnn_attention")
-_FAMILIES = ("cudnn", "flash", "efficient", "math")
-
-
-def kernel_family(op_names: Iterable[str]) -> str | None:
-    """Which SDPA backend family a list of ATen op or kernel names ran (``cudnn``, ``flash``, ...)."""
-    op_names = list(op_names)
-    for fam in _FAMILIES:
-        if any(fam in n for n in op_names):
-            return fam
-    return None
+KERNEL_OPS = catalog.KERNEL_OPS
+kernel_family = catalog.kernel_family
 
 
 # -- kernels with SDPA's signature: a user's, and flex and the adapters --------------------------------
@@ -351,12 +333,21 @@ def unregister_backend(name: str) -> None:
             del _ALIASES[alias]
 
 
-# -- flex and the adapters, through the path a user's kernel takes; then auto and eager --------------
+# -- the built-ins, in the catalog's order: flex and the adapters through the path a user's kernel takes -------
 
-define_backend("flex", flex.flex_sdpa, devices={"cuda"}, check=flex.flex_check, gqa=flex.takes_gqa, softcap=True,
-               about=flex.ABOUT, aliases=("flex_attention", "flexattention"), builtin=True)
-for _a in adapters.ADAPTERS:
-    define_backend(_a.name, _a.fn, devices={"cuda"}, check=_a.check, gqa=True, softcap=_a.softcap, about=_a.about,
-                   package=_a.package, module=_a.module, install=_a.install, aliases=_a.aliases, builtin=True)
-REGISTRY.update({b.name: b for b in _LAST})
-assert tuple(REGISTRY) == options.BACKENDS and _ALIASES == options.ALIASES, "options.py's backend tables are stale"
+def _register_builtins() -> None:
+    missing = [r.name for r in catalog.ROWS if r.name not in _RUNNERS and r.name not in _KERNELS]
+    unknown = (set(_RUNNERS) | set(_KERNELS)) - set(catalog.NAMES)
+    if missing or unknown:  # a row without its runner, or a runner without its row: not one silent gap
+        raise ImportError(f"built-in backends without a runner: {missing}; runners without a catalog row: {unknown}")
+    for r in catalog.ROWS:
+        k = _KERNELS.get(r.name)
+        if k is None:
+            REGISTRY[r.name] = _builtin(r)
+            _ALIASES.update({a: r.name for a in r.aliases})
+        else:
+            define_backend(r.name, k.fn, devices=r.devices, check=k.check, gqa=k.gqa, softcap=k.softcap, about=r.about,
+                           package=r.package, module=r.module, install=r.install, aliases=r.aliases, builtin=True)
+
+
+_register_builtins()

@@ -20,15 +20,14 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from .. import stderr
+from .. import catalog, stderr
 from .call import Call, note, repeat_kv, unavailable, validate
 
 __all__ = ["forced", "runner", "COMMON_OPS", "common_call", "sdpa_auto", "auto_reasons", "auto_choice",
            "eligibility", "GPU_ONLY", "FORCED"]
 
-#: the backends attnswitch forces, and those PyTorch implements only for CUDA tensors
-FORCED = ("math", "efficient", "flash", "cudnn")
-GPU_ONLY = frozenset({"efficient", "cudnn"})
+#: the backends attnswitch forces, and the built-ins that run on CUDA tensors only (``catalog``'s rows)
+FORCED, GPU_ONLY = catalog.FORCED, catalog.GPU_ONLY
 # PyTorch's checks as its C++ functions where this torch has them (the public ones are a Python frame
 # around them, and they run once per attention call)
 _CAN_USE = {"flash": getattr(torch._C, "_can_use_flash_attention", torch.backends.cuda.can_use_flash_attention),
@@ -419,7 +418,5 @@ def auto_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: to
     """The backend SDPA's own choice (``auto``) takes for these inputs under the current flags."""
     choice = int(torch._fused_sdp_choice(q, k, v, attn_mask, dropout_p, is_causal, scale=scale,
                                          enable_gqa=enable_gqa))
-    names = {int(torch.nn.attention.SDPBackend.MATH): "math", int(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
-             "flash", int(torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION): "efficient",
-             int(torch.nn.attention.SDPBackend.CUDNN_ATTENTION): "cudnn"}
+    names = {int(getattr(torch.nn.attention.SDPBackend, r.sdp_backend)): r.name for r in catalog.ROWS if r.sdp_backend}
     return names.get(choice, str(torch.nn.attention.SDPBackend(choice)).split(".")[-1].lower())

@@ -28,6 +28,7 @@ import functools
 
 import torch
 
+from .. import catalog
 from ..errors import BackendUnavailable
 from . import flex, naive
 from .call import Call, describe
@@ -40,7 +41,7 @@ _ARGS = ("Tensor q, Tensor k, Tensor v, Tensor? mask, float dropout, bool causal
          "Tensor? sinks, str backend, str site")
 _LIB.define(f"attention({_ARGS}) -> Tensor")
 #: backends whose ops inductor could turn into another kernel: one opaque node each
-OPAQUE = frozenset({"naive", "naive-inplace", "math"})
+OPAQUE = catalog.OPAQUE
 
 
 def tracing(t: torch.Tensor) -> bool:

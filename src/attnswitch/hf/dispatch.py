@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from .. import backends, instrument
+from .. import backends, catalog, instrument
 from ..backends import MODEL_LEVEL, REFERENCE, Call
 from ..backends.naive import causal_mask
 from ..backends.sdpa import COMMON_OPS, auto_reasons
@@ -200,7 +200,7 @@ def _dispatch(sel, fwd: Forward | None, module, query, key, value, mask, kw: dic
     elif mask is not None and mask.dtype == torch.float32 and query.dtype != torch.float32:
         mask = mask.to(query.dtype)  # SDPA takes float masks; every other dtype goes on to its error
     weights = bool(get("output_attentions", False))
-    if weights and name not in ("naive", "naive-inplace", "math"):
+    if weights and name not in catalog.WEIGHTS:
         warnings.warn(f"the {name} backend cannot return attention weights; attentions will be None", stacklevel=3)
     sinks = get("s_aux")
     out, weights = run_backend(name, _new_call((query, key, value, mask, get("dropout", 0.0), causal, get("scaling"),

@@ -16,8 +16,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from .. import candidate
 from ..backends import kernel_families, not_offered, package_of, parse_backends
-from ..compiling import label, parse_compile, split
+from ..compiling import parse_compile
 from ..dist import world
 from ..env import environment
 from ..hf import require_interface
@@ -78,12 +79,12 @@ def _prepared(t: Target, names: list[str], progress, spent: dict, **kw) -> list:
         result = prepare_backend(t, name, **kw)
         package = package_of(name)  # a third-party kernel: its distribution and version
         results.append(dataclasses.replace(result, package=package) if package else result)
-        spent[label(name, t.compile)] = time.perf_counter() - t0
+        spent[str(candidate.parse(name).compiled(t.compile))] = time.perf_counter() - t0
 
     # the backends that run another candidate's kernel (auto, a policy per phase) last: a plan cache is the
     # kernel's, so whichever of them runs first pays its cold costs, and a forced backend's own are the ones
     # a deployment of it meets
-    for name in sorted(names, key=_borrows):
+    for name in sorted(names, key=lambda n: candidate.parse(n).borrows):
         prepare(name)
     pair = policy_candidate(results) if t.mode == "generate" else None
     if pair is not None and pair not in names:  # the best prefill and the best decode backend, together
@@ -93,19 +94,13 @@ def _prepared(t: Target, names: list[str], progress, spent: dict, **kw) -> list:
     return sorted(results, key=lambda r: given.get(r.backend, len(names)))
 
 
-def _borrows(name: str) -> bool:
-    """Whether a candidate runs kernels other candidates force: ``auto``, or a policy per phase."""
-    base = split(name)[0]
-    return base == "auto" or "=" in base
-
-
 def _warmed(r, before: list):
     """``r``, with a note where a candidate measured before it ran its kernel: its cold step and new-length
     figures met that kernel's caches warm (a deployment of it alone pays what that one paid)."""
-    if not r.ok or not _borrows(r.backend):
+    if not r.ok or not r.candidate.borrows:
         return r
     ran = kernel_families(r.backend, r.attn_ops + r.attn_kernel_names)
-    by = [b.backend for b in before if b.ok and split(b.backend)[0] in ran]
+    by = [b.backend for b in before if b.ok and b.candidate.backend in ran]
     if not by:
         return r
     names = ", ".join(f"`{n}`" for n in by)

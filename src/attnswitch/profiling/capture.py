@@ -28,9 +28,8 @@ import torch
 import torch.nn as nn
 from torch.autograd.profiler import record_function
 
-from .. import dist, instrument, stderr
+from .. import candidate, dist, instrument, stderr
 from ..backends import recording_notes, resolve_name
-from ..compiling import label, split
 from ..device import default_device, device_of, devices_of, sync
 from ..errors import BackendUnavailable, UnsupportedModel
 from ..results import BackendResult
@@ -134,13 +133,13 @@ class Target:
         """The candidate ``name`` for a block: its backend, compiled where it is a compiled candidate's name
         (``flash+compile``) or the target compiles every step (``compile``). A model is switched alone; a
         plain callable runs under a global backend."""
-        backend, mode = split(name)
-        mode = mode if mode is not None else self.compile
+        c = candidate.parse(name)
+        mode = c.compile if c.compile is not None else self.compile
         if mode is None:
-            return use_backend(backend, model=self.model)
+            return use_backend(c.selection, model=self.model)
         stack = contextlib.ExitStack()
-        stack.enter_context(use_backend(backend, model=self.model))
-        stack.enter_context(compiled_forward(self.model, backend, mode, decode_only=self.mode == "generate"))
+        stack.enter_context(use_backend(c.selection, model=self.model))
+        stack.enter_context(compiled_forward(self.model, str(c.uncompiled), mode, decode_only=self.mode == "generate"))
         return stack
 
     def context(self):
@@ -291,7 +290,8 @@ def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, prof
                 torch.cuda.reset_peak_memory_stats(d)
         steady = [_run(target, next(calls)) for _ in range(iters)]
         peaks = {d.index: torch.cuda.max_memory_allocated(d) / 2**20 for d in target.devices} if cuda else {}
-        prof = _profiled(target, label(name, target.compile), profile_steps, trace_dir) if profile_steps else None
+        prof = _profiled(target, str(candidate.parse(name).compiled(target.compile)), profile_steps, trace_dir) \
+            if profile_steps else None
         entries = (entries, target.compiled_entries(name))
     attn = [a for r in steady for a in r.attn]
     # the host figures of one step, the median one, so that its attention calls and the rest add up to it
@@ -336,7 +336,7 @@ def prepare_backend(target: Target, name: str, *, warmup: int = 1, iters: int = 
     memory, and one profiled pass of ``profile_steps`` steps (0: none; the counts per step are the same
     in every step, so a few suffice). A backend that cannot run gives status ``unavailable`` (PyTorch's
     reasons) or ``failed`` (out of memory, ...); never raises."""
-    name = name if "=" in name else resolve_name(name)
+    name = str(candidate.parse(name, resolve_name))
     try:
         return BackendResult(**_measure(target, name, warmup, iters, trace_dir, profile_steps))
     except BackendUnavailable as e:

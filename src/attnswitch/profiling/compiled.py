@@ -23,8 +23,8 @@ from collections.abc import Iterable
 import torch
 import torch.nn as nn
 
-from ..backends import kernel_family
-from ..compiling import label, split
+from .. import candidate, catalog
+from ..candidate import Candidate
 from .clock import query_length
 from .trace import DEVICE_KINDS, Trace
 
@@ -33,8 +33,6 @@ __all__ = ["CompiledForward", "compiled_forward", "graphs_compiled", "attention_
 
 _IDS = itertools.count()
 _CANDIDATES: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
-#: kernel names that name an SDPA family without saying it (CUTLASS's memory-efficient kernels)
-_KERNEL_FAMILIES = (("fmha_cutlass", "efficient"), ("_efficient_attention", "efficient"))
 
 
 def _entry(forward, name: str):
@@ -104,14 +102,7 @@ def graphs_compiled() -> int:
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
-def attention_family(name: str) -> str | None:
-    """The SDPA family an op's or kernel's name is of (None: not an attention kernel's)."""
-    for pattern, fam in _KERNEL_FAMILIES:
-        if pattern in name:
-            return fam
-    if "attention" in name or "sdpa" in name or "fmha" in name or "flash" in name:
-        return kernel_family([name])
-    return None
+attention_family = catalog.attention_family
 
 
 def attention_seen(trace: Trace) -> tuple[str | None, tuple[str, ...]]:
@@ -131,22 +122,23 @@ def attention_seen(trace: Trace) -> tuple[str | None, tuple[str, ...]]:
 
 def expected_family(backend: str) -> str | None:
     """The family a forced backend's kernel is (None: one that runs no SDPA kernel, or SDPA's own choice)."""
-    return backend if backend in ("math", "efficient", "flash", "cudnn") else None
+    return catalog.family_of(backend)
 
 
-_NO_SDPA = ("naive", "naive-inplace", "eager", "flex")
+def _allowed_one(backend: str) -> set | None:
+    r = catalog.row(backend)
+    if r is None or r.sdpa is None:  # SDPA's choice, a FlashAttention package's or a user's kernel: any
+        return None
+    if r.family is None:
+        return {None}
+    return {r.family} if r.named else {r.family, None}  # math's GEMMs name no family on a GPU
 
 
-def _allowed(backend: str) -> set | None:
+def _allowed(backend: str | Candidate) -> set | None:
     """The families a compiled graph of ``backend`` may run (None: any: SDPA's choice, or a kernel of the
     user's, which may well be SDPA); a policy per phase takes its phases'."""
-    if "=" in backend:
-        phases = [p.partition("=")[2] for p in backend.split("/") if p.startswith(("prefill=", "decode="))]
-        parts = [_allowed(p) for p in phases]
-        return None if any(p is None for p in parts) else set().union(*parts)
-    if backend in ("math", "efficient", "flash", "cudnn"):
-        return {backend, None} if backend == "math" else {backend}  # math's GEMMs name no family on a GPU
-    return {None} if backend in _NO_SDPA else None
+    parts = [_allowed_one(b) for b in candidate.parse(backend).backends]
+    return None if any(p is None for p in parts) else set().union(*parts)
 
 
 def mismatch(backend: str, seen: str | None, auto_seen: Iterable[str | None] = ()) -> str | None:
@@ -175,10 +167,10 @@ def _pays_after(c, base) -> float | None:
 
 def merged_modes(runs: dict) -> list:
     """One list of candidates from each compile mode's prepared results (``{mode: [BackendResult]}``):
-    compiled ones named after their backend (``compiling.label``), so that every candidate is timed in the
+    compiled ones named after their backend (``flash+compile``: ``candidate``), so that every candidate is timed in the
     same interleaved rounds, and ``auto`` compiled checked against the kernel uncompiled ``auto`` ran."""
     uncompiled = {r.backend: r for r in runs.get(None, [])}
-    auto_seen = [kernel_family(uncompiled["auto"].attn_ops)] if "auto" in uncompiled else []
+    auto_seen = [catalog.kernel_family(uncompiled["auto"].attn_ops)] if "auto" in uncompiled else []
     out = list(runs.get(None, []))
     for mode, results in runs.items():
         if mode is None:
@@ -187,7 +179,8 @@ def merged_modes(runs: dict) -> list:
             extra = {}
             if r.backend == "auto" and r.ok:
                 extra["attn_mismatch"] = mismatch("auto", r.attn_seen, auto_seen)
-            out.append(dataclasses.replace(r, backend=label(r.backend, mode), compile=mode, **extra))
+            out.append(dataclasses.replace(r, backend=str(candidate.parse(r.backend).compiled(mode)), compile=mode,
+                                           **extra))
     return out
 
 
@@ -195,5 +188,5 @@ def paid_back(results: list) -> list:
     """Each timed compiled candidate with the steps after which its compile pays for itself against the
     same backend uncompiled."""
     uncompiled = {r.backend: r for r in results if r.compile is None}
-    return [dataclasses.replace(r, compile_pays_after=_pays_after(r, uncompiled.get(split(r.backend)[0])))
+    return [dataclasses.replace(r, compile_pays_after=_pays_after(r, uncompiled.get(str(r.candidate.uncompiled))))
             if r.compile is not None else r for r in results]

@@ -6,6 +6,7 @@ calls with their key lengths); nothing here runs a model.
 
 from __future__ import annotations
 
+from ..candidate import Candidate, Policy
 from ..results import GenerateStats, SlowCall, TrainStats
 from ..stats import median, percentile
 
@@ -141,10 +142,10 @@ def train_stats(workload, steady: list) -> TrainStats:
 def policy_candidate(results: list) -> str | None:
     """When the backend fastest to the first token and the one with the fastest decode steps differ, the
     policy that runs each in its phase (``prefill=A/decode=B``), as a candidate of its own."""
-    ran = [b for b in results if b.ok and b.generate is not None and "=" not in b.backend]
+    ran = [b for b in results if b.ok and b.generate is not None and b.candidate.policy is None]
     timed = [b for b in ran if b.generate.ttft_ms is not None and b.generate.step_ms_p50 is not None]
     if len(timed) < 2:
         return None
     prefill = min(timed, key=lambda b: b.generate.ttft_ms).backend
     decode = min(timed, key=lambda b: b.generate.step_ms_p50).backend
-    return None if prefill == decode else f"prefill={prefill}/decode={decode}"
+    return None if prefill == decode else str(Candidate(Policy(prefill, decode)))

@@ -1,0 +1,205 @@
+"""A candidate: what one row of a comparison runs, as a value. The one module that reads and writes its text.
+
+A candidate is a selection (one backend, or a ``Policy``: a backend per phase) and a ``torch.compile`` mode
+(None: uncompiled). Its text, the name a report gives it, is written by ``str`` and read by ``parse``:
+
+- ``flash``: one backend;
+- ``prefill=cudnn/decode=flash[/decode_max_query=N]``: a backend per phase (``Policy``);
+- ``flash+compile``, ``cudnn+compile:reduce-overhead``, ``prefill=cudnn/decode=flash+compile``: compiled.
+
+A leaf without torch: the command line reads candidates before torch is imported. Names are taken as
+written unless ``parse`` is given a function that makes them canonical (``options.backend_key``, the
+registry's ``resolve_name``); a report read back keeps the names it was written with.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from . import catalog
+from .compiling import MODES
+from .options import OptionError, backend_key, near
+
+__all__ = ["Candidate", "Policy", "PHASE_KEYS", "parse", "policy_of", "selection_of", "check_backends"]
+
+#: the keys of a policy per phase
+PHASE_KEYS = ("prefill", "decode", "decode_max_query")
+_COMPILE = "+compile"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A backend per phase: calls with at most ``decode_max_query`` query tokens are decode steps (one new
+    token each, by default), the rest prefill."""
+
+    prefill: str
+    decode: str
+    decode_max_query: int = 1
+
+    def __str__(self) -> str:
+        limit = f"/decode_max_query={self.decode_max_query}" if self.decode_max_query != 1 else ""
+        return f"prefill={self.prefill}/decode={self.decode}{limit}"
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The backends it runs, prefill's first, each once."""
+        return tuple(dict.fromkeys((self.prefill, self.decode)))
+
+    def choose(self, q_len: int) -> str:
+        """The backend of a call with ``q_len`` query tokens."""
+        return self.decode if q_len <= self.decode_max_query else self.prefill
+
+    def as_dict(self) -> dict:
+        out: dict = {"prefill": self.prefill, "decode": self.decode}
+        if self.decode_max_query != 1:
+            out["decode_max_query"] = self.decode_max_query
+        return out
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One row of a comparison: ``selection`` (a backend's name or a ``Policy``) compiled with ``compile``
+    (a ``torch.compile`` mode; None: uncompiled)."""
+
+    selection: str | Policy
+    compile: str | None = None
+
+    def __str__(self) -> str:
+        base = str(self.selection)
+        if self.compile is None:
+            return base
+        return f"{base}{_COMPILE}" if self.compile == "default" else f"{base}{_COMPILE}:{self.compile}"
+
+    @property
+    def name(self) -> str:
+        return str(self)
+
+    @property
+    def uncompiled(self) -> Candidate:
+        return Candidate(self.selection) if self.compile is not None else self
+
+    def compiled(self, mode: str | None) -> Candidate:
+        """The same selection under ``mode`` (None: uncompiled)."""
+        return Candidate(self.selection, mode)
+
+    @property
+    def policy(self) -> Policy | None:
+        return self.selection if isinstance(self.selection, Policy) else None
+
+    @property
+    def backend(self) -> str | None:
+        """The one backend it runs (None: a policy per phase)."""
+        return self.selection if isinstance(self.selection, str) else None
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """Every backend it runs: one, or a policy's phases'."""
+        return self.selection.backends if isinstance(self.selection, Policy) else (self.selection,)
+
+    @property
+    def forced_families(self) -> tuple[str, ...]:
+        """The SDPA kernel families its backends force (``catalog.FORCED``), each once."""
+        return tuple(dict.fromkeys(f for b in self.backends if (f := catalog.family_of(b)) is not None))
+
+    @property
+    def borrows(self) -> bool:
+        """Whether it runs kernels that other candidates force: SDPA's own choice, or a policy per phase."""
+        return self.policy is not None or self.selection == "auto"
+
+    def preference(self) -> int:
+        """Where it stands in a tie (``catalog.PREFERENCE``): a policy by its least preferred phase, a compiled
+        candidate after its uncompiled self (compiling is one more thing to deploy)."""
+        return max(catalog.preference(b) for b in self.backends) * 2 + (self.compile is not None)
+
+
+def _policy_text(text: str, key: Callable[[str], str]) -> Policy:
+    fields: dict = {}
+    for part in text.split("/"):
+        k, eq, value = part.partition("=")
+        if not eq or not k.strip() or not value.strip():
+            raise OptionError("a backend policy is written phase=backend/phase=backend (e.g. prefill=cudnn/"
+                              "decode=flash), not {given!r}", given=text)
+        k, value = k.strip(), value.strip()
+        fields[k] = int(value) if k == "decode_max_query" and value.isdigit() else value
+    return policy_of(fields, key)
+
+
+def policy_of(fields: Mapping, key: Callable[[str], str] = str) -> Policy:
+    """A ``Policy`` from its mapping (``{"prefill": ..., "decode": ..., "decode_max_query": N}``), its keys
+    and its bound checked, its names made canonical by ``key``."""
+    unknown = set(fields) - set(PHASE_KEYS)
+    if unknown:
+        raise OptionError("unknown phase key(s) {keys}{hint}; a policy takes 'prefill', 'decode' and optionally "
+                          "'decode_max_query'", keys=", ".join(map(repr, sorted(unknown, key=str))),
+                          hint=near(str(min(unknown, key=str)), PHASE_KEYS))
+    if "prefill" not in fields or "decode" not in fields:
+        raise OptionError("a backend policy needs both 'prefill' and 'decode'")
+    limit = fields.get("decode_max_query", 1)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise OptionError("decode_max_query must be a positive int, got {got!r}", got=limit)
+    return Policy(key(fields["prefill"]), key(fields["decode"]), limit)
+
+
+def _compile_mode(text: str, rest: str) -> str:
+    mode = rest[1:] if rest.startswith(":") else None if rest else "default"
+    if mode is None or mode not in MODES or mode == "none":
+        raise OptionError("{given!r}: a compiled candidate is written NAME+compile or NAME+compile:MODE with MODE "
+                          "one of {modes}", given=text, modes=", ".join(m for m in MODES if m != "none"))
+    return mode
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse(text: str) -> Candidate:
+    base, sep, rest = text.rpartition(_COMPILE)
+    mode = _compile_mode(text, rest) if sep else None
+    base = base if sep else text
+    if sep and not base.strip():  # (a plain empty name is the name checker's to refuse)
+        raise OptionError("an empty backend name in {given!r}", given=text)
+    return Candidate(_policy_text(base, str) if "=" in base else base, mode)
+
+
+def parse(text: str | Candidate, key: Callable[[str], str] | None = None) -> Candidate:
+    """The candidate a name stands for (``OptionError`` where it is none); ``key`` makes its backend names
+    canonical (an alias to its backend; an unknown name raises there)."""
+    if isinstance(text, Candidate):
+        return text
+    if not isinstance(text, str):
+        raise TypeError(f"a candidate is named by a str, not {type(text).__name__}")
+    c = _parse(text.strip())
+    if key is None:
+        return c
+    sel = c.selection
+    sel = Policy(key(sel.prefill), key(sel.decode), sel.decode_max_query) if isinstance(sel, Policy) else key(sel)
+    return Candidate(sel, c.compile)
+
+
+def selection_of(value, key: Callable[[str], str] = str) -> str | Policy:
+    """A selection from what a caller or a file gives: a name (or alias, through ``key``), its policy text,
+    a ``Policy`` or a policy's mapping. A compiled candidate's name is not a selection."""
+    if isinstance(value, Policy):
+        return Policy(key(value.prefill), key(value.decode), value.decode_max_query)
+    if isinstance(value, Mapping):
+        return policy_of(value, key)
+    if isinstance(value, str) and "=" in value:
+        return _policy_text(value.strip(), key)
+    return key(value)
+
+
+def check_backends(spec, registered: Iterable[str] = ()) -> list[str]:
+    """Each name or policy of ``spec`` (``"all"``, a comma-separated string or an iterable of names, policies
+    and their mappings) checked without torch: the canonical names, in order, without repeats (policies in
+    their text, their names canonical). ``registered``: backends of the user's registered in this process."""
+    if spec is None or spec == "all":
+        return ["all"]
+    registered = tuple(registered)
+
+    def key(name):
+        return backend_key(name, registered)
+
+    items = [b for b in spec.split(",") if b.strip()] if isinstance(spec, str) else list(spec)
+    out = [str(selection_of(item, key)) for item in items]
+    if not out:
+        raise OptionError("no backends given: name at least one, or 'all'")
+    return list(dict.fromkeys(out))
