@@ -10,11 +10,11 @@ import attnswitch
 from attnswitch.candidate import Candidate, Policy, parse
 from attnswitch.cli import main
 from attnswitch.compiling import parse_compile
+from attnswitch.decision import recommend
 from attnswitch.models import load_model
 from attnswitch.profiling.compiled import attention_seen, merged_modes, mismatch, paid_back
 from attnswitch.profiling.trace import Trace
 from attnswitch.ranking import verdict
-from attnswitch.recommend import recommend
 from attnswitch.results import BackendResult, Report
 from attnswitch.workload import make_workload
 

@@ -33,7 +33,10 @@ def test_a_generate_sweep_names_each_ranges_best_and_the_crossover(timed_kernel)
     timed_kernel("long", lambda q, k: 6.0 + 0.05 * k.shape[2])
     r = _sweep(tiny("llama"), [10, 60], ["short", "long"])
     assert [(p.seq, p.new_tokens, p.ties) for p in r.sweep] == [(10, 4, ("short",)), (60, 4, ("long",))]
-    assert r.recommendation.splitlines()[0] == ("Best per length at batch 1, 4 new tokens: prompt 10: `short`; prompt "
+    first, per_length = r.recommendation.splitlines()[:2]
+    assert first.startswith(f"Use `{r.pick}` over prompt 10–60: the fastest (or tied) at 1 of 2 shapes")
+    assert r.pick == r.deploy.pick and r.pick in ("short", "long")
+    assert per_length == ("Best per length at batch 1, 4 new tokens: prompt 10: `short`; prompt "
                                                 "60: `long`. Crossover between prompt 10 and 60, `long` overtakes "
                                                 "`short`.")
     assert r.workload["prompt_lens"] == [10, 60] and r.workload["new_tokens"] == [4]
@@ -84,16 +87,16 @@ def test_a_length_mix_charges_each_shape_met_first_and_the_pick_changes_at_the_s
     assert [tuple(c) for c in s["changes"]] == [(flip, "plain", "planner")]
     assert s["pick"] == "plain" and many.pick == "planner" and many.changes == tuple(map(tuple, s["changes"]))
     assert f"From about {flip} requests `planner` is cheaper than `plain`." in few.recommendation
-    assert few.deploy["pick"] == "plain" and sweep_choice(few.sweep, dataclasses.asdict(many)) == "planner"
+    assert few.deploy.pick == "plain" and sweep_choice(few.sweep, dataclasses.asdict(many)) == "planner"
 
 
 def test_the_deploy_snippet_runs_and_the_recommended_op_runs(cpu_report):
     d = cpu_report.deploy
-    assert d["pick"] == cpu_report.pick and "attnswitch.patch(model" in d["attnswitch"]
+    assert d.pick == cpu_report.pick and "attnswitch.patch(model" in d.attnswitch
     model = tiny("llama")
     batch = {"input_ids": torch.randint(0, 100, (2, 8))}
     try:
-        exec(d["attnswitch"], {"model": model})  # the report's own text, as a user copies it
+        exec(d.attnswitch, {"model": model})  # the report's own text, as a user copies it
         assert attnswitch.is_patched(model) == cpu_report.pick
         with torch.profiler.profile() as prof, torch.no_grad():
             model(**batch)
@@ -103,8 +106,8 @@ def test_the_deploy_snippet_runs_and_the_recommended_op_runs(cpu_report):
     expected = {"flash": "aten::_scaled_dot_product_flash_attention_for_cpu",
                 "math": "aten::_scaled_dot_product_attention_math", "naive": "aten::masked_fill"}[cpu_report.pick]
     assert expected in ops
-    if d["plain"]:
-        assert "sdpa_kernel" in d["plain"] and d["plain_loses"]
+    if d.plain:
+        assert "sdpa_kernel" in d.plain and d.plain_loses
 
 
 def test_a_policy_round_trips_and_warns_once_where_it_was_measured_elsewhere(cpu_report, tmp_path):

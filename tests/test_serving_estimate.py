@@ -8,9 +8,10 @@ import dataclasses
 import pytest
 
 from attnswitch.comparison import sweep_choice
+from attnswitch.decision import recommend
 from attnswitch.lengths import Lengths
 from attnswitch.ranking import Verdict
-from attnswitch.recommend import _cold_peer, recommend
+from attnswitch.recommend import _cold_peer
 from attnswitch.results import BackendResult, GenerateStats, SweepPoint
 from attnswitch.serving import serving_estimate
 from attnswitch.stats import Margin
@@ -234,12 +235,14 @@ def test_a_compiled_picks_deploy_snippet_switches_then_compiles_what_was_measure
         return run
     monkeypatch.setattr(torch, "compile", fake_compile)
     report = dataclasses.replace(cpu_report, workload={**cpu_report.workload, "mode": workload})
-    report = dataclasses.replace(report, deploy=deploy_info(report, pick=str(Candidate("flash", mode))))
+    pick = str(Candidate("flash", mode))
+    report = dataclasses.replace(report, decision=dataclasses.replace(
+        report.decision, pick=pick, deploy=deploy_info(pick, report.environment, report.workload)))
     d = report.deploy
-    assert d["selection"] == "flash" and d["compile"] == mode
+    assert d.selection == "flash" and d.compile == mode
     model = tiny("llama")
     try:
-        exec(d["attnswitch"], {"model": model})  # the report's own text, as a user copies it
+        exec(d.attnswitch, {"model": model})  # the report's own text, as a user copies it
         assert attnswitch.is_patched(model) == "flash" and modes == [None if mode == "default" else mode]
         with torch.no_grad():
             model(input_ids=torch.randint(0, 100, (2, 8)))
@@ -284,7 +287,8 @@ def test_the_estimate_says_which_batch_it_is_for_and_deploy_names_every_batch_me
     s = serving_estimate(pts[:2], Lengths.of({16: 1, 32: 1}), 10, 4)
     assert s.text()[0].startswith("For 10 requests of this length mix (batch 1, 4 new tokens): `flash`")
     report = dataclasses.replace(cpu_report, sweep=tuple(pts))
-    assert "for batch sizes other than 1, 3" in deploy_info(report, pick="flash")["remeasure"]
+    assert "for batch sizes other than 1, 3" in deploy_info("flash", report.environment, report.workload,
+                                                            sweep=report.sweep).remeasure
 
 
 def test_a_sweeps_one_choice_ran_at_every_shape_whoever_was_tied_or_cheapest():

@@ -361,7 +361,9 @@ def test_a_sweep_reports_each_shape_and_recommends_per_length_range():
         assert {b.backend for b in p.backends} == {"naive", "flash"} and all(b.time_ms for b in p.backends)
         assert p.ranking and all(not b.layers for b in p.backends)
     assert r["naive"].layers  # the last shape's full results
-    assert r.recommendation.startswith("Best per length at batch 1: seq 8")
+    first, per_length = r.recommendation.splitlines()[:2]
+    assert first.startswith(f"Use `{r.pick}` over seq 8–32: ") and r.pick == r.deploy.pick
+    assert per_length.startswith("Best per length at batch 1: seq 8")
     back = attnswitch.Report.from_json(r.to_json())
     assert back.sweep == r.sweep
 
@@ -529,8 +531,8 @@ def test_cli_bad_workload_input_is_one_line_and_exit_2(argv, message, capsys, mo
 
 
 def test_new_length_costs_within_the_noise_are_not_told_as_costs_or_flips():
+    from attnswitch.decision import recommend
     from attnswitch.ranking import verdict
-    from attnswitch.recommend import recommend
     from attnswitch.results import BackendResult, GenerateStats
 
     def result(name, ms, new, seen):

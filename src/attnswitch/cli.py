@@ -429,7 +429,8 @@ def _measured(s: Session, run: Callable, sweep: Callable | None = None) -> int:
                     f"{time.perf_counter() - t0:.1f} s", highlight=False, markup=False, soft_wrap=True)
     if not printed:
         return EXIT_BROKEN_PIPE
-    return EXIT_OK if report.ok else EXIT_NOTHING_RAN
+    answered = report.decision is None or report.decision.answered  # (a profile decides nothing)
+    return EXIT_OK if report.ok and answered else EXIT_NOTHING_RAN
 
 
 def _report(s: Session, run: Callable, sweep: Callable | None, trace_dir: Path | None):

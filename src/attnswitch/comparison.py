@@ -17,14 +17,13 @@ from typing import Any
 import torch.nn as nn
 
 from . import options
-from .deploy import deploy_info
+from .decision import decide, decide_sweep, recommend, sweep_choice
 from .lengths import Lengths
 from .numerics import REFERENCES, grad_numerics, numerics, token_agreement
 from .profiling import profile
 from .profiling.compiled import compiled_forward
 from .ranking import BUSY_PREFIX, rank, ranked, verdict
-from .recommend import recommend, recommend_sweep
-from .results import BackendResult, Numerics, Report, SweepPoint, candidates
+from .results import BackendResult, Numerics, Report, SweepPoint
 from .serving import serving_estimate
 from .workload import Workload, make_workload, position_limit
 
@@ -102,12 +101,9 @@ def compare(model: nn.Module, batch: Workload | dict[str, Any], *, backends: Ite
         spent["numerics"] = round(time.perf_counter() - t0, 3)
         spent["total"] = round(spent.get("total", 0) + spent["numerics"], 3)
         settings.update(numerics_reference=REFERENCES[reference], time_s=spent)
-    v = verdict(results, settings.get("host"))
-    results = ranked(results, v)
-    report = dataclasses.replace(report, backends=tuple(results), ranking=v.order, ties=v.ties, cautions=v.cautions,
-                                 recommendation=recommend(results, v, report.workload), command=command,
-                                 settings=settings)
-    return dataclasses.replace(report, deploy=deploy_info(report))
+    decision, v = decide(results, verdict(results, settings.get("host")), report.workload, report.environment)
+    return dataclasses.replace(report, backends=tuple(ranked(results, v)), ranking=v.order, decision=decision,
+                               command=command, settings=settings)
 
 
 def _compact(b: BackendResult) -> BackendResult:
@@ -147,7 +143,7 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
     works = [make_workload(model, batch=b, seq=s, mode=mode, padding=padding,
                            **({"new_tokens": n, "cache": cache} if mode == "generate" else {})) for b, s, n in shapes3]
     trace_dir = kw.pop("trace_dir", None)
-    points, last, spent, said = [], None, {}, []
+    points, last, spent, said, verdicts = [], None, {}, [], []
     for (batch, seq, new), work in zip(shapes3, works):
         if progress:
             progress(f"batch {batch}, {'prompt' if new else 'seq'} {seq}" + (f", {new} new tokens" if new else ""))
@@ -156,6 +152,7 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
                        trace_dir=None if trace_dir is None else Path(trace_dir) / point.folder, **kw)
         points.append(dataclasses.replace(point, backends=tuple(_compact(b) for b in last.backends),
                                           ranking=last.ranking, ties=last.ties))
+        verdicts.append(verdict(last.backends, last.settings.get("host")))
         said += last.cautions
         for k, v in last.settings.get("time_s", {}).items():  # the time account of every shape, summed
             spent[k] = round(spent.get(k, 0) + v, 3)
@@ -169,10 +166,11 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
     # every shape's, once; a busy machine said once (each shape's probes differ only in their figures)
     busy = [c for c in said if c.startswith(BUSY_PREFIX)]
     cautions = tuple(dict.fromkeys(c for c in said if not c.startswith(BUSY_PREFIX))) + tuple(busy[:1])
-    report = dataclasses.replace(last, sweep=tuple(points), workload=workload, cautions=cautions, serving=serving,
-                                 settings={**last.settings, "time_s": spent},
-                                 recommendation="\n".join([recommend_sweep(points), *lines, *cautions]))
-    return dataclasses.replace(report, deploy=deploy_info(report, pick=sweep_choice(points, serving)))
+    decision, v = decide_sweep(points, verdicts[-1], list(last.backends), workload, last.environment, serving, lines,
+                               cautions)
+    return dataclasses.replace(last, backends=tuple(ranked(list(last.backends), v)), ranking=v.order,
+                               decision=decision, sweep=tuple(points), workload=workload, serving=serving,
+                               settings={**last.settings, "time_s": spent})
 
 
 def check_mix(model: nn.Module, mode: str, lengths: Lengths | None, requests, new_tokens: int) -> None:
@@ -204,27 +202,3 @@ def _serving(points: list[SweepPoint], lengths: Lengths | None, requests: int) -
     if est is None:
         return None, ["No backend ran at every measured length: no estimate for the length mix."]
     return dataclasses.asdict(est), est.text()
-
-
-def sweep_choice(points: list[SweepPoint], serving: dict | None = None) -> str | None:
-    """The one backend to deploy over a sweep: the cheapest for the length mix where one was given, else
-    the candidate tied for the pick at the most lengths (the faster over all of them where that ties)."""
-    # a candidate that failed or was refused at a measured shape is deployed only where none ran at all
-    everywhere = [n for n in candidates(points[0].ranking) if all(n in p.ranking for p in points)] if points else []
-    if serving and (serving["pick"] in everywhere or not everywhere):
-        return serving["pick"]
-    cost = {n: ms for n, ms in (serving or {}).get("per_request_ms", {}).items() if n in everywhere}
-    if cost:  # the mix's pick failed at another batch size: the cheapest of those that ran at every shape
-        return min(cost, key=cost.get)
-    counts: dict[str, int] = {}
-    for p in points:
-        for n in p.ties or ((p.pick,) if p.pick else ()):
-            counts[n] = counts.get(n, 0) + 1
-    if everywhere and not set(counts) & set(everywhere):  # none tied for a pick ran everywhere
-        counts = {n: 0 for n in everywhere}
-    if not counts:
-        return None
-    # totals over the shapes where every one of them ran (fewer shapes would sum to less)
-    common = [p for p in points if all(n in p.ranking for n in counts)] or points
-    total = {n: sum(b.time_ms for p in common for b in p.backends if b.backend == n and b.time_ms) for n in counts}
-    return min(counts, key=lambda n: (n not in everywhere, -counts[n], total[n]))

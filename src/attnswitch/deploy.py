@@ -16,6 +16,8 @@ from pathlib import Path
 
 from . import candidate, catalog
 from .compiling import MODES
+from .kinds import Kind, kind_of
+from .results import Deploy
 
 __all__ = ["deploy_info", "policy_document", "write_policy", "load_policy", "MeasuredPolicy", "POLICY_SCHEMA"]
 
@@ -36,7 +38,7 @@ def forward(*args, **kwargs):  # decode steps (one query token) compiled, the pr
 model.forward = forward  # generate(..., disable_compile=True): this compile in place of transformers' own"""
 
 
-def _attnswitch_snippet(sel, mode: str | None = None, generate: bool = False) -> str:
+def _attnswitch_snippet(sel, mode: str | None, kind: Kind) -> str:
     """Runs as it is with ``model`` in scope: the switch, then (a compiled pick) the compile as measured."""
     imports, lines = ["import attnswitch"], [
         f"attnswitch.patch(model, {sel!r})  # every thread, until attnswitch.unpatch(model)",
@@ -45,12 +47,12 @@ def _attnswitch_snippet(sel, mode: str | None = None, generate: bool = False) ->
     if mode is not None:
         imports.append("import torch")
         arg = "" if mode == "default" else f", mode={mode!r}"
-        lines.append(_DECODE_ONLY.format(arg=arg) if generate else
+        lines.append(_DECODE_ONLY.format(arg=arg) if kind.name == "generate" else
                      f"model.forward = torch.compile(model.forward{arg})  # compiled, as measured")
     return "\n".join(imports) + "\n\n" + "\n".join(lines)
 
 
-def _plain_equivalent(sel) -> tuple[str | None, list[str]]:
+def _plain_equivalent(sel, kind: Kind) -> tuple[str | None, list[str]]:
     """PyTorch's and transformers' own way to run the same kernels, and what it loses; None where none."""
     if isinstance(sel, dict):
         return None, ["a backend per phase: transformers and PyTorch choose one kernel for every call"]
@@ -59,7 +61,7 @@ def _plain_equivalent(sel) -> tuple[str | None, list[str]]:
         code = ("import torch\nfrom torch.nn.attention import SDPBackend, sdpa_kernel\n\n"
                 "model.set_attn_implementation(\"sdpa\")\n"
                 f"with sdpa_kernel([SDPBackend.{row.sdp_backend}]):  # process-wide while open\n"
-                "    model.generate(**inputs)  # or model(**inputs)")
+                f"    {kind.call}")
         loses = ["the flags are process-wide: every thread and every model's SDPA calls are forced while it is open",
                  "no layout change where the backend refuses the inputs as given (grouped k/v heads for "
                  "efficient): SDPA raises 'No available kernel' instead",
@@ -67,23 +69,23 @@ def _plain_equivalent(sel) -> tuple[str | None, list[str]]:
         return code, loses
     if row is not None and row.transformers:
         return (f"model.set_attn_implementation({row.transformers!r})",
-                [] if sel != "auto" else ["SDPA's own choice may change with the inputs, the GPU or PyTorch"])
+                [] if row.kind != "choice" else ["SDPA's own choice may change with the inputs, the GPU or PyTorch"])
     return None, [f"`{sel}` is attnswitch's own: transformers has no attention implementation that runs it"]
 
 
-def _remeasure(report) -> list[str]:
-    env, work = report.environment, report.workload
+def _remeasure(environment: Mapping, workload: Mapping, sweep) -> list[str]:
+    env, work = environment, workload
     out = []
     if env.get("gpu"):
         out.append(f"on another GPU than {env['gpu']}")
     out.append(" or ".join(f"another {k} than {env[k]}" for k in ("torch", "cudnn", "transformers") if env.get(k)))
     lens = work.get("prompt_lens") or ([work["seq"]] if "seq" in work else [])
-    if report.sweep:
-        lens = [p.seq for p in report.sweep]
+    if sweep:
+        lens = [p.seq for p in sweep]
     if lens:
         out.append(f"for lengths outside {min(lens)}–{max(lens)} tokens" if len(set(lens)) > 1 else
                    f"for lengths other than {lens[0]} tokens")
-    batches = sorted({p.batch for p in report.sweep}) if report.sweep else [work["batch"]] if work.get("batch") else []
+    batches = sorted({p.batch for p in sweep}) if sweep else [work["batch"]] if work.get("batch") else []
     if batches:
         out.append(f"for batch sizes other than {', '.join(map(str, batches))}")
     if work.get("dtype"):
@@ -91,26 +93,24 @@ def _remeasure(report) -> list[str]:
     return [x for x in out if x]
 
 
-def deploy_info(report, pick: str | None = None) -> dict | None:
-    """For the report's pick (or ``pick``: a sweep's one backend for every length): the attnswitch snippet
-    (runs as it is, with ``model`` in scope), the transformers/PyTorch-only equivalent where one exists and
-    what it loses, the environment variables the measurement ran with that matter, the versions, and when
-    to measure again. None without a pick."""
-    pick = pick or report.pick
-    if pick is None:
-        return None
+def deploy_info(pick: str, environment: Mapping, workload: Mapping, *, sweep=(), ties=(),
+                keep: bool = False) -> Deploy:
+    """How to ship ``pick`` for the workload's kind (a training step in the training script, the others in the
+    serving process): the attnswitch snippet (runs as it is, with ``model`` in scope), the transformers/PyTorch-
+    only equivalent where one exists and what it loses, the environment variables the measurement ran with
+    that matter, the versions, and when to measure again. ``keep``: the pick is the model's own attention, and
+    nothing needs to change."""
     c = candidate.parse(pick)  # a compiled candidate: its backend, then torch.compile as it was measured
-    mode = c.compile
+    mode, kind = c.compile, kind_of(workload)
     sel = c.policy.as_dict() if c.policy is not None else c.selection
-    plain, loses = _plain_equivalent(sel)
+    plain, loses = _plain_equivalent(sel, kind)
     if mode is not None and plain is not None:
         plain = f"# compiled as measured (torch.compile, mode {mode!r}) before the calls below\n{plain}"
-    env = report.environment
-    generate = report.workload.get("mode") == "generate"
-    return {"pick": pick, "selection": sel, "compile": mode, "attnswitch": _attnswitch_snippet(sel, mode, generate),
-            "plain": plain, "plain_loses": loses, "env": dict(env.get("env_vars") or {}),
-            "versions": {k: env.get(k) for k in (*_VERSIONS, "attnswitch") if env.get(k) is not None},
-            "remeasure": _remeasure(report), "ties": list(report.ties)}
+    env = environment
+    return Deploy(pick, sel, mode, kind.where, "" if keep else _attnswitch_snippet(sel, mode, kind), plain,
+                  tuple(loses), dict(env.get("env_vars") or {}),
+                  {k: env.get(k) for k in (*_VERSIONS, "attnswitch") if env.get(k) is not None},
+                  tuple(_remeasure(environment, workload, sweep)), tuple(ties), keep)
 
 
 def _selection_and_mode(selection, mode: str | None):
@@ -126,15 +126,15 @@ def _selection_and_mode(selection, mode: str | None):
 def policy_document(report) -> dict | None:
     """What ``policy.json`` holds: the selection, the versions and environment it was measured with, the
     workload (and lengths) it was measured on, and the tie it was picked from."""
-    info = report.deploy or deploy_info(report)
+    info = report.deploy
     if info is None:
         return None
-    selection, mode = _selection_and_mode(info["selection"], info.get("compile"))
+    selection, mode = _selection_and_mode(info.selection, info.compile)
     return {"schema": POLICY_SCHEMA, "selection": selection, "compile": mode,
             "model": report.model,
             "workload": {k: v for k, v in report.workload.items() if k != "description"},
             "environment": {k: report.environment.get(k) for k in (*_VERSIONS, "attnswitch", "device")},
-            "env": info["env"], "ties": info["ties"], "recommendation": report.recommendation,
+            "env": info.env, "ties": list(info.ties), "recommendation": report.recommendation,
             "command": report.command}
 
 

@@ -1,17 +1,21 @@
-"""The ranking: which backend is fastest, by how much, and which cannot be told apart from it. One rule,
-read by the recommendation, the summary's bold row, a sweep's table and its text. Pure functions over
-results.
+"""The ranking: which backend is fastest, by how much, which cannot be told apart from it, and which of
+those is picked. One rule, read by the decision (``decision.py``), the summary's bold row, a sweep's table
+and its text. Pure functions over results.
 
-Each backend's time is compared with the pick's round by round (``stats.paired_margin``): the median of
-the per-round ratios and its 95 % interval. A backend is beaten only where its interval excludes 1;
-the others are tied with the pick (not told apart), and are said to be so. An alias and the backend it
-ran (``auto`` that ran flash, and ``flash``) are one kernel: they are tied whatever their samples say,
-and samples that tell them apart are a caution (load), never a win.
+Backends are compared round by round (``stats.paired_margin``): the median of the per-round ratios and its
+95 % interval. One is faster than another only where that interval excludes 1 (and lies beyond
+``stats.EQUIVALENT``). The candidates no other is faster than (or that are, but only through a cycle of such
+wins, which load makes) are the top; the pick is the top candidate that changes least (``catalog.PREFERENCE``:
+``auto``, then a fused kernel, a user's, an unfused one), then the fastest of those. Every candidate not told
+apart from the pick is tied with it. An alias and the backend it ran (``auto`` that ran flash, and
+``flash``) are one kernel: tied whatever their samples say, and samples that tell them apart are a caution
+(load), never a win.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -22,8 +26,8 @@ from .candidate import Candidate
 from .results import BackendResult, Margin, candidates
 from .stats import paired_margin
 
-__all__ = ["Verdict", "verdict", "rank", "ranked", "busy_host", "BUSY_LOAD", "BUSY_SPREAD", "BUSY_DRIFT",
-           "BUSY_PREFIX"]
+__all__ = ["Verdict", "verdict", "against", "told_apart", "rank", "ranked", "busy_host", "BUSY_LOAD", "BUSY_SPREAD",
+           "BUSY_DRIFT", "BUSY_PREFIX"]
 
 #: a fixed task's time varying by more than this (median over fastest, or after over before) on the host
 BUSY_SPREAD = 1.25
@@ -36,14 +40,19 @@ BUSY_PREFIX = "The machine was busy while measuring"
 
 @dataclass(frozen=True)
 class Verdict:
-    """The ranking of one set of results: every backend that ran with acceptable numerics, by its
-    median ratio to the pick (``order``, eager included as the reference); the pick and the candidates
-    tied with it (``ties``, the pick first); each ranked backend's margin against the pick; cautions."""
+    """The ranking of one set of results: every backend that ran with acceptable numerics, the pick first,
+    then by its median ratio to the pick (``order``, eager included as the reference); the pick and the
+    candidates tied with it (``ties``, the pick first); each ranked backend's margin against the pick;
+    ``fastest``, the top candidate its paired rounds find fastest (the pick where nothing is preferred over
+    it); ``cycled``: tied candidates faster than the pick in their paired rounds, held tied because their order
+    cycled (each was faster than another); cautions."""
 
     order: tuple[str, ...]
     ties: tuple[str, ...]
     margins: Mapping[str, Margin]
     cautions: tuple[str, ...] = ()
+    fastest: str | None = None
+    cycled: tuple[str, ...] = ()
 
     @property
     def pick(self) -> str | None:
@@ -89,37 +98,88 @@ def _aliases(by: dict[str, BackendResult]) -> dict[str, str]:
     return out
 
 
+def _beats(good: list[BackendResult], alias: dict[str, str]) -> dict[str, set[str]]:
+    """For each candidate, those it is decidedly faster than (an alias and its backend never beat each other)."""
+    one = {**alias, **{t: a for a, t in alias.items()}}
+    out: dict[str, set[str]] = {b.backend: set() for b in good}
+    for a in good:
+        for b in good:
+            if a is not b and one.get(a.backend) != b.backend and \
+                    told_apart(paired_margin(b.time_rounds_ms, a.time_rounds_ms, a.backend)):
+                out[a.backend].add(b.backend)
+    return out
+
+
+def _reach(beats: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Who each candidate beats directly or through others."""
+    reach = {n: set(s) for n, s in beats.items()}
+    for k in reach:
+        for n in reach:
+            if k in reach[n]:
+                reach[n] |= reach[k]
+    return reach
+
+
+def _scores(good: list[BackendResult]) -> dict[str, float]:
+    """Each candidate's median, over rounds (and a generate's prompts), of its time over the geometric mean of
+    every candidate's there: one common reference, so the order it gives has no cycle."""
+    n = max((len(b.time_rounds_ms) for b in good), default=0)
+    ratios: dict[str, list[float]] = {b.backend: [] for b in good}
+    for r in range(n):
+        width = max((len(b.time_rounds_ms[r]) for b in good if r < len(b.time_rounds_ms)), default=0)
+        for i in range(width):
+            vals = {b.backend: b.time_rounds_ms[r][i] for b in good
+                    if r < len(b.time_rounds_ms) and i < len(b.time_rounds_ms[r]) and b.time_rounds_ms[r][i] > 0}
+            if len(vals) < 2:
+                continue
+            g = math.exp(sum(math.log(v) for v in vals.values()) / len(vals))
+            for name, v in vals.items():
+                ratios[name].append(v / g)
+    return {b.backend: (statistics.median(ratios[b.backend]) if ratios[b.backend] else math.inf) for b in good}
+
+
+def _top(cands: list[BackendResult], beats: dict[str, set[str]]) -> list[BackendResult]:
+    """The candidates nothing beats, or only candidates they beat back through others (a cycle)."""
+    reach = _reach({b.backend: beats[b.backend] for b in cands})
+    return [c for c in cands if all(c.backend not in reach[d.backend] or d.backend in reach[c.backend]
+                                    for d in cands if d is not c)] or cands
+
+
 def verdict(results: Iterable[BackendResult], host: Mapping | None = None) -> Verdict:
     """Rank ``results`` (``host``: ``settings["host"]``, the load probes taken around the timing)."""
     results = list(results)
     good = sorted(filter(_good, results), key=lambda b: b.time_ms)
     by = {b.backend: b for b in good}
     cands = [b for b in good if b.backend in candidates([b.backend])]
+    cautions = list(busy_host(host, results))
     if not cands:
-        return Verdict(tuple(b.backend for b in good), (), {}, busy_host(host, results))
-    pick = cands[0]
+        return Verdict(tuple(b.backend for b in good), (), {}, tuple(cautions))
+    alias = _aliases(by)
+    beats = _beats(cands, alias)
+    score = _scores(cands)
+    top = _top(cands, beats)
+    fastest = min(top, key=lambda b: (score[b.backend], b.time_ms))
+    pick = min(top, key=lambda b: (b.candidate.preference(), score[b.backend], b.time_ms))
     margins = _margins(good, pick)
-    for _ in range(len(cands)):  # the paired ratios may find a candidate faster than the pick: it is the pick
-        faster = [b for b in cands if b.backend in margins and margins[b.backend].high < 1.0]
-        if not faster:
-            break
-        pick = min(faster, key=lambda b: margins[b.backend].ratio)
-        margins = _margins(good, pick)
     ratio = {b.backend: (margins[b.backend].ratio if b.backend in margins else b.time_ms / pick.time_ms)
              for b in good}
     order = tuple(sorted(by, key=lambda n: (n != pick.backend, ratio[n], by[n].time_ms)))
-    ties = [n for n in candidates(order) if n == pick.backend or not _told_apart(margins.get(n))]
-    cautions = list(busy_host(host, results))
-    for alias, target in _aliases(by).items():
-        if alias in ties or target in ties:
-            ties += [n for n in (alias, target) if n not in ties and n in candidates(order)]
-        m = paired_margin(by[alias].time_rounds_ms, by[target].time_rounds_ms, target)
+    cycled = [b.backend for b in top if pick.backend in beats[b.backend]]
+    ties = [n for n in candidates(order) if n == pick.backend or n in cycled or not told_apart(margins.get(n))]
+    for a, target in alias.items():
+        if a in ties or target in ties:
+            ties += [n for n in (a, target) if n not in ties and n in candidates(order)]
+        m = paired_margin(by[a].time_rounds_ms, by[target].time_rounds_ms, target)
         if m is not None and m.decided and not m.equal:
-            cautions.append(f"`{alias}` ran {target}'s kernels, yet measured {m.text()} of `{target}`'s time: the "
+            cautions.append(f"`{a}` ran {target}'s kernels, yet measured {m.text()} of `{target}`'s time: the "
                             "machine's load changed between them (or their host paths differ); they are held tied.")
+    if cycled:
+        names = ", ".join(f"`{n}`" for n in [pick.backend, *cycled])
+        cautions.append(f"The paired rounds do not order {names}: each was faster than another in most rounds (their "
+                        "order cycled, which load does); they are held tied.")
     ties = [n for n in candidates(order) if n in ties]  # in ranking order, the pick first
     cautions += _unsteady(by[ties[0]])
-    return Verdict(order, tuple(ties), margins, tuple(cautions))
+    return Verdict(order, tuple(ties), margins, tuple(cautions), fastest.backend, tuple(cycled))
 
 
 def _unsteady(b: BackendResult) -> list[str]:
@@ -132,8 +192,24 @@ def _unsteady(b: BackendResult) -> list[str]:
             "were slowed for long stretches; rerun on an idle machine."]
 
 
-def _told_apart(m: Margin | None) -> bool:
+def told_apart(m: Margin | None) -> bool:
+    """Decidedly slower than the backend ``m`` is against, by more than a difference too small to matter."""
     return m is not None and m.slower and not m.equal
+
+
+def against(v: Verdict, results: Iterable[BackendResult], name: str) -> Verdict:
+    """``v`` re-based on ``name`` (a ranked backend: ``eager`` faster than every candidate, a sweep's one
+    pick): margins against it, it first in the order, tied with it what its margins do not tell apart."""
+    if name == v.pick or name not in v.order:
+        return v
+    good = [b for b in results if b.backend in v.order]
+    ref = next(b for b in good if b.backend == name)
+    margins = _margins(good, ref)
+    ratio = {b.backend: (margins[b.backend].ratio if b.backend in margins else b.time_ms / ref.time_ms)
+             for b in good}
+    order = tuple(sorted(ratio, key=lambda n: (n != name, ratio[n])))
+    ties = tuple(n for n in order if n == name or (n != "eager" and not told_apart(margins.get(n))))
+    return dataclasses.replace(v, order=order, ties=ties, margins=margins, cycled=())
 
 
 def rank(results: Iterable[BackendResult]) -> list[str]:

@@ -1,58 +1,40 @@
-"""The recommendation: the answer and its margin on the first line, then the reasons, one short line
-each. Pure functions over results and their ``ranking.Verdict``."""
+"""The words of the answer: its reasons, one short line each, and a sweep's per-length lines. Pure functions
+over results and their ``ranking.Verdict``; what the answer is, ``decision.py`` decides."""
 
 from __future__ import annotations
 
 from .backends import kernel_families, kernel_family
 from .candidate import Candidate
+from .kinds import kind_of
 from .ranking import Verdict
 from .results import BackendResult, candidates
-from .stats import LEVEL
+from .stats import LEVEL, paired_margin
 
-__all__ = ["recommend", "recommend_sweep", "EAGER_NOTE", "ANSWER_WIDTH"]
+__all__ = ["reasons", "recommend_sweep", "sweep_lines", "name_of", "EAGER_NOTE", "ANSWER_WIDTH"]
 
-#: why eager is ranked but never recommended
-EAGER_NOTE = "`eager` (the model's own transformers attention) is the reference: ranked, never recommended."
+#: eager's place in a ranking
+EAGER_NOTE = ("`eager` (the model's own transformers attention) is the reference the others are checked against: "
+              "picked only where it is faster than every candidate.")
 #: the answer line's most characters
 ANSWER_WIDTH = 120
 _LISTED = 4  # beaten backends named in the reasons
 
 
-def _name(b: BackendResult) -> str:
+def name_of(b: BackendResult, inside: bool = False) -> str:
+    """A backend as the answer names it: ``auto`` with the kernel it ran (``inside``: within parentheses)."""
     if b.backend != "auto":
         return f"`{b.backend}`"
     fam = kernel_family(b.attn_ops)
-    return f"`auto` (ran {fam})" if fam else "`auto`"
+    return "`auto`" if not fam else f"`auto`, ran {fam}" if inside else f"`auto` (ran {fam})"
 
 
-def _unit(workload: dict | None) -> str:
-    mode = (workload or {}).get("mode")
-    return {"generate": "per generate workload", "train": "per training step"}.get(mode, "per forward")
-
-
-def _answer(by: dict[str, BackendResult], v: Verdict, workload: dict | None) -> str:
-    pick = by[v.pick]
-    t = f"{pick.time_ms:.3f} ms {_unit(workload)}"
-    if len(v.ties) > 1:
-        names = [_name(by[n]) for n in v.ties]
-        for shown in range(len(names), 0, -1):
-            more = len(names) - shown
-            text = (f"Tie: {' ≈ '.join(names[:shown])}" + (f" and {more} more" if more else "")
-                    + f" at {t}, not told apart: any is as good here.")
-            if len(text) <= ANSWER_WIDTH:
-                return text
-        return text
-    beaten = v.beaten
-    if not beaten:
-        return f"Use {_name(pick)}: {t}, the only backend here that ran with acceptable numerics."
-    m = v.margins.get(beaten[0])
-    margin = f", {m.text()} faster than `{beaten[0]}`" if m is not None else ""
-    return f"Use {_name(pick)}: {t}{margin}."
-
-
-def _reasons(by: dict[str, BackendResult], v: Verdict) -> list[str]:
+def _margin_lines(by: dict[str, BackendResult], v: Verdict) -> list[str]:
     lines = []
-    tied = [n for n in v.ties[1:] if n in v.margins]
+    cycled = [n for n in v.cycled if n in v.margins]
+    if cycled:
+        lines.append(f"Not ordered with `{v.pick}` (faster in most rounds, slower than another tied one): "
+                     + ", ".join(f"`{n}` {v.margins[n].text()}" for n in cycled) + " of its time.")
+    tied = [n for n in v.ties[1:] if n in v.margins and n not in v.cycled]
     if tied:
         lines.append(f"Not told apart from `{v.pick}`: " + ", ".join(f"`{n}` {v.margins[n].text()}" for n in tied)
                      + " of its time.")
@@ -72,18 +54,25 @@ def _reasons(by: dict[str, BackendResult], v: Verdict) -> list[str]:
     return lines
 
 
-def recommend(results: list[BackendResult], v: Verdict, workload: dict | None = None) -> str:
-    """The choice for this workload and its margin (the first line, at most ``ANSWER_WIDTH`` characters),
-    then why: the ties and the backends beaten with their intervals, what the choice assumes (a generate's
+def _eager_line(by: dict[str, BackendResult], v: Verdict) -> list[str]:
+    """Where the model's own eager attention was decidedly faster than the pick, and is not the pick."""
+    eager, pick = by.get("eager"), by.get(v.pick)
+    if eager is None or pick is None or v.pick == "eager" or "eager" not in v.order:
+        return []
+    m = paired_margin(eager.time_rounds_ms, pick.time_rounds_ms, v.pick)
+    if m is None or not (m.decided and m.high < 1.0):
+        return []
+    return [f"The model's own attention (`eager`) ran faster than `{v.pick}`: {m.text()} of its time, but not faster "
+            "than every candidate."]
+
+
+def reasons(results: list[BackendResult], v: Verdict, workload: dict | None = None,
+            numerics: bool = True) -> list[str]:
+    """Why: the ties and the backends beaten with their intervals, what the choice assumes (a generate's
     lengths, which phase decided it, what a new length costs), numerics, cautions, eager's place."""
     by = {b.backend: b for b in results}
-    if v.pick is None:
-        if "eager" in v.order:
-            return ("Only `eager` ran: the model's own attention is the reference, never recommended.\n"
-                    "Name the backends to choose among.")
-        return "No backend ran these inputs with acceptable numerics.\nSee the reasons in the report."
     best = by[v.pick]
-    lines = [_answer(by, v, workload), *_reasons(by, v)]
+    lines = [*_margin_lines(by, v), *_eager_line(by, v)]
     others = [by[n] for n in candidates(v.order) if n != v.pick]
     if best.generate is not None:
         lines += _generate_lines(best, others, workload or {})
@@ -93,20 +82,23 @@ def recommend(results: list[BackendResult], v: Verdict, workload: dict | None = 
                                                        or (b.train is not None and b.train.grad_ok is False))]
     if flagged:
         lines.append(f"Not considered, numerics beyond tolerance: {', '.join(flagged)}.")
+    if not numerics:
+        lines.append("Numerics not checked: no backend's output was compared with eager attention in float32.")
     lines += _compile_lines(results, candidates(v.order), by, workload or {})
     lines += list(v.cautions)
-    if "eager" in by and by["eager"].ok:
+    if "eager" in by and by["eager"].ok and v.pick != "eager":
         lines.append(EAGER_NOTE)
-    return "\n".join(lines)
+    return lines
 
 
 def _pays(b: BackendResult, workload: dict) -> str:
     """When a compiled candidate's compile has paid for itself, in the workload's own steps (tokens too)."""
     n = b.compile_pays_after
-    if workload.get("mode") == "generate":
+    kind = kind_of(workload)
+    if kind.name == "generate":
         tokens = (workload.get("new_tokens") or 0) * len(workload.get("prompt_lens") or [1])
         return f"{n:.1f} generate workloads ({n * tokens:.0f} new tokens per sequence)"
-    return f"{n:.0f} {'training steps' if workload.get('mode') == 'train' else 'forwards'}"
+    return f"{n:.0f} {kind.timed}"
 
 
 def _compile_lines(results: list[BackendResult], picks: list[str], by: dict, workload: dict) -> list[str]:
@@ -207,13 +199,18 @@ def _ranges(points) -> list[list]:
     return ranges
 
 
-def recommend_sweep(points) -> str:
+def sweep_lines(points) -> list[str]:
     """Per batch size (and number of new tokens), the best backend per range of lengths (the backends
     tied at every length of it, as each length's own ranking says: the table's rule) and where the
     ranking crosses over."""
     groups = dict.fromkeys((p.batch, getattr(p, "new_tokens", None)) for p in points)
-    return "\n".join(_sweep_text(sorted((p for p in points if (p.batch, getattr(p, "new_tokens", None)) == g),
-                                        key=lambda p: p.seq), *g) for g in groups)
+    return [_sweep_text(sorted((p for p in points if (p.batch, getattr(p, "new_tokens", None)) == g),
+                               key=lambda p: p.seq), *g) for g in groups]
+
+
+def recommend_sweep(points) -> str:
+    """``sweep_lines``, a line each."""
+    return "\n".join(sweep_lines(points))
 
 
 def _sweep_text(points, batch: int, new_tokens: int | None = None) -> str:

@@ -24,14 +24,19 @@ from .candidate import Candidate
 from .stats import Margin
 
 __all__ = ["SCHEMA_VERSION", "Margin", "LayerStats", "DeviceStats", "TransferStats", "Numerics", "GenerateStats",
-           "SlowCall", "TrainStats", "BackendResult", "SweepPoint", "Report", "candidates"]
+           "SlowCall", "TrainStats", "BackendResult", "SweepPoint", "Deploy", "Decision", "Report", "candidates",
+           "ANSWERS"]
 
 #: 2 added devices, transfers, ranks and collectives (multi-GPU); 3 workloads: generate and train stats,
 #: a phase on layer rows, sweeps; 4 rounds paired by backend, margins with intervals, ties, cautions,
 #: generate sweeps, deploy and serving, compiled candidates (compile mode, compile time, graphs,
-#: recompiles, the attention kernel seen in the graph); older versions still load
-SCHEMA_VERSION = 4
-_READABLE = (1, 2, 3, 4)
+#: recompiles, the attention kernel seen in the graph); 5 the decision as one value (answer, pick, tie, rule,
+#: deploy, cautions) in place of the recommendation's text, ties, cautions and deploy; older versions still load
+SCHEMA_VERSION = 5
+_READABLE = (1, 2, 3, 4, 5)
+#: what a report answers: a backend to use, a tie (and which of it to deploy), keep the model's own attention,
+#: none that ran acceptably, or a model whose forward made no attention call through the switch
+ANSWERS = ("use", "tie", "keep", "none", "no-attention")
 
 
 @dataclass(frozen=True)
@@ -273,6 +278,55 @@ def _csv_row(b: BackendResult, ranking: tuple[str, ...]) -> list:
 
 
 @dataclass(frozen=True)
+class Deploy:
+    """The pick in a form to ship: the attnswitch snippet (runs as it is, with ``model`` in scope), the
+    transformers/PyTorch-only equivalent where one exists and what it loses, the environment variables and
+    versions it was measured with, and when to measure again. ``keep``: the model's own attention, nothing to
+    change in the code (``attnswitch`` is then transformers' own line, or empty)."""
+
+    pick: str
+    selection: str | dict  # a backend's name, or a policy per phase as a mapping
+    compile: str | None  # the torch.compile mode it was measured under
+    where: str  # "the serving process", "the training script"
+    attnswitch: str
+    plain: str | None = None
+    plain_loses: tuple[str, ...] = ()
+    env: dict = dataclasses.field(default_factory=dict)
+    versions: dict = dataclasses.field(default_factory=dict)
+    remeasure: tuple[str, ...] = ()
+    ties: tuple[str, ...] = ()
+    keep: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a report answers, decided once (``decision.decide``) and read by every writer: ``answer`` (one of
+    ``ANSWERS``), ``pick`` (what to deploy; None: nothing), the candidates tied with the fastest (``ties``, the
+    pick first), ``fastest`` (what the paired rounds found fastest), ``rule`` (why the pick and not the
+    fastest, where they differ), the answer's first line and its reasons, the cautions, and ``deploy``."""
+
+    answer: str
+    pick: str | None = None
+    ties: tuple[str, ...] = ()
+    fastest: str | None = None
+    rule: str = ""
+    headline: str = ""
+    reasons: tuple[str, ...] = ()
+    cautions: tuple[str, ...] = ()
+    deploy: Deploy | None = None
+
+    @property
+    def text(self) -> str:
+        """The answer, then its reasons, a line each."""
+        return "\n".join([self.headline, *self.reasons])
+
+    @property
+    def answered(self) -> bool:
+        """Whether there is an answer to act on (a backend, or keeping the model's own attention)."""
+        return self.answer in ("use", "tie", "keep")
+
+
+@dataclass(frozen=True)
 class Report:
     """What ``profile`` and ``compare`` return: print it, or save it (``to_json``, ``to_csv``,
     ``to_markdown``, ``write_html``, ``save_traces``)."""
@@ -283,13 +337,10 @@ class Report:
     settings: dict
     model: str = ""
     ranking: tuple[str, ...] = ()
-    recommendation: str | None = None
+    decision: Decision | None = None  # what it answers (None: a profile, which ranks nothing)
     command: str | None = None
     distribution: dict | None = None  # how the model was spread: device_map or tensor parallelism
     sweep: tuple[SweepPoint, ...] = ()  # one point per shape of a sweep (the backends: the last shape's)
-    ties: tuple[str, ...] = ()  # the pick and the candidates its intervals do not tell apart from it
-    cautions: tuple[str, ...] = ()  # what makes the timings less trustworthy (a busy machine, ...)
-    deploy: dict | None = None  # how to run the pick: snippets, environment, versions (``deploy.deploy_info``)
     serving: dict | None = None  # a generate sweep over a length mix: the cost of a run of requests
     schema_version: int = SCHEMA_VERSION
 
@@ -310,8 +361,28 @@ class Report:
 
     @property
     def pick(self) -> str | None:
-        """The fastest candidate (the recommendation's choice; with ties, the first of them)."""
-        return self.ties[0] if self.ties else next(iter(candidates(self.ranking)), None)
+        """What the report deploys (``decision.pick``; None: nothing, or a profile, which decides nothing)."""
+        return self.decision.pick if self.decision is not None else None
+
+    @property
+    def ties(self) -> tuple[str, ...]:
+        """The pick and the candidates its intervals do not tell apart from the fastest."""
+        return self.decision.ties if self.decision is not None else ()
+
+    @property
+    def recommendation(self) -> str | None:
+        """The answer's text: its first line, then its reasons."""
+        return self.decision.text if self.decision is not None else None
+
+    @property
+    def cautions(self) -> tuple[str, ...]:
+        """What makes the timings less trustworthy (a busy machine, ...)."""
+        return self.decision.cautions if self.decision is not None else ()
+
+    @property
+    def deploy(self) -> Deploy | None:
+        """How to run the pick (None: nothing to deploy)."""
+        return self.decision.deploy if self.decision is not None else None
 
     # -- files -----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -330,6 +401,8 @@ class Report:
         data = json.loads(p.read_text() if p else str(text_or_path))
         if data.get("schema_version") not in _READABLE:
             raise ValueError(f"report schema {data.get('schema_version')} is not one of {_READABLE}")
+        if data["schema_version"] < 5:
+            data["decision"] = _old_decision(data)
         data["schema_version"] = SCHEMA_VERSION
         return _build(cls, data)
 
@@ -411,3 +484,20 @@ def _build(cls, data: dict):
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: _convert(hints[k], v) for k, v in data.items() if k in names})
+
+
+def _old_decision(data: dict) -> dict | None:
+    """A report of schema 4 or older: its recommendation's text, ties, cautions and deploy as a decision."""
+    text = data.get("recommendation")
+    if not text:
+        return None
+    head, *reasons = text.splitlines()
+    ties = tuple(data.get("ties") or ())
+    pick = ties[0] if ties else next(iter(candidates(data.get("ranking") or ())), None)
+    answer = "tie" if len(ties) > 1 else "use" if pick else "none"
+    deploy = data.get("deploy")
+    if deploy:
+        deploy = {**{k: v for k, v in deploy.items() if k in {f.name for f in dataclasses.fields(Deploy)}},
+                  "where": "the serving process"}
+    return {"answer": answer, "pick": pick, "ties": ties, "fastest": pick, "headline": head,
+            "reasons": [r for r in reasons if r.strip()], "cautions": data.get("cautions") or (), "deploy": deploy}

@@ -39,7 +39,10 @@ __all__ = ["profile", "Trace"]
 def _workload_info(t: Target) -> dict:
     if t.workload is None:
         return {"description": "callable", "mode": "callable"}
-    return {**t.workload.describe(), "dtype": str(next(t.model.parameters()).dtype).replace("torch.", "")}
+    # the model's own attention as found: what keeping it means (transformers' sdpa, eager, ...)
+    own = getattr(getattr(t.model, "config", None), "_attn_implementation", None)
+    return {**t.workload.describe(), "dtype": str(next(t.model.parameters()).dtype).replace("torch.", ""),
+            **({"attn_implementation": own} if isinstance(own, str) else {})}
 
 
 def _timed(t: Target, results: list, iters: int, rounds: int, budget_s, progress, spent: dict, host: dict) -> list:

@@ -270,11 +270,16 @@ def environment_table(report) -> Table:
 
 # -- sections ---------------------------------------------------------------------------------------
 
+#: the label of the answer's callout, by what it answers
+_LABELS = {"use": "Recommendation", "tie": "Recommendation", "keep": "Recommendation", "none": "No answer",
+           "no-attention": "No answer"}
+
+
 def _recommendation(report, opts: Options) -> Section | None:
-    if not report.recommendation:
+    d = report.decision
+    if d is None:
         return None
-    head, *reasons = report.recommendation.splitlines()
-    callout = Callout("Recommendation", head, tuple(r for r in reasons if r.strip()))
+    callout = Callout(_LABELS.get(d.answer, "Recommendation"), d.headline, tuple(r for r in d.reasons if r.strip()))
     return Section("", (callout,), key="recommendation")
 
 
@@ -298,23 +303,26 @@ def _timing_text(report, step: tuple[str, str, str]) -> str:
 
 
 def _deploy(report, opts: Options) -> Section | None:
-    """How to run the pick in a serving process, what the measurement ran with, when to measure again."""
-    d = getattr(report, "deploy", None)
-    if not d:
+    """How to run the pick where the workload runs, what the measurement ran with, when to measure again."""
+    d = report.deploy
+    if d is None:
         return None
-    blocks: list[Block] = [Text(f"Run `{d['pick']}` with attnswitch in the serving process (with `model` in scope):"),
-                           Code(d["attnswitch"])]
-    if d.get("plain"):
-        blocks += [Text("Or with transformers and PyTorch alone:"), Code(d["plain"])]
-    if d.get("plain_loses"):
-        blocks.append(Text(("What that loses: " if d.get("plain") else "No transformers/PyTorch-only equivalent: ")
-                           + "; ".join(d["plain_loses"]) + ".", "note"))
-    env = d.get("env") or {}
+    if d.keep:
+        blocks: list[Block] = [Text(f"Nothing to change in {d.where}: `{d.pick}` is the model's own attention as "
+                                    "measured. To set it where another is set:"), Code(d.plain or "")]
+    else:
+        blocks = [Text(f"Run `{d.pick}` with attnswitch in {d.where} (with `model` in scope):"), Code(d.attnswitch)]
+        if d.plain:
+            blocks += [Text("Or with transformers and PyTorch alone:"), Code(d.plain)]
+    if d.plain_loses:
+        blocks.append(Text(("What that loses: " if d.plain else "No transformers/PyTorch-only equivalent: ")
+                           + "; ".join(d.plain_loses) + ".", "note"))
+    env = d.env or {}
     blocks.append(Text("Measured with " + (", ".join(f"{k}={v}" for k, v in env.items()) if env else
                                            "no environment variable that changes what runs")
-                       + "; " + ", ".join(f"{k} {v}" for k, v in d.get("versions", {}).items()) + ".", "note"))
-    if d.get("remeasure"):
-        blocks.append(Text("Measure again " + "; ".join(d["remeasure"]) + ".", "note"))
+                       + "; " + ", ".join(f"{k} {v}" for k, v in d.versions.items()) + ".", "note"))
+    if d.remeasure:
+        blocks.append(Text("Measure again " + "; ".join(d.remeasure) + ".", "note"))
     return Section("Deploy", tuple(blocks), key="deploy")
 
 
@@ -325,8 +333,8 @@ def _summary(report, opts: Options) -> Section:
         blocks.append(Text(f"distribution: {distribution_text(report)}"))
     if report.sweep:
         last = report.sweep[-1]
-        blocks.insert(0, Text(f"The last shape of the sweep (batch {last.batch}, seq {last.seq}), in full; every "
-                              "shape's time is in the Sweep section.", "note"))
+        blocks.insert(0, Text(f"The last shape of the sweep (batch {last.batch}, seq {last.seq}), in full, against the "
+                              f"sweep's pick `{report.pick}`; every shape's time is in the Sweep section.", "note"))
     return Section("Summary", tuple(blocks), key="summary")
 
 

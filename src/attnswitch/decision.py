@@ -1,0 +1,193 @@
+"""The decision: what a report answers, made once from the ranking and read by every writer.
+
+``decide`` takes the results and their ``ranking.Verdict`` (who is fastest, who is tied, which of the tie
+changes least) and says what to do: use one backend, deploy one of a tie, keep the model's own attention
+(SDPA's own choice in a tie or ahead, or transformers' eager where it is faster than every candidate), or
+nothing (no backend ran acceptably; the model made no attention call through the switch). It words the
+answer (``recommend``) and builds what to ship for the workload's kind (``deploy.deploy_info``).
+``decide_sweep`` does the same over a sweep's shapes. Pure functions over results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from . import candidate, catalog
+from .deploy import deploy_info
+from .kinds import kind_of
+from .ranking import Verdict, against, told_apart
+from .recommend import ANSWER_WIDTH, name_of, reasons, sweep_lines
+from .results import BackendResult, Decision, candidates
+from .stats import paired_margin
+
+__all__ = ["decide", "decide_sweep", "recommend", "own_attention", "sweep_choice"]
+
+#: transformers' own attention implementations that attnswitch's backends stand for (keeping it: nothing to do)
+_OWN = {"sdpa": "auto", "eager": "eager"}
+
+
+def own_attention(workload: Mapping | None) -> str | None:
+    """The backend that is the model's own attention as measured: ``auto`` for transformers' ``sdpa`` (its
+    default, also where a report does not say), ``eager`` for ``eager``; None for another implementation."""
+    impl = (workload or {}).get("attn_implementation") or "sdpa"
+    return _OWN.get(impl)
+
+
+def _no_attention(results: list[BackendResult]) -> bool:
+    ran = [b for b in results if b.ok]
+    return bool(ran) and all(b.attn_calls == 0 for b in ran)
+
+
+def _eager_ahead(results: list[BackendResult], v: Verdict):
+    """The margin of the fastest candidate against ``eager`` where eager is decidedly faster than every
+    candidate that ranked (None otherwise)."""
+    by = {b.backend: b for b in results}
+    if "eager" not in v.order:
+        return None
+    eager = by["eager"]
+    margins = [paired_margin(by[n].time_rounds_ms, eager.time_rounds_ms, "eager") for n in candidates(v.order)]
+    if not margins or not all(told_apart(m) for m in margins):
+        return None
+    return min(margins, key=lambda m: m.ratio)
+
+
+def _rule(by: dict[str, BackendResult], v: Verdict, pick: str) -> str:
+    """Why ``pick`` among the tie, where the tie holds kinds it is preferred to (empty: all alike)."""
+    less = [n for n in v.ties if candidate.parse(n).preference() > candidate.parse(pick).preference()]
+    if not less:
+        return ""
+    row = catalog.row(candidate.parse(pick).backend or "")
+    what = ("SDPA's own choice changes nothing" if row is not None and row.kind == "choice" else
+            "uncompiled, nothing to compile" if all(candidate.parse(n).uncompiled == candidate.parse(pick)
+                                                   for n in less) else
+            "a fused kernel" if row is not None and row.kind == "fused" else "the backend that changes least")
+    return f"{what}, preferred to {', '.join(f'`{n}`' for n in less[:3])}" + (" and more" if len(less) > 3 else "")
+
+
+def _fit(*variants: str) -> str:
+    """The first variant within ``ANSWER_WIDTH`` characters (the last, whatever its length)."""
+    return next((t for t in variants if len(t) <= ANSWER_WIDTH), variants[-1])
+
+
+def _tie_names(by, ties: Iterable[str], tail: str, head: str = "Tie: ") -> str:
+    names = [name_of(by[n]) for n in ties]
+    texts = []
+    for shown in range(len(names), 0, -1):
+        more = len(names) - shown
+        texts.append(head + " ≈ ".join(names[:shown]) + (f" and {more} more" if more else "") + tail)
+    return _fit(*texts)
+
+
+def _headline(by: dict[str, BackendResult], v: Verdict, answer: str, pick: str, rule: str, t: str,
+              numerics: bool) -> str:
+    b = by[pick]
+    beaten = v.beaten
+    m = v.margins.get(beaten[0]) if beaten else None
+    margin = f", {m.text()} faster than `{beaten[0]}`" if m is not None else ""
+    if answer == "keep":
+        own = f"Keep the model's own attention ({name_of(b, inside=True)})"
+        if len(v.ties) > 1:
+            others = [n for n in v.ties if n != pick]
+            return _fit(_tie_names(by, others, f" at {t}; nothing to change.", head=f"{own}: tied with "),
+                        _tie_names(by, others, f" at {t}.", head=f"{own}: tied with "),
+                        f"{own}: tied for the fastest at {t}; nothing to change.")
+        return f"{own}: {t}{margin}; nothing to change."
+    if len(v.ties) > 1:
+        tail = f" at {t}; pick `{pick}`: {rule}." if rule else f" at {t}, not told apart: any is as good here."
+        return _fit(_tie_names(by, v.ties, tail), _tie_names(by, v.ties, f" at {t}; pick `{pick}`."))
+    if not beaten:
+        return (f"Use {name_of(b)}: {t}, the only backend here that ran"
+                + (" with acceptable numerics." if numerics else " (numerics not checked)."))
+    return f"Use {name_of(b)}: {t}{margin}."
+
+
+def decide(results: Iterable[BackendResult], v: Verdict, workload: Mapping | None = None,
+           environment: Mapping | None = None) -> tuple[Decision, Verdict]:
+    """The answer for ``results`` ranked by ``v``, and the verdict its margins are read against (``v``, or
+    ``v`` re-based on ``eager`` where the model's eager attention is faster than every candidate)."""
+    results = list(results)
+    by = {b.backend: b for b in results}
+    workload = workload or {}
+    numerics = any(b.numerics is not None for b in results)
+    if _no_attention(results):
+        return Decision("no-attention", headline="The model's forward made no attention call through attnswitch "
+                        "(no attention layers, as in a state-space model): there is nothing to choose.",
+                        cautions=v.cautions), v
+    if v.pick is None:
+        text = (("Only `eager` ran: the model's own attention is the reference the others are checked against.",
+                 "Name the backends to choose among.") if "eager" in v.order else
+                ("No backend ran these inputs" + (" with acceptable numerics." if numerics else "."),
+                 "See the reasons in the report."))
+        return Decision("none", headline=text[0], reasons=(text[1],), cautions=v.cautions), v
+    ahead = _eager_ahead(results, v)
+    if ahead is not None:  # transformers' own eager, faster than every candidate
+        v = against(v, results, "eager")
+    pick = v.pick
+    own = own_attention(workload)
+    answer = "keep" if pick == own else "tie" if len(v.ties) > 1 else "use"
+    rule = _rule(by, v, pick) if len(v.ties) > 1 else ""
+    unit = kind_of(workload).unit
+    t = f"{by[pick].time_ms:.3f} ms {unit}"
+    headline = _headline(by, v, answer, pick, rule, t, numerics)
+    deploy = deploy_info(pick, environment or {}, workload, ties=v.ties, keep=answer == "keep")
+    return Decision(answer, pick, v.ties, v.fastest if ahead is None else "eager", rule, headline,
+                    tuple(reasons(results, v, workload, numerics)), v.cautions, deploy), v
+
+
+def recommend(results: list[BackendResult], v: Verdict, workload: dict | None = None) -> str:
+    """The answer's text for ``results`` ranked by ``v``: its first line, then why (``decide``)."""
+    return decide(results, v, workload)[0].text
+
+
+def sweep_choice(points, serving: Mapping | None = None) -> str | None:
+    """The one backend to deploy over a sweep: the cheapest for the length mix where one was given, else of
+    the candidates tied for the pick at the most lengths, the one that changes least, then the fastest over
+    all of them."""
+    # a candidate that failed or was refused at a measured shape is deployed only where none ran at all
+    everywhere = [n for n in candidates(points[0].ranking) if all(n in p.ranking for p in points)] if points else []
+    if serving and (serving["pick"] in everywhere or not everywhere):
+        return serving["pick"]
+    cost = {n: ms for n, ms in (serving or {}).get("per_request_ms", {}).items() if n in everywhere}
+    if cost:  # the mix's pick failed at another batch size: the cheapest of those that ran at every shape
+        return min(cost, key=cost.get)
+    counts: dict[str, int] = {}
+    for p in points:
+        for n in p.ties or ((p.pick,) if p.pick else ()):
+            counts[n] = counts.get(n, 0) + 1
+    if everywhere and not set(counts) & set(everywhere):  # none tied for a pick ran everywhere
+        counts = {n: 0 for n in everywhere}
+    if not counts:
+        return None
+    # totals over the shapes where every one of them ran (fewer shapes would sum to less)
+    common = [p for p in points if all(n in p.ranking for n in counts)] or points
+    total = {n: sum(b.time_ms for p in common for b in p.backends if b.backend == n and b.time_ms) for n in counts}
+    return min(counts, key=lambda n: (n not in everywhere, -counts[n], candidate.parse(n).preference(), total[n]))
+
+
+def decide_sweep(points, last: Verdict, results: list[BackendResult], workload: Mapping, environment: Mapping,
+                 serving: Mapping | None, serving_lines: list[str], cautions: tuple[str, ...]) -> tuple[Decision,
+                                                                                                      Verdict]:
+    """One answer over a sweep's shapes (``sweep_choice``), and the last shape's verdict re-based on it (the
+    summary shows the last shape against what is deployed)."""
+    pick = sweep_choice(points, serving)
+    lines = sweep_lines(points)
+    if pick is None:
+        return Decision("none", headline="No backend ran with acceptable numerics at any measured shape.",
+                        reasons=tuple(lines), cautions=cautions), last
+    if pick in last.order:
+        last = against(last, results, pick)
+    kind = kind_of(workload)
+    lens = sorted({p.seq for p in points})
+    span = f"{kind.length} {lens[0]}" + (f"–{lens[-1]}" if len(lens) > 1 else "")
+    tied = sum(pick in (p.ties or (p.pick,)) for p in points)
+    why = ("the cheapest for the length mix" if serving and serving.get("pick") == pick else
+           "the fastest (or tied) at every length" if tied == len(points) else
+           f"the fastest (or tied) at {tied} of {len(points)} shapes, and of those the least time over all")
+    answer = "keep" if pick == own_attention(workload) else "use"
+    head = (f"Keep the model's own attention (`{pick}`) over {span}: {why}; nothing to change." if answer == "keep"
+            else f"Use `{pick}` over {span}: {why}.")
+    ties = tuple(n for n in (pick, *last.ties) if n in last.order)
+    deploy = deploy_info(pick, environment, workload, sweep=points, ties=tuple(dict.fromkeys(ties)),
+                         keep=answer == "keep")
+    return Decision(answer, pick, tuple(dict.fromkeys(ties)), last.fastest, "", head,
+                    tuple([*lines, *serving_lines]), cautions, deploy), last
