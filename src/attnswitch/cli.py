@@ -516,11 +516,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def prose_width(environ=None) -> int:
-    """Where prose wraps on an output that is not a terminal (a log, a pipe): ``COLUMNS`` where set, else
-    100 (tables keep their 120)."""
+def piped_width(environ=None) -> int:
+    """The width tables fit on an output that is not a terminal (a log, a pipe), where prose is never wrapped:
+    ``COLUMNS`` where set, else as wide as ``str(report)``'s."""
+    from .render.console import TABLE_WIDTH
+
     value = (os.environ if environ is None else environ).get("COLUMNS", "")
-    return int(value) if value.isdigit() and int(value) > 0 else 100
+    return int(value) if value.isdigit() and int(value) > 0 else TABLE_WIDTH
 
 
 def _error(err, e: BaseException) -> None:
@@ -566,8 +568,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help, --version, or an error argparse found (one line, already printed)
         return e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
     quiet = not _speaks()  # under torchrun only rank 0 speaks (and writes)
-    out = _console(width=None if sys.stdout.isatty() else prose_width(), quiet=quiet)
-    err = _console(stderr=True, quiet=quiet)
+    piped = not sys.stdout.isatty()  # a log, a file: tables fit piped_width(), no line of prose is wrapped
+    out = _console(width=piped_width() if piped else None, soft_wrap=piped, quiet=quiet)
+    err = _console(stderr=True, soft_wrap=not sys.stderr.isatty(), quiet=quiet)
     folder = getattr(args, "out", None)
     kept = bool(folder) and outfolder.previous_report(folder)
     try:

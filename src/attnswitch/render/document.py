@@ -8,13 +8,29 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 
 __all__ = ["Heading", "Text", "Code", "Callout", "Table", "Bars", "Lines", "Figure", "Section", "Block", "Chart",
-           "EMPTY", "drop_empty_columns", "has_data", "walk"]
+           "EMPTY", "NAMING", "KEEP_FIRST", "drop_empty_columns", "has_data", "walk"]
 
 #: what a cell holds when there is nothing to show; a column of only these is left out
 EMPTY = frozenset({"-", ""})
+
+#: columns that, right after the first, tell a table's rows apart (a layer's phase, rank and GPU; a sweep's shape):
+#: there they are part of each row's name
+NAMING = frozenset({"phase", "rank", "GPU", "batch", "seq", "new", "prompt"})
+
+#: by header, the columns a writer short of width keeps longest, most important first: the time and the margin
+#: against the pick; the answer's own columns (the best backend, whether the output is right); then what explains
+#: the time. Other columns follow in the table's order.
+KEEP_FIRST = tuple(re.compile(p) for p in (
+    r"time/.*|time ms|step ms|workload ms|GPU µs|host µs",
+    r"vs pick|best",
+    r".*max rel err|tokens agree|mismatch",
+    r"ttft ms|step p50 ms|tokens/s|new-length step ms|compile s|pays after steps|forward ms|backward ms|"
+    r"kernels/.*|comm µs",
+))
 
 
 @dataclass(frozen=True)
@@ -56,9 +72,33 @@ class Table:
     caption: str = ""  # what the marked rows mean
     sortable: bool = True  # HTML: sort by clicking a header
     links: frozenset[str] = field(default_factory=frozenset)  # columns of relative paths, links in HTML
+    # how many leading columns name a row: a writer shows them whole, whatever its width. None: the first, and
+    # the ``NAMING`` columns right after it
+    names: int | None = None
+    # per column, where a writer short of width must leave some out: lowest kept longest. (): by header
+    # (``KEEP_FIRST``), then in the table's order
+    priority: tuple[int, ...] = ()
 
     def kind(self, i: int) -> str:
         return self.row_kinds[i] if i < len(self.row_kinds) else "plain"
+
+    def name_columns(self) -> int:
+        """How many leading columns name a row (at least one)."""
+        if self.names is not None:
+            return max(1, min(self.names, len(self.headers)))
+        n = 1
+        while n < len(self.headers) and self.headers[n] in NAMING:
+            n += 1
+        return n
+
+    def keep_order(self) -> tuple[int, ...]:
+        """The columns after the names, the one to keep longest first."""
+        def rank(i: int) -> int:
+            if self.priority:
+                return self.priority[i]
+            return next((r for r, p in enumerate(KEEP_FIRST) if p.fullmatch(self.headers[i])), len(KEEP_FIRST))
+
+        return tuple(sorted(range(self.name_columns(), len(self.headers)), key=lambda i: (rank(i), i)))
 
 
 @dataclass(frozen=True)
@@ -131,8 +171,10 @@ def drop_empty_columns(table: Table, keep: int = 1) -> Table:
         return table
     headers = tuple(table.headers[i] for i in cols)
     rows = tuple(tuple(row[i] for i in cols) for row in table.rows)
+    names = None if table.names is None else sum(i < table.names for i in cols)
+    priority = tuple(table.priority[i] for i in cols) if table.priority else ()
     return dataclasses.replace(table, headers=headers, rows=rows, left=table.left & set(headers),
-                               links=table.links & set(headers))
+                               links=table.links & set(headers), names=names, priority=priority)
 
 
 def walk(blocks):
