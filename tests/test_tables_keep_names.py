@@ -17,6 +17,8 @@ from attnswitch.render.document import Callout, Heading, Section, Table, Text
 from attnswitch.render.sections import sections
 from attnswitch.results import (
     BackendResult,
+    Decision,
+    Deploy,
     DeviceStats,
     GenerateStats,
     LayerStats,
@@ -37,10 +39,11 @@ WIDTHS = (60, 80, 100, 120, 200)
 PATHS = ("model.language_model.layers.{}.self_attn", "model.language_model.layers.{}.mlp.down_proj",
          "model.language_model.layers.{}.post_attention_layernorm")
 SKIPPED = ("plots", "environment", "traces")  # sections the HTML page shows and text does not
-DEPLOY = {"pick": POLICY, "attnswitch": f"import attnswitch\n\nattnswitch.patch(model, {POLICY!r})",
-          "plain": None, "plain_loses": ["a backend per phase: transformers has no such setting"],
-          "env": {"TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_root"}, "versions": {"torch": "2.11.0+cu130"},
-          "remeasure": ["on another GPU than NVIDIA H200", "for lengths outside 200–2500 tokens"]}
+DEPLOY = Deploy(POLICY, {"prefill": "math", "decode": "flash", "decode_max_query": 4}, None, "the serving process",
+                f"import attnswitch\n\nattnswitch.patch(model, {POLICY!r})", None,
+                ("a backend per phase: transformers has no such setting",),
+                {"TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_root"}, {"torch": "2.11.0+cu130"},
+                ("on another GPU than NVIDIA H200", "for lengths outside 200–2500 tokens"))
 NAMING = ("phase", "rank", "GPU", "batch", "seq", "new", "prompt")  # columns that tell rows apart after the first
 
 
@@ -86,19 +89,18 @@ def _report(mode: str, **kw) -> Report:
         backends[0] = dataclasses.replace(backends[0], compile="reduce-overhead", compile_ms=25123.0, graphs=3,
                                           recompiles=2, attn_seen="efficient", compile_pays_after=4567.0,
                                           attn_mismatch="ran efficient's kernel, uncompiled naive-inplace's own")
-    recommendation = (f"Use `{POLICY}`: 100.000 ms per forward, 1.07x faster than the next beyond the noise, "
-                      f"`{COMPILED}` (107.300 ms). Within measured noise of it: `cudnn`; any of these is as good "
-                      "here.\n"
-                      "  Margins: the median ratio of its time to the pick's and its 95% interval, over 6–25 paired "
-                      "rounds; slower only where the interval excludes 1.")
+    decision = Decision("tie", NAMES[0], (NAMES[0], "cudnn"), NAMES[0], "", (
+        f"Use `{POLICY}`: 100.000 ms per forward, 1.07x faster than the next beyond the noise, `{COMPILED}` (107.300 "
+        "ms). Within measured noise of it: `cudnn`; any of these is as good here."), (
+        "Margins: the median ratio of its time to the pick's and its 95% interval, over 6–25 paired rounds; slower "
+        "only where the interval excludes 1.",), ("The machine was busy while measuring.",), DEPLOY)
     return Report(
         tuple(backends), {"device": "cuda", "gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "transformers": "5.17.0",
                           "cudnn": 91900},
         {"mode": mode, "description": f"batch 4, seq 2048, {mode}", "dtype": "bfloat16"},
         {"rounds": 6, "host": {"rounds": 25, "stopped": "budget"}, "time_s": {"total": 41.5, POLICY: 1.5}},
-        model="llama-3.2-1b", ranking=tuple(NAMES), ties=(NAMES[0], "cudnn"), recommendation=recommendation,
-        command=f"attnswitch compare llama-3.2-1b --mode {mode} --backends {','.join(NAMES)} --out report/",
-        cautions=("The machine was busy while measuring.",), deploy=DEPLOY, **kw)
+        model="llama-3.2-1b", ranking=tuple(NAMES), decision=decision,
+        command=f"attnswitch compare llama-3.2-1b --mode {mode} --backends {','.join(NAMES)} --out report/", **kw)
 
 
 def _sweep(generate: bool) -> Report:
@@ -213,8 +215,9 @@ def test_the_readmes_first_command_piped_keeps_the_backend_column(monkeypatch, c
     names = ("cudnn", "auto", "flex", "flash", "efficient", "naive-inplace", "naive", "eager", "math")
     backends = tuple(dataclasses.replace(_result(i, n, "prefill"), layers=(), devices=(), transfers=())
                      for i, n in enumerate(names))
-    report = dataclasses.replace(_report("prefill"), backends=backends, ranking=names, ties=("cudnn", "auto"),
-                                 model="llama-3.2-1b")
+    report = _report("prefill")
+    report = dataclasses.replace(report, backends=backends, ranking=names, model="llama-3.2-1b",
+                                 decision=dataclasses.replace(report.decision, pick="cudnn", ties=("cudnn", "auto")))
     monkeypatch.setattr(attnswitch.comparison, "compare", lambda model, work, **kw: report)
     monkeypatch.delenv("COLUMNS", raising=False)
     assert cli.main(["compare"]) == 0
