@@ -177,3 +177,21 @@ def test_a_cpu_compare_decides_once_and_every_writer_reads_it(cpu_report):
     doc = attnswitch.deploy.policy_document(cpu_report)
     assert doc["selection"] == d.pick and doc["ties"] == list(d.ties) and doc["recommendation"] == d.text
     assert dataclasses.asdict(Report.from_json(cpu_report.to_json()).decision) == dataclasses.asdict(d)
+
+
+def test_the_first_plot_is_the_ranked_time_with_the_tie_marked_as_the_table_has_it():
+    from attnswitch.render.document import Figure, Section, walk
+    from attnswitch.render.sections import sections
+
+    results = [fixed("naive", [9.8, 10.1, 9.9, 10.0, 10.2, 9.7], host_ms=50.0),
+               fixed("flash", [10.0, 10.0, 10.1, 9.9, 10.2, 10.0], host_ms=1.0), fixed("math", [20.0] * 6, host_ms=2.0)]
+    r = report_of(results)
+    plots = next(b for b in sections(r) if isinstance(b, Section) and b.key == "plots")
+    first = next(b for b in walk(plots.blocks) if isinstance(b, Figure)).chart
+    assert "against the pick" in first.title and f"`{r.pick}`" in first.title
+    tied, apart = dict(first.series)["the pick and those tied with it"], dict(first.series)["told apart (slower)"]
+    for name, t, a, err in zip(first.categories, tied, apart, first.errors):
+        m = r[name].margin
+        assert (t if name in r.ties else a) == m.ratio and (t is None) == (name not in r.ties)
+        assert err is None if name == r.pick else err == (m.low, m.high)
+    assert first.categories[0] == r.pick and set(first.categories) == set(r.ranking)

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 
 from .document import Bars, Lines, has_data
 
-__all__ = ["LAYER_KINDS", "layer_kind", "time_by_kind_chart", "attention_time_chart", "host_cost_chart",
-           "numerics_chart", "step_time_chart", "train_time_chart", "sweep_chart"]
+__all__ = ["LAYER_KINDS", "layer_kind", "ranking_chart", "time_by_kind_chart", "attention_time_chart",
+           "host_cost_chart", "numerics_chart", "step_time_chart", "train_time_chart", "sweep_chart"]
 
 LAYER_KINDS = ("attention call", "attention module (rest)", "mlp", "other", "outside modules",
                "collectives (incl. waiting)")
@@ -37,8 +37,24 @@ def _kept(bars: Bars) -> Bars | None:
     """The chart without its all-empty series, or ``None`` when nothing is left to draw."""
     series = tuple((k, v) for k, v in bars.series if any(x for x in v))
     out = Bars(bars.title, bars.categories, series, bars.y_label, bars.stacked, bars.log, bars.limit,
-               bars.limit_label, bars.annotate)
+               bars.limit_label, bars.annotate, bars.errors)
     return out if has_data(out) else None
+
+
+def ranking_chart(backends, pick: str | None, ties, unit: str = "per forward") -> Bars | None:
+    """The ranked time, as the summary's ``vs pick`` column has it: each backend's median paired ratio to the
+    pick with its 95 % interval, the pick and the backends tied with it apart from those told apart."""
+    ranked = [b for b in backends if b.ok and b.margin is not None]
+    if pick is None or len(ranked) < 2:
+        return None
+    names = tuple(b.backend for b in ranked)
+    tied = tuple(b.margin.ratio if b.backend == pick or b.backend in ties else None for b in ranked)
+    apart = tuple(None if t is not None else b.margin.ratio for t, b in zip(tied, ranked))
+    errors = tuple(None if b.backend == pick else (b.margin.low, b.margin.high) for b in ranked)
+    return _kept(Bars(f"Time {unit} against the pick, `{pick}`", names,
+                      (("the pick and those tied with it", tied), ("told apart (slower)", apart)),
+                      "× the pick's time (95 % interval)", limit=(1.0,) * len(names), limit_label="the pick",
+                      annotate=True, errors=errors))
 
 
 def _device_kinds(ok) -> tuple:
@@ -65,7 +81,7 @@ def time_by_kind_chart(backends, step: str = "forward") -> Bars | None:
     attn = [b.host_attn_ms or 0.0 for b in ok]
     rest = [max((b.host_ms or 0.0) - a, 0.0) for a, b in zip(attn, ok)]
     series = (("attention calls", tuple(attn)), (f"rest of the {step}", tuple(rest)))
-    return _kept(Bars(f"Time per {step}: attention calls and the rest", names, series, f"ms per {step}",
+    return _kept(Bars(f"Host time per {step}: attention calls and the rest", names, series, f"host ms per {step}",
                       stacked=True))
 
 

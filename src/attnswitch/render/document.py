@@ -114,6 +114,7 @@ class Bars:
     limit: tuple[float | None, ...] = ()  # a reference per category (a tolerance), drawn as a dashed line
     limit_label: str = ""
     annotate: bool = False  # write each value above its bar
+    errors: tuple[tuple[float, float] | None, ...] = ()  # per category, the interval (low, high) of its bar
 
 
 @dataclass(frozen=True)

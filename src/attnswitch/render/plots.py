@@ -62,10 +62,17 @@ def _limit(ax, limit: Sequence[float | None], label: str) -> None:
         ax.hlines(v, i - 0.45, i + 0.45, color="0.3", linestyle="--", linewidth=1, label=label if i == 0 else None)
 
 
+def _errors(ax, xs, vals, errors) -> None:
+    for x, v, e in zip(xs, vals, errors):
+        if e is not None and not math.isnan(v):
+            ax.errorbar([x], [v], yerr=[[v - e[0]], [e[1] - v]], fmt="none", ecolor="0.15", capsize=3, linewidth=1)
+
+
 def bar_plot(title: str, categories: Sequence[str], series: Mapping[str, Sequence[float | None]], y_label: str, *,
              stacked: bool = False, log: bool = False, limit: Sequence[float | None] = (), limit_label: str = "",
-             annotate: bool = False):
-    """Bars per category, grouped side by side (or ``stacked``); ``None`` values draw no bar."""
+             annotate: bool = False, errors: Sequence[tuple[float, float] | None] = ()):
+    """Bars per category, grouped side by side (or ``stacked``); ``None`` values draw no bar; ``errors``: per
+    category an interval drawn over whichever bar it has."""
     n, k = len(categories), max(len(series), 1)
     legend = 2.2 if k + (1 if limit else 0) > 1 else 0.0  # inches for a legend on the right
     fig, ax = _figure(min(12.0, max(5.5, 1.5 + legend + n * (0.55 if stacked else 0.3 + 0.25 * k))))
@@ -78,6 +85,8 @@ def bar_plot(title: str, categories: Sequence[str], series: Mapping[str, Sequenc
         xs = [i if stacked else i - 0.4 + width * (j + 0.5) for i in range(n)]
         drawn = [v if not log or v > 0 else float("nan") for v in vals]  # a log axis has no zero
         bars = ax.bar(xs, drawn, width=width, bottom=bottom if stacked else None, label=label)
+        if errors and not stacked:
+            _errors(ax, xs, vals, errors)
         if stacked:
             bottom = [b + (0.0 if math.isnan(v) else v) for b, v in zip(bottom, vals)]
         if annotate:
@@ -119,7 +128,8 @@ def draw(chart: Chart):
     """The matplotlib figure of a chart block."""
     if isinstance(chart, Bars):
         return bar_plot(chart.title, chart.categories, dict(chart.series), chart.y_label, stacked=chart.stacked,
-                        log=chart.log, limit=chart.limit, limit_label=chart.limit_label, annotate=chart.annotate)
+                        log=chart.log, limit=chart.limit, limit_label=chart.limit_label, annotate=chart.annotate,
+                        errors=chart.errors)
     if isinstance(chart, Lines):
         return line_plot(chart.title, chart.x_label, chart.y_label, dict(chart.series), log_x=chart.log_x,
                          log_y=chart.log_y)

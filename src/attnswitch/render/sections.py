@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from ..kinds import kind_of
 from . import charts
 from .document import Block, Callout, Code, Figure, Heading, Section, Table, Text, drop_empty_columns
 
@@ -130,23 +131,12 @@ def _summary_kind(report, b) -> str:
     return "strong" if b.backend in (report.ties or (report.pick,)) else "plain"
 
 
-_STEP = {"generate": ("time/workload ms", "host/workload ms", "the whole generate workload"),
-         "train": ("time/step ms", "host/step ms", "training steps"), "decode": ("time/fwd ms", "host/fwd ms",
-                                                                                "decode forwards")}
-#: what the profiler's counts are per, by mode: one profiled step of it
-_COUNTED = {"generate": ("gen", "per profiled short generate (the first prompt, one prefill and up to 7 decode "
-                                "forwards)"),
-            "train": ("step", "per training step (forward and backward)")}
-
-
 def _headers(report) -> tuple[str, ...]:
-    """The summary's headers, its time and count columns named after what one step of the workload is."""
-    mode = report.workload.get("mode")
-    step, counted = _STEP.get(mode), _COUNTED.get(mode)
-    heads = _SUMMARY if step is None else (_SUMMARY[0], step[0], _SUMMARY[2], step[1]) + _SUMMARY[4:]
-    if counted is not None:
-        heads = tuple(h.replace("/fwd", "/" + counted[0]) for h in heads)
-    return heads
+    """The summary's headers, its time and count columns named after what one step of the workload is and
+    what the profiler's counts are per (``kinds``)."""
+    k = kind_of(report.workload)
+    heads = (_SUMMARY[0], f"time/{k.short} ms", _SUMMARY[2], f"host/{k.short} ms") + _SUMMARY[4:]
+    return heads[:4] + tuple(h.replace("/fwd", "/" + k.counted[0]) for h in heads[4:])
 
 
 def summary_table(report) -> Table:
@@ -283,23 +273,24 @@ def _recommendation(report, opts: Options) -> Section | None:
     return Section("", (callout,), key="recommendation")
 
 
-def _timing_text(report, step: tuple[str, str, str]) -> str:
+def _timing_text(report) -> str:
     """How the time column was measured, and how to read the margins against the pick."""
     timer = next((b.timer for b in report.backends if b.timer), "")
     st = report.settings
     host = st.get("host") or {}
-    if report.workload.get("mode") == "generate":
-        how = (f"{step[0].split(' ')[0]}: each prompt's median over the rounds (its decode steps at their median), "
+    k = kind_of(report.workload)
+    if k.name == "generate":
+        how = (f"time/{k.short}: each prompt's median over the rounds (its decode steps at their median), "
                f"summed over prompts ({timer})")
     else:
-        how = f"{step[0].split(' ')[0]}: the median of unprofiled {step[2]} ({timer})"
+        how = f"time/{k.short}: the median of unprofiled {k.timed} ({timer})"
     rounds = host.get("rounds")
     if rounds:
         how += (f", in {rounds} interleaved rounds (at least {st.get('rounds')}; more for the backends still tied "
                 f"with the fastest, until told apart or out of time: {host.get('stopped')})")
     return (how + ". vs pick: the median of the per-round ratios of its time to the pick's, with its 95 % interval; "
             "≈ and bold: not told apart from the pick (the interval holds 1); counts from the profiler, "
-            f"{_COUNTED.get(report.workload.get('mode'), ('', 'per forward'))[1]}; /attn: per attention call.")
+            f"{k.counted[1]}; /attn: per attention call.")
 
 
 def _deploy(report, opts: Options) -> Section | None:
@@ -327,8 +318,7 @@ def _deploy(report, opts: Options) -> Section | None:
 
 
 def _summary(report, opts: Options) -> Section:
-    step = _STEP.get(report.workload.get("mode"), ("time/fwd", "", "forwards"))
-    blocks: list[Block] = [summary_table(report), Text(_timing_text(report, step), "note")]
+    blocks: list[Block] = [summary_table(report), Text(_timing_text(report), "note")]
     if distribution_text(report):
         blocks.append(Text(f"distribution: {distribution_text(report)}"))
     if report.sweep:
@@ -344,14 +334,19 @@ def _plots(report, opts: Options) -> Section | None:
     cpu = report.environment.get("device") != "cuda"
     ref = report.settings.get("numerics_reference")
     backends = ordered(report)
-    mode = report.workload.get("mode")
-    step = "training step" if mode == "train" else "forward"
+    kind = kind_of(report.workload)
+    mode = kind.name
+    step = kind.step if mode == "train" else "forward"
     # a generate's profiled pass mixes prefill and decode forwards, and its time is the whole workload's:
     # its own section plots it step by step instead
     by_kind = None if mode == "generate" else charts.time_by_kind_chart(backends, step)
+    rank = charts.ranking_chart(backends, report.pick, report.ties, kind.unit)
     plots = [
-        (by_kind, f"A CPU run has no device time: the host time of the median measured {step}, its attention "
-         "calls and the rest of it." if cpu else f"Device time per {step}, from the profiled pass.", None),
+        (rank, "The ranked time, as the summary's vs pick column: the median of each backend's per-round ratios to "
+         "the pick, with its 95 % interval; a backend whose interval holds 1 is tied with the pick.", None),
+        (by_kind, f"Host time, not the ranked time: a CPU run has no device time, so this is the host time of the "
+         f"median measured {step}, its attention calls and the rest of it (measured apart from the ranking's rounds)."
+         if cpu else f"Device time per {step}, from the profiled pass (not the ranked time: its kernels only).", None),
         (charts.attention_time_chart(backends), "The attention call's own kernels, from the profiled pass.",
          "No device time on this run (CPU): the host time per call below is the attention's time."),
         (charts.host_cost_chart(backends), "Host time until each attention call returns: the first call at this "
