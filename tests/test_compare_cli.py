@@ -179,8 +179,9 @@ def test_cli_compare_writes_every_output(tmp_path, capsys):
     assert "Recommendation" in capsys.readouterr().out
     assert (out / "command.txt").read_text().startswith("attnswitch compare tiny-llama")
     html = (out / "report.html").read_text()
-    # time per forward, host cost per attention call, numerics; no device time per call on a CPU
-    assert html.count('<figure class="plot"') == html.count("<svg") == 3
+    # the ranked time against the pick, host time per forward, host cost per attention call, numerics; no device
+    # time per call on a CPU
+    assert html.count('<figure class="plot"') == html.count("<svg") == 4
 
 
 def test_cli_exit_codes(tmp_path, capsys):

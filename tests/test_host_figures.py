@@ -8,7 +8,7 @@ from conftest import batch_for, tiny
 
 import attnswitch
 from attnswitch.profiling.clock import Forward
-from attnswitch.profiling.workloads import prompt_units
+from attnswitch.profiling.stepstats import prompt_units
 from attnswitch.render import charts
 
 

@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from . import options
 from .decision import decide, decide_sweep, recommend, sweep_choice
+from .kinds import KINDS, kind_of
 from .lengths import Lengths
 from .numerics import REFERENCES, grad_numerics, numerics, token_agreement
 from .profiling import profile
@@ -34,7 +35,7 @@ def _with_numerics(results: list[BackendResult], workload: Workload, reference: 
     """Every candidate's numerics; a compiled candidate's from its compiled forwards (``split`` gives its
     backend and mode), each mode's candidates checked together."""
     out = list(results)
-    decode_only = workload.mode == "generate"
+    decode_only = kind_of(workload).generates
     for mode in dict.fromkeys(b.compile for b in results):
         at = [i for i, b in enumerate(results) if b.compile == mode]
         around = None if mode is None else (
@@ -50,12 +51,13 @@ def _checked(results: list[BackendResult], workload: Workload, reference: str, a
     nums = numerics(workload.model, workload, ok, reference, around=around)
     results = [dataclasses.replace(b, numerics=nums[names[b.backend]])
                if isinstance(nums.get(names[b.backend]), Numerics) else b for b in results]
-    if workload.mode == "generate":
+    kind = kind_of(workload)
+    if kind.generates:
         agree = token_agreement(workload, ok, reference, around=around)
         results = [dataclasses.replace(b, generate=dataclasses.replace(
             b.generate, token_agreement=agree[names[b.backend]][0], first_diff_step=agree[names[b.backend]][1]))
             if b.generate is not None and isinstance(agree.get(names[b.backend]), tuple) else b for b in results]
-    if workload.mode == "train":
+    if kind.grads:
         grads = grad_numerics(workload, ok, reference, around=around)
         results = [_with_grads(b, grads.get(names[b.backend])) if b.ok else b for b in results]
     return results
@@ -111,12 +113,13 @@ def _compact(b: BackendResult) -> BackendResult:
 
 
 def _sweep_shapes(shapes, mode: str, new_tokens) -> list[tuple[int, int, int | None]]:
-    if mode not in ("prefill", "train", "generate"):
-        raise ValueError(f"a sweep runs prefill, train or generate steps, not {mode!r}")
-    news = [None] if mode != "generate" else ([new_tokens] if isinstance(new_tokens, int) else list(new_tokens or []))
-    if mode == "generate" and not news:
+    kind = KINDS.get(mode)
+    if kind is None or not kind.sweeps:
+        raise ValueError(f"a sweep runs {', '.join(k.name for k in KINDS.values() if k.sweeps)} steps, not {mode!r}")
+    news = [None] if not kind.generates else ([new_tokens] if isinstance(new_tokens, int) else list(new_tokens or []))
+    if kind.generates and not news:
         raise ValueError("a generate sweep needs new_tokens (an int or a list)")
-    if mode != "generate" and new_tokens is not None:
+    if not kind.generates and new_tokens is not None:
         raise ValueError("new_tokens is a generate sweep's; a prefill or train sweep has none")
     # each shape once, in the order given
     out = list(dict.fromkeys((int(b), int(s), n) for b, s in shapes for n in news))
@@ -141,7 +144,8 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
     check_mix(model, mode, lengths, requests, max(n or 0 for *_, n in shapes3))
     # every shape's inputs made (and so checked) before any is measured
     works = [make_workload(model, batch=b, seq=s, mode=mode, padding=padding,
-                           **({"new_tokens": n, "cache": cache} if mode == "generate" else {})) for b, s, n in shapes3]
+                           **({"new_tokens": n, "cache": cache} if KINDS[mode].generates else {}))
+             for b, s, n in shapes3]
     trace_dir = kw.pop("trace_dir", None)
     points, last, spent, said, verdicts = [], None, {}, [], []
     for (batch, seq, new), work in zip(shapes3, works):
@@ -158,7 +162,7 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
             spent[k] = round(spent.get(k, 0) + v, 3)
     description = f"sweep of {len(points)} shapes, {mode}" + (", padded" if padding else "")
     workload = {**last.workload, "description": description, "shapes": [[b, s] for b, s, _ in shapes3]}
-    if mode == "generate":
+    if KINDS[mode].generates:
         workload.update(new_tokens=sorted({n for _, _, n in shapes3}), prompt_lens=sorted({s for _, s, _ in shapes3}))
     serving, lines = _serving(points, lengths, requests)
     if lengths is not None:
@@ -184,7 +188,7 @@ def check_mix(model: nn.Module, mode: str, lengths: Lengths | None, requests, ne
         return
     if not isinstance(lengths, Lengths):
         raise TypeError(f"lengths must be a Lengths (lengths.Lengths.of or read_lengths), not {type(lengths).__name__}")
-    if mode != "generate":
+    if not KINDS[mode].generates:
         raise ValueError(f"lengths is a generate sweep's mix of prompt lengths; a {mode} sweep has none")
     try:
         options.check_positions(position_limit(model), "generate", 0, new_tokens, lengths.lengths)

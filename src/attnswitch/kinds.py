@@ -20,7 +20,9 @@ class Kind:
     (``time/fwd ms``); ``counted``: what the profiler's counts are per, abbreviated and said whole; ``timed``:
     what its timing rounds time, as a note says it; ``length``: what its length is called (a generate's is its
     prompts'); ``sweeps``: a sweep over lengths can be asked; ``lm``: it needs a language-model head (a causal
-    one where ``causal``); ``where``: where its pick is deployed; ``call``: the line that runs a step there
+    one where ``causal``); ``generates``: it generates new tokens from prompts (its rounds are per prompt, its
+    decode steps compiled alone, its tokens checked); ``grads``: it runs a backward (its gradients checked);
+    ``where``: where its pick is deployed; ``call``: the line that runs a step there
     (``model`` and ``inputs`` in scope)."""
 
     name: str
@@ -32,6 +34,8 @@ class Kind:
     sweeps: bool = True
     lm: bool = False
     causal: bool = False
+    generates: bool = False
+    grads: bool = False
     where: str = "the serving process"
     call: str = "model(**inputs)"
 
@@ -48,9 +52,10 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("decode", "forward", "fwd", _FWD, "decode forwards", sweeps=False, lm=True, causal=True),
     Kind("generate", "generate workload", "workload", ("gen", "per profiled short generate (the first prompt, one "
                                                               "prefill and up to 7 decode forwards)"),
-         "the whole generate workload", length="prompt", lm=True, causal=True, call="model.generate(**inputs)"),
+         "the whole generate workload", length="prompt", lm=True, generates=True,
+         call="model.generate(**inputs)"),
     Kind("train", "training step", "step", ("step", "per training step (forward and backward)"), "training steps",
-         where="the training script", call="model(**inputs).loss.backward()"),
+         grads=True, where="the training script", call="model(**inputs).loss.backward()"),
 )}
 #: the kinds' names, in the order the command line offers them
 NAMES: tuple[str, ...] = tuple(KINDS)

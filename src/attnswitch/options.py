@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import catalog
+from . import catalog, kinds
 
 __all__ = ["OptionError", "near", "BACKENDS", "ALIASES", "COMPARED", "backend_key", "unknown_backend", "DTYPES",
            "dtype_name", "MODES", "CACHES", "DEVICE_MAPS", "check_choice", "check_placement", "check_layers",
@@ -99,7 +99,7 @@ def backend_key(name, registered: Iterable[str] = ()) -> str:
 DTYPES = {"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16",
           "bfloat16": "bf16"}
 #: what one step of a workload is
-MODES = ("prefill", "decode", "generate", "train")
+MODES = kinds.NAMES
 #: KV caches a generate workload can use: the model's default (grows per token) or transformers' static one
 CACHES = ("dynamic", "static")
 #: accelerate's named device maps
@@ -147,18 +147,23 @@ def check_layers(layers) -> None:
         raise OptionError("{layers} must be at least 1 (a whole number), got {got!r}", got=layers)
 
 
+def _generates(mode: str) -> bool:
+    k = kinds.KINDS.get(mode)
+    return k is not None and k.generates
+
+
 def check_shape(batch, seq, mode: str = "prefill", padding: bool = False) -> None:
     """A workload's batch and length, its mode, and padding where it applies."""
     if not all(_whole(n) and n >= 1 for n in (batch, seq)):
         raise OptionError("{batch} and {seq} must be positive whole numbers, got {b!r} and {s!r}", b=batch, s=seq)
     most = MAX_LENGTH  # no model has more positions: a longer one is a typo, not a workload
     if seq > most:  # a generate's seq is its prompt length
-        raise OptionError("{" + ("prompt_len" if mode == "generate" else "seq") + "} {s} is beyond any model's "
+        raise OptionError("{" + ("prompt_len" if _generates(mode) else "seq") + "} {s} is beyond any model's "
                           "positions (at most {most} tokens)", s=seq, most=most)
     if batch > most:
         raise OptionError("{batch} {b} is beyond any batch that fits in memory (at most {most})", b=batch, most=most)
     check_choice("mode", mode, MODES)
-    if padding and mode == "generate":
+    if padding and _generates(mode):
         raise OptionError("{padding} pads a prefill, decode or train batch; a generate's prompts are whole")
     if padding and batch < 2:
         raise OptionError("{padding} needs a batch of 2 or more (the first row keeps every position, the others "
@@ -198,7 +203,7 @@ def positions_needed(mode: str, seq: int, new_tokens: int | None = None,
                      prompt_lens: Iterable[int] | None = None) -> tuple[int, str, dict]:
     """The positions a workload takes, and how to say so: ``(tokens, template, values)``. For a generate
     ``seq`` is the prompt length the lengths spread around (unless ``prompt_lens`` are given)."""
-    if mode == "generate":
+    if _generates(mode):
         longest = max(prompt_lens) if prompt_lens else max(prompt_lengths(seq, new_tokens))
         return longest + new_tokens, "a prompt of {p} tokens plus {n} new ones", {"p": longest, "n": new_tokens}
     if mode == "decode":
@@ -295,11 +300,12 @@ def check_model_workload(source: Source, mode: str, seq: int | None = None, new_
     p = source.preset
     if p is None:
         return
-    if mode in ("decode", "generate") and p.task == "masked-lm":
-        verb = "cannot generate" if mode == "generate" else "cannot decode"
+    kind = kinds.KINDS[check_choice("mode", mode, MODES)]
+    if kind.lm and p.task == "masked-lm":
+        verb = "cannot generate" if kind.generates else "cannot decode"
         raise OptionError("preset {given} ({about}) {verb} (no language-model head): use {mode} prefill or train",
                           given=p.name, about=p.about, verb=verb)
-    if mode == "decode" and p.task != "causal-lm":
+    if kind.causal and p.task != "causal-lm":
         raise OptionError("{mode} decode needs a causal language model; preset {given} is {task}", given=p.name,
                           task=p.task)
     if seq is not None:

@@ -29,9 +29,9 @@ from .compiled import merged_modes, paid_back
 from .distributed import agree_ok, distribution_of, merged_report_backends
 from .host import probe
 from .rounds import MIN_PAIRS
+from .stepstats import policy_candidate
 from .summarize import with_timing
 from .trace import Trace
-from .workloads import policy_candidate
 
 __all__ = ["profile", "Trace"]
 
@@ -70,7 +70,7 @@ def _prepared(t: Target, names: list[str], progress, spent: dict, **kw) -> list:
     # kernel: each SDPA backend's own first call (cuDNN's plan building) stays cold; uncompiled, so that
     # no candidate's compile is paid here.
     with torch.no_grad(), use_backend("naive", model=t.model):
-        if t.mode == "generate":
+        if t.kind.generates:
             t.workload.short(2).step()
         else:
             t.fn(next(t.calls(1)))
@@ -89,7 +89,7 @@ def _prepared(t: Target, names: list[str], progress, spent: dict, **kw) -> list:
     # a deployment of it meets
     for name in sorted(names, key=lambda n: candidate.parse(n).borrows):
         prepare(name)
-    pair = policy_candidate(results) if t.mode == "generate" else None
+    pair = policy_candidate(results) if t.kind.generates else None
     if pair is not None and pair not in names:  # the best prefill and the best decode backend, together
         prepare(pair)
     results = [_warmed(r, results[:i]) for i, r in enumerate(results)]
@@ -118,7 +118,7 @@ def _counts(t: Target, warmup, iters, rounds, host_iters, profile_steps,
     A generate's cold workload meets every length it times (its warm-up), and its rounds are its prompts:
     every backend takes every prompt ``iters`` times, in at least ``rounds`` and ``MIN_PAIRS`` rounds, before
     the rounds adapt (``rounds`` is returned as that least number)."""
-    generate = t.mode == "generate"
+    generate = t.kind.generates
     warmup = warmup if warmup is not None else (0 if generate else 1)
     iters = iters if iters is not None else (1 if generate else 12)
     rounds = rounds if rounds is not None else (iters if generate else min(iters, 6))

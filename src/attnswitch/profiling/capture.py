@@ -32,6 +32,7 @@ from .. import candidate, dist, instrument, stderr
 from ..backends import recording_notes, resolve_name
 from ..device import default_device, device_of, devices_of, sync
 from ..errors import BackendUnavailable, UnsupportedModel
+from ..kinds import Kind, kind_of
 from ..results import BackendResult
 from ..stats import median
 from ..switch import backend as use_backend
@@ -41,9 +42,9 @@ from .clock import ForwardClock, annotate_phases
 from .compiled import attention_seen, compiled_forward, graphs_compiled, mismatch
 from .occupancy import device_limits
 from .rounds import MAX_ROUNDS, MIN_PAIRS, STEP_FIGURES, Rounds, Timing, still_open
+from .stepstats import mode_fields, prompt_units
 from .summarize import backend_fields
 from .trace import Trace
-from .workloads import mode_fields, prompt_units
 
 __all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "frozen_heap", "Target", "Profiled"]
 
@@ -129,6 +130,11 @@ class Target:
     def mode(self) -> str:
         return self.workload.mode if self.workload is not None else "callable"
 
+    @property
+    def kind(self) -> Kind:
+        """What kind of step it times (``kinds``): a callable's is one call."""
+        return kind_of(self.workload)
+
     def switched(self, name: str):
         """The candidate ``name`` for a block: its backend, compiled where it is a compiled candidate's name
         (``flash+compile``) or the target compiles every step (``compile``). A model is switched alone; a
@@ -139,7 +145,7 @@ class Target:
             return use_backend(c.selection, model=self.model)
         stack = contextlib.ExitStack()
         stack.enter_context(use_backend(c.selection, model=self.model))
-        stack.enter_context(compiled_forward(self.model, str(c.uncompiled), mode, decode_only=self.mode == "generate"))
+        stack.enter_context(compiled_forward(self.model, str(c.uncompiled), mode, decode_only=self.kind.generates))
         return stack
 
     def context(self):
@@ -150,7 +156,7 @@ class Target:
         """Compiled versions the candidate's forward has now (None: uncompiled)."""
         if self.compile is None:
             return None
-        return compiled_forward(self.model, name, self.compile, decode_only=self.mode == "generate").entries()
+        return compiled_forward(self.model, name, self.compile, decode_only=self.kind.generates).entries()
 
     def annotated(self):
         if self.model is None:
@@ -160,13 +166,13 @@ class Target:
     @property
     def prompts(self) -> int:
         """A generate's prompts (one step each in its timing rounds); 1 for the other workloads."""
-        return len(self.workload.prompts) if self.mode == "generate" else 1
+        return len(self.workload.prompts) if self.kind.generates else 1
 
     def rewarm(self, prompt: int = 0) -> None:
         """One step after a switch, untimed: for a generate, prompt ``prompt`` with two new tokens (its
         prefill and a decode step, both phases' first calls after the switch; every shape and cache was
         warmed by the prepared pass, and a whole workload would add seconds per round)."""
-        if self.mode == "generate":
+        if self.kind.generates:
             self.workload.prompt(prompt, new_tokens=2).step()
         else:
             self.fn(next(self.calls(1)))
@@ -175,7 +181,7 @@ class Target:
     def profiled_steps(self, n: int) -> tuple[Callable, list]:
         """The step function and the arguments of the profiled pass: a warm-up step's, then those of the
         ``n`` steps kept (a generate workload cut short, at most two kept)."""
-        if self.mode == "generate":
+        if self.kind.generates:
             short = self.workload.short()
             return short.step, [None] * (1 + max(1, min(n, 2)))
         return self.fn, list(self.calls(n + 1))
@@ -374,7 +380,7 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
     time. Under ``torchrun`` every rank takes the same decisions (the union of what each keeps), so that
     their forwards pair up."""
     timed = _timed_on_gpus if target.device.type == "cuda" else _timed_wall
-    generate = target.mode == "generate"
+    generate = kind_of(target.mode).generates
     if generate:
         prompts = max(1, target.prompts)
         first = max(iters * prompts, rounds, MIN_PAIRS)
@@ -478,7 +484,7 @@ def _profiled(target: Target, name: str, n: int, trace_dir) -> Profiled:
         acts.append(torch.profiler.ProfilerActivity.CUDA)
     fn, calls = target.profiled_steps(n)
     warm, calls = calls[0], calls[1:]
-    phases = annotate_phases(target.model) if target.mode == "generate" else contextlib.nullcontext()
+    phases = annotate_phases(target.model) if kind_of(target.mode).generates else contextlib.nullcontext()
     t_run = time.perf_counter()
     # One step traced and thrown away first (the profiler's warm-up, as PyTorch advises: its start-up
     # skews the first step it traces), then the steps kept, each a ``ProfilerStep#N`` range of the

@@ -7,6 +7,7 @@ calls with their key lengths); nothing here runs a model.
 from __future__ import annotations
 
 from ..candidate import Candidate, Policy
+from ..kinds import kind_of
 from ..results import GenerateStats, SlowCall, TrainStats
 from ..stats import median, percentile
 
@@ -23,9 +24,10 @@ def mode_fields(workload, cold, steady: list, rss_grown_mb: float | None) -> dic
     """``{"generate": GenerateStats}`` or ``{"train": TrainStats}`` for those workloads, else nothing."""
     if workload is None or not steady:
         return {}
-    if workload.mode == "generate":
+    kind = kind_of(workload)
+    if kind.generates:
         return {"generate": generate_stats(workload, cold, steady, rss_grown_mb)}
-    if workload.mode == "train":
+    if kind.grads:
         return {"train": train_stats(workload, steady)}
     return {}
 
