@@ -189,7 +189,8 @@ def test_the_first_plot_is_the_ranked_time_with_the_tie_marked_as_the_table_has_
     plots = next(b for b in sections(r) if isinstance(b, Section) and b.key == "plots")
     first = next(b for b in walk(plots.blocks) if isinstance(b, Figure)).chart
     assert "against the pick" in first.title and f"`{r.pick}`" in first.title
-    tied, apart = dict(first.series)["the pick and those tied with it"], dict(first.series)["told apart (slower)"]
+    series = dict(first.series)
+    tied, apart = series["the pick and those tied with it"], series["told apart (slower)"]
     for name, t, a, err in zip(first.categories, tied, apart, first.errors):
         m = r[name].margin
         assert (t if name in r.ties else a) == m.ratio and (t is None) == (name not in r.ties)

@@ -48,13 +48,15 @@ def ranking_chart(backends, pick: str | None, ties, unit: str = "per forward") -
     if pick is None or len(ranked) < 2:
         return None
     names = tuple(b.backend for b in ranked)
-    tied = tuple(b.margin.ratio if b.backend == pick or b.backend in ties else None for b in ranked)
-    apart = tuple(None if t is not None else b.margin.ratio for t, b in zip(tied, ranked))
+    group = ["tied" if b.backend == pick or b.backend in ties else "eager" if b.backend == "eager" else "apart"
+             for b in ranked]
     errors = tuple(None if b.backend == pick else (b.margin.low, b.margin.high) for b in ranked)
-    return _kept(Bars(f"Time {unit} against the pick, `{pick}`", names,
-                      (("the pick and those tied with it", tied), ("told apart (slower)", apart)),
-                      "× the pick's time (95 % interval)", limit=(1.0,) * len(names), limit_label="the pick",
-                      annotate=True, errors=errors))
+    series = tuple((label, tuple(b.margin.ratio if g == key else None for g, b in zip(group, ranked)))
+                   for key, label in (("tied", "the pick and those tied with it"), ("apart", "told apart (slower)"),
+                                      ("eager", "eager (the reference)")))
+    return _kept(Bars(f"Time {unit} against the pick, `{pick}`", names, series,
+                      "× the pick's time (95 % interval)", stacked=True, limit=(1.0,) * len(names),
+                      limit_label="the pick", errors=errors))
 
 
 def _device_kinds(ok) -> tuple:

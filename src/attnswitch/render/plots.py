@@ -85,16 +85,18 @@ def bar_plot(title: str, categories: Sequence[str], series: Mapping[str, Sequenc
         xs = [i if stacked else i - 0.4 + width * (j + 0.5) for i in range(n)]
         drawn = [v if not log or v > 0 else float("nan") for v in vals]  # a log axis has no zero
         bars = ax.bar(xs, drawn, width=width, bottom=bottom if stacked else None, label=label)
-        if errors and not stacked:
-            _errors(ax, xs, vals, errors)
         if stacked:
             bottom = [b + (0.0 if math.isnan(v) else v) for b, v in zip(bottom, vals)]
+        elif errors:
+            _errors(ax, xs, vals, errors)
         if annotate:
             ax.bar_label(bars, labels=["" if math.isnan(v) else _value(v) for v in drawn], fontsize=7, padding=2)
             for x, v, d in zip(xs, vals, drawn):
                 if math.isnan(d) and not math.isnan(v):  # an exact zero on a log axis: said at the bottom
                     ax.annotate(_value(v), (x, 0), xycoords=("data", "axes fraction"), ha="center",
                                 va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
+    if stacked and errors:  # over each stack's top
+        _errors(ax, range(n), bottom, errors)
     if limit:
         _limit(ax, limit, limit_label)
     _labels(ax, categories)
