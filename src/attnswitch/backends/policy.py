@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .. import options
 from ..compiling import split
-from .registry import default_backends, kernel_family, resolve_name
+from .registry import default_backends, kernel_family, not_offered, resolve_name
 from .sdpa import FORCED
 
 __all__ = ["Policy", "Selection", "resolve_selection", "choose", "parse_backends", "phase_backends",
@@ -82,4 +82,19 @@ def parse_backends(spec, device) -> list[str]:
     result = [str(resolve_selection(b)) if not isinstance(b, str) or "=" in b else resolve_name(b) for b in spec]
     if not result:
         raise options.OptionError("no backends given: name at least one, or 'all'")
-    return list(dict.fromkeys(result))
+    result = list(dict.fromkeys(result))
+    _some_offered(result, device)
+    return result
+
+
+def _some_offered(names: list[str], device) -> None:
+    """Candidates every one of which needs a backend this device cannot offer (a CUDA-only one on a CPU, a
+    kernel whose package is not installed) are refused before anything is loaded: nothing could run."""
+    absent = not_offered(device)
+    missing = {n: [p for p in phase_backends(n) if p in absent] for n in names}
+    if not all(missing.values()):
+        return
+    why = "; ".join(dict.fromkeys(f"{p} ({absent[p]})" for ps in missing.values() for p in ps))
+    raise options.OptionError("{backends} {given}: nothing this device ({device}) offers: {why}; it offers {offered}, "
+                              "or 'all'", given=",".join(names), device=str(device), why=why,
+                              offered=", ".join(default_backends(device)))
