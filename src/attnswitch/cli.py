@@ -139,8 +139,9 @@ def _profile_options(iters: int) -> Callable[[argparse.ArgumentParser], None]:
                        help=f"interleaved rounds every backend is timed in (default: {min(iters, FIRST_ROUNDS)}; for "
                             "generate a round is one prompt: --iters times each, at least 6)")
         p.add_argument("--time-budget", type=float, default=None, metavar="S",
-                       help="seconds of more rounds for the backends still tied with the fastest (default: as long "
-                            f"as the first rounds took, at most {BUDGET_CAP_S:g}; 0: no more rounds)")
+                       help="seconds of more rounds, after the first ones, for the backends still tied with the "
+                            f"fastest; a round that would end past it is not started (default: as long as the first "
+                            f"rounds took, at most {BUDGET_CAP_S:g}; 0: no more rounds)")
         p.add_argument("--out", default=None, help="write report.json/.csv/.md/.html and traces here")
         p.add_argument("--unfold", action="store_true", help="one row per layer instead of folding repeated layers")
         p.add_argument("--layers", action="store_true", help="print the per-layer tables too")

@@ -52,7 +52,7 @@ def _timed(t: Target, results: list, iters: int, rounds: int, budget_s, progress
     progress("timing (interleaved rounds)")
     before = probe()
     t0 = time.perf_counter()
-    done = timed_rounds(t, ok, iters=iters, rounds=rounds, budget_s=budget_s)
+    done = timed_rounds(t, ok, iters=iters, rounds=rounds, budget_s=budget_s, progress=progress)
     spent["timing rounds"] = time.perf_counter() - t0
     after = probe()
     host.update(cpus=before["cpus"], load_before=before["load"], load_after=after["load"],
