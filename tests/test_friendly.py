@@ -254,3 +254,19 @@ def test_a_config_transformers_refuses_and_weights_that_do_not_match_it_are_one_
                            cwd=tmp_path, env={**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1"})
         lines = [x for x in r.stderr.strip().splitlines() if not x.startswith(("Loading weights", "preset"))]
         assert r.returncode == 2 and lines == [f"error: {said}"], r.stderr[-3000:]
+
+
+def test_the_command_starts_answering_interrupts_before_it_imports_anything_heavy():
+    # the console script's first import (the package and its __main__) takes milliseconds: the versions of
+    # torch and transformers are read off their own version lines, as importlib.metadata (tens of milliseconds)
+    # states them
+    from importlib.metadata import version
+
+    from attnswitch import _versions
+
+    for pkg in _versions.MINIMUM:
+        assert _versions._version_line(pkg) == version(pkg)
+    code = "import sys, attnswitch.__main__\nprint(sorted(m for m in ('importlib.metadata', 'torch', 're', 'rich') " \
+           "if m in sys.modules))"
+    r = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "[]", (r.stdout, r.stderr[-2000:])

@@ -18,7 +18,6 @@ import contextlib
 import errno
 import os
 import shlex
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -26,13 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import options, outfolder
+from .errors import Terminated, sigterm_as_interrupt
 from .request import BUDGET_CAP_S, DEFAULT, DEFAULTS, FIRST_ROUNDS, ITERS, PROFILE_ITERS, REQUESTS, Request, Steps
 
 __all__ = ["main", "run", "build_parser", "COMMANDS", "EXIT_OK", "EXIT_NOTHING_RAN", "EXIT_BAD_INPUT",
            "EXIT_INTERRUPTED", "EXIT_TERMINATED", "EXIT_BROKEN_PIPE", "FLAGS", "Terminated"]
 
 EXIT_OK, EXIT_NOTHING_RAN, EXIT_BAD_INPUT = 0, 1, 2
-# as a shell reports a process ended by SIGINT, by SIGTERM, by SIGPIPE
+# as a shell reports a process ended by SIGINT, by SIGTERM, by SIGPIPE (128 + the signal's number)
 EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_BROKEN_PIPE = 130, 143, 141
 #: the library's parameter -> the flag that sets it, for errors the library words with its parameters
 FLAGS = {"batch": "--batch", "seq": "--seq", "dtype": "--dtype", "padding": "--padding", "mode": "--mode",
@@ -42,11 +42,6 @@ FLAGS = {"batch": "--batch", "seq": "--seq", "dtype": "--dtype", "padding": "--p
          "compile": "--compile", "out": "--out", "iters": "--iters", "rounds": "--rounds", "warmup": "--warmup",
          "time_budget_s": "--time-budget", "compare_sweep": "`compare`"}
 _CPU, _GPU = DEFAULTS["cpu"], DEFAULTS["cuda"]
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (``timeout``, ``docker stop``), raised as Ctrl-C's ``KeyboardInterrupt`` is, so that it unwinds
-    the same way: the switch restored, nothing staged left beside ``--out``."""
 
 
 @dataclass
@@ -320,7 +315,7 @@ def _progress(console):
     else:  # a log: each line with the seconds since the measurement began, so slow steps show
         t0 = time.perf_counter()
         yield lambda step: console.print(f"attnswitch: [{time.perf_counter() - t0:6.1f} s] {step}", highlight=False,
-                                         markup=False)
+                                         markup=False, soft_wrap=True)
 
 
 def _check(s: Session) -> int:
@@ -567,13 +562,10 @@ def _say(err, line: str) -> None:
             sys.stderr.write(line + "\n")
 
 
-def _terminated(signum, frame):
-    raise Terminated
-
-
 def run() -> None:
-    """The ``attnswitch`` command itself (its console script and ``python -m attnswitch``): ``main`` in a
-    process of its own, so process-wide choices are made for it here, not in ``main``:
+    """The ``attnswitch`` command itself (which ``__main__.main`` runs, for the console script and ``python
+    -m attnswitch``): ``main`` in a process of its own, so process-wide choices are made for it here, not in
+    ``main``:
 
     - SIGTERM (``timeout``, ``docker stop``) is handled as Ctrl-C is: one line, exit 143, ``--out`` as it
       was (unless the process was told to ignore it); an interrupt at any moment, from the first line on, is
@@ -586,22 +578,21 @@ def run() -> None:
       left to save. It exits normally where something may still save at exit: under ``torchrun`` (the
       process group is taken down first), and under a profiler, tracer or coverage tool.
     """
-    try:
-        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, _terminated)
-        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-        code = main()
+    with sigterm_as_interrupt():
         try:
-            sys.stdout.flush()
-        except BrokenPipeError:  # the answer's reader went away before its last lines
-            code = code or EXIT_BROKEN_PIPE
-    except KeyboardInterrupt as e:  # before main began, or once it had ended
-        _say(None, _interrupted(e, _Outcome()))
-        code = EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
-    try:
-        _end(code)
-    except KeyboardInterrupt:  # while ending: everything was said and written; only the ending is left
-        os._exit(code)
+            os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+            code = main()
+            try:
+                sys.stdout.flush()
+            except BrokenPipeError:  # the answer's reader went away before its last lines
+                code = code or EXIT_BROKEN_PIPE
+        except KeyboardInterrupt as e:  # before main began, or once it had ended
+            _say(None, _interrupted(e, _Outcome()))
+            code = EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
+        try:
+            _end(code)
+        except KeyboardInterrupt:  # while ending: everything was said and written; only the ending is left
+            os._exit(code)
 
 
 def _end(code: int) -> None:
