@@ -125,8 +125,8 @@ def _profile_options(iters: int) -> Callable[[argparse.ArgumentParser], None]:
     def add(p: argparse.ArgumentParser) -> None:
         _model_options(p)
         p.add_argument("--warmup", type=int, default=None,
-                       help="steps after the cold one and before timing (default: 1; 0 for generate, whose cold "
-                            "workload meets every length)")
+                       help=f"steps after the cold one and before timing (default: {Steps().resolved(False).warmup}; "
+                            f"{Steps().resolved(True).warmup} for generate, whose cold workload meets every length)")
         p.add_argument("--iters", type=int, default=None,
                        help=f"timed steps per backend in the first rounds (default: {iters}; for generate, "
                             "each prompt once)")

@@ -145,6 +145,8 @@ class Request:
         its length mix read (a file's) and its compile modes parsed. ``registered``: the backends this
         process registered besides the built-ins."""
         options.check_choice("kind", self.kind, KINDS)
+        if self.mode is not None:
+            options.check_choice("mode", self.mode, options.MODES)
         _combinations(self)
         self.steps.check()
         modes = parse_compile(self.compile)
@@ -161,8 +163,8 @@ class Request:
                             f"{type(lengths).__name__}")
         checked = dataclasses.replace(self, lengths=lengths, compile=modes)
         if self.mode is not None:  # (the smaller defaults where the device is not known yet: a CPU's)
-            _shapes(dataclasses.replace(checked.resolved(self.device if self.device in DEFAULTS else "cpu"),
-                                        model=self.model))
+            gpu = str(self.device or "").startswith("cuda")
+            _shapes(dataclasses.replace(checked.resolved("cuda" if gpu else "cpu"), model=self.model))
         return checked
 
     def resolved(self, device_type: str) -> Request:
