@@ -187,8 +187,16 @@ def test_cli_compare_writes_every_output(tmp_path, capsys):
 def test_cli_exit_codes(tmp_path, capsys):
     assert main(["compare", "no-such-model"]) == 2
     assert "not a preset" in capsys.readouterr().err
-    assert main(["profile", "tiny-llama", "--device", "cpu", "--num-layers", "1", "--seq", "16", "--iters", "1",
-                 "--warmup", "0", "--backends", "cudnn,efficient"]) == 1  # nothing could run here
+    quick = ["profile", "tiny-llama", "--device", "cpu", "--num-layers", "1", "--seq", "16", "--iters", "1",
+             "--warmup", "0"]
+    # nothing this device offers: refused before any work, as bad input
+    assert main([*quick, "--backends", "cudnn,efficient"]) == 2
+    capsys.readouterr()
+    never = attnswitch.register_backend("never", lambda q, k, v, **kw: q, check=lambda *a, **k: "not these inputs")
+    try:
+        assert main([*quick, "--backends", never]) == 1  # nothing could run these inputs
+    finally:
+        attnswitch.unregister_backend(never)
     assert main(["check", "tiny-llama", "--num-layers", "1", "--seq", "16", "--backends", "fastest"]) == 2
     assert main(["compare", "tiny-llama", "--device", "cuda:0"]) == (0 if torch.cuda.is_available() else 2)
 

@@ -92,14 +92,17 @@ def test_api_arguments_of_the_wrong_kind_get_clear_errors(registered_kernel):
 
 
 def test_a_failure_while_measuring_is_shown_whole_not_as_bad_input(monkeypatch):
+    # the exit code follows what went wrong: a ValueError the model raises is its failure, raised whole (exit 1,
+    # with its traceback), whenever it comes; only an OptionError is bad input
     import attnswitch.comparison as comparison
 
     def broken(*a, **k):
         raise ValueError("something inside the model")
     monkeypatch.setattr(comparison, "numerics", broken)
-    with pytest.raises(RuntimeError, match="ValueError while measuring: something inside the model"):
+    with pytest.raises(ValueError, match="^something inside the model$") as e:
         cli.main(["compare", "tiny-llama", "--device", "cpu", "--num-layers", "1", "--seq", "8", "--iters", "1",
                   "--warmup", "0", "--backends", "naive"])
+    assert not isinstance(e.value, attnswitch.options.OptionError)
 
 
 def test_profiling_prints_no_profiler_noise(capfd):
@@ -227,3 +230,44 @@ def test_a_reader_that_goes_away_ends_the_command_with_141_and_no_traceback(tmp_
         assert p.wait(timeout=600) == 141, (argv, err[-3000:])
         assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err[-3000:]
     assert (out / "report.json").stat().st_size > 0 and (out / "traces" / "trace_naive.json.gz").exists()
+
+
+def test_a_config_transformers_refuses_and_weights_that_do_not_match_it_are_one_line_and_exit_2(tmp_path):
+    # as the command meets them: a config whose validators fail (hidden size 64 with 5 heads), and a checkpoint
+    # whose weights are of other shapes than its config says; transformers' own report of keys is not printed
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    (tmp_path / "five.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 5,
+                                                    "num_hidden_layers": 1, "intermediate_size": 128,
+                                                    "vocab_size": 100}))
+    cfg = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "grown")
+    config = json.loads((tmp_path / "grown" / "config.json").read_text())
+    (tmp_path / "grown" / "config.json").write_text(json.dumps({**config, "intermediate_size": 256}))
+    cases = [("five.json", "five.json: transformers refuses this config: The hidden size (64) is not a multiple of "
+                           "the number of attention heads (5)."),
+             ("grown", "grown: its weights do not match its config: model.layers.0.mlp.down_proj.weight is [64, 128] "
+                       "in the checkpoint, [64, 256] by the config (and 2 more)")]
+    for model, said in cases:
+        r = subprocess.run([sys.executable, "-m", "attnswitch", "compare", model, "--device", "cpu", "--seq", "8",
+                            "--iters", "1", "--backends", "naive"], capture_output=True, text=True, timeout=300,
+                           cwd=tmp_path, env={**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1"})
+        lines = [x for x in r.stderr.strip().splitlines() if not x.startswith(("Loading weights", "preset"))]
+        assert r.returncode == 2 and lines == [f"error: {said}"], r.stderr[-3000:]
+
+
+def test_the_command_starts_answering_interrupts_before_it_imports_anything_heavy():
+    # the console script's first import (the package and its __main__) takes milliseconds: the versions of
+    # torch and transformers are read off their own version lines, as importlib.metadata (tens of milliseconds)
+    # states them
+    from importlib.metadata import version
+
+    from attnswitch import _versions
+
+    for pkg in _versions.MINIMUM:
+        assert _versions._version_line(pkg) == version(pkg)
+    code = "import sys, attnswitch.__main__\nprint(sorted(m for m in ('importlib.metadata', 'torch', 're', 'rich') " \
+           "if m in sys.modules))"
+    r = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "[]", (r.stdout, r.stderr[-2000:])

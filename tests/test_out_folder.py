@@ -124,3 +124,151 @@ def test_the_new_report_takes_the_folders_place_with_or_without_an_exchange_of_t
     with outfolder.Staged(out) as staged:
         (staged / "report.json").write_text("new")
     assert _tree(out) == {"report.json": b"new"} and sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+
+
+# -- a run that ends in anything but a report leaves --out as it was -------------------------------------
+
+def _earlier_report(out, capsys):
+    assert cli.main([*BASE, "--backends", "naive,math", "--out", str(out)]) == 0
+    capsys.readouterr()
+    return _tree(out)
+
+
+def _no_space_for_traces(monkeypatch):
+    """A full disk, as the profiler meets it: its trace is not written (Kineto says so on its own stderr and
+    raises nothing), and the folder's file system has no space left."""
+    import shutil
+    from collections import namedtuple
+
+    import torch
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", lambda self, path: None)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 20, 1 << 20, 0))
+
+
+def _no_space_for_the_page(monkeypatch):
+    """A full disk, as writing the report's page meets it."""
+    import errno
+
+    from attnswitch.results import Report
+
+    def full(self, path, *a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    monkeypatch.setattr(Report, "write_html", full)
+
+
+@pytest.fixture
+def refusing_backend():
+    import attnswitch
+    name = attnswitch.register_backend("never", lambda q, k, v, **kw: q, check=lambda *a, **k: "not these inputs")
+    yield name
+    attnswitch.unregister_backend(name)
+
+
+@pytest.mark.parametrize("how, code, said", [
+    ("nothing ran", 1, "no backend ran: kept the previous report in {out}"),
+    ("a backend this device cannot offer", 2, "error: --backends cudnn: nothing this device (cpu) offers: cudnn "
+                                              "(CUDA only)"),
+    ("no space for a trace", 2, "error: no space left on device (writing {out}/traces/trace_naive.json); kept the "
+                                "previous report in {out}"),
+    ("no space for the page", 2, "error: no space left on device (writing {out}/report.html); kept the previous "
+                                 "report in {out}"),
+])
+def test_a_run_that_exits_non_zero_leaves_out_byte_for_byte_as_it_was(how, code, said, tmp_path, capsys, monkeypatch,
+                                                                      refusing_backend):
+    out = tmp_path / "report"
+    found = _earlier_report(out, capsys)
+    backends = {"nothing ran": refusing_backend, "a backend this device cannot offer": "cudnn"}.get(how, "naive")
+    if how == "no space for a trace":
+        _no_space_for_traces(monkeypatch)
+    elif how == "no space for the page":
+        _no_space_for_the_page(monkeypatch)
+    assert cli.main([*BASE, "--backends", backends, "--out", str(out)]) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(said.format(out=out)), err
+    if code == 2:
+        assert err[-1].startswith("error: ") and "Traceback" not in "\n".join(err), err  # one line
+    assert _tree(out) == found  # the earlier report, policy.json and traces/ included
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]  # nothing staged left beside it
+
+
+def test_the_last_line_names_only_what_was_written(tmp_path, capsys):
+    # eager alone is no candidate for the pick: no policy.json, and the last line does not say it wrote one
+    out = tmp_path / "report"
+    assert cli.main([*BASE, "--backends", "eager", "--out", str(out)]) == 0
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    written = sorted(p.name for p in out.iterdir())
+    assert "policy.json" not in written
+    listed = last.removeprefix(f"wrote {out}/").rsplit(" in ", 1)[0].split(", ")
+    assert sorted(n.rstrip("/") for n in listed) == written, (last, written)
+
+
+# -- signals: Ctrl-C at any moment, SIGTERM as Ctrl-C ---------------------------------------------------
+
+# the command as the console script runs it (attnswitch.__main__:main), with SIGINT's and SIGTERM's dispositions
+# set here (not inherited from whatever started the test), and the signal sent to itself at the first import of a
+# module ({module}: the command's own first, or what it imports later) or from inside the first attention call of
+# a backend of its own ("sig")
+SIGNALLING = textwrap.dedent("""
+    import importlib.abc, os, signal, sys
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    SIG = getattr(signal, {signal!r})
+    from attnswitch.__main__ import main as run
+
+    class SendAtImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == {module!r}:
+                sys.meta_path.remove(self)
+                os.kill(os.getpid(), SIG)
+            return None
+
+    if {module!r}:
+        sys.meta_path.insert(0, SendAtImport())
+    else:
+        import attnswitch
+        from attnswitch.backends import Call, naive_attention
+
+        def sig(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+            os.kill(os.getpid(), SIG)
+            return naive_attention(Call(q, k, v, attn_mask, dropout_p, is_causal, scale))[0]
+
+        attnswitch.register_backend("sig", sig)
+    run()
+""")
+
+
+def _signalled_run(tmp_path, out, signal: str, module: str = ""):
+    script = tmp_path / "signalling.py"
+    script.write_text(SIGNALLING.format(signal=signal, module=module))
+    backends = "naive,sig" if not module else "naive"
+    return subprocess.run([sys.executable, str(script), *BASE, "--backends", backends, "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("module", ["attnswitch.cli", "rich.console", "torch", "transformers", "attnswitch.models"])
+def test_ctrl_c_at_any_moment_after_launch_is_one_line_and_exit_130(module, tmp_path):
+    # while the command imports what it needs (the first half second and more), as later
+    out = tmp_path / "report"
+    r = _signalled_run(tmp_path, out, "SIGINT", module)
+    assert r.returncode == 130, r.stderr[-3000:]
+    said = "interrupted" if module == "attnswitch.cli" else f"interrupted; nothing written to {out}"  # (args unread)
+    assert r.stderr.strip().splitlines()[-1] == said, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "KeyboardInterrupt" not in r.stderr, r.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["signalling.py"]
+
+
+@pytest.mark.parametrize("before", ["none", "a report"])
+def test_sigterm_is_handled_as_ctrl_c_one_line_exit_143_and_out_as_it_was(before, tmp_path, capsys):
+    out = tmp_path / "new" / "report"
+    found = _earlier_report(out, capsys) if before == "a report" else None
+    r = _signalled_run(tmp_path, out, "SIGTERM")  # while the second backend is measured, as `timeout` sends it
+    assert r.returncode == 143, r.stderr[-3000:]
+    said = "kept the previous report in" if found else "nothing written to"
+    assert r.stderr.strip().splitlines()[-1] == f"terminated; {said} {out}", r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    if found is None:
+        assert not (tmp_path / "new").exists()
+    else:
+        assert _tree(out) == found and sorted(p.name for p in out.parent.iterdir()) == ["report"]

@@ -6,6 +6,7 @@ import datetime
 import itertools
 import json
 import multiprocessing
+import re
 import socket
 import time
 
@@ -298,3 +299,54 @@ def test_a_generates_noise_is_the_spread_of_prompts_measured_more_than_once():
     assert once.spread() == []
     twice = Timing(per_prompt=True, units=[[10.0, 0], [0, 20.0], [14.0, 0], [0, 20.0]])
     assert sorted(twice.spread()) == pytest.approx([10 / 12, 1.0, 1.0, 14 / 12])
+
+
+# -- what the rounds say while they run, and how long they run ------------------------------------------
+
+class _SteppedTarget(_FakeTarget):
+    """A ``_FakeTarget`` whose untimed step after a switch takes as long as a timed one, as a real one does."""
+
+    def rewarm(self):
+        self.fn(None)
+        self.now += next(self.turns[self.cur]) / 1e3
+
+
+def _paced(monkeypatch, times: dict, **kw):
+    monkeypatch.setattr(capture, "_timed_wall", _fake_wall)
+    t = _SteppedTarget(times)
+    said = []
+    done = timed_rounds(t, list(times), clock=t.clock, progress=lambda line: said.append((t.now, line)), **kw)
+    return t, done, said
+
+
+@pytest.mark.parametrize("times", [{"a": 3000.0, "b": [3300.0, 2800.0], "c": 9000.0},  # steps of seconds
+                                   {"a": 12.0, "b": [13.0, 11.0], "c": 40.0}])  # steps of milliseconds
+def test_the_rounds_say_where_they_are_at_least_every_10_s_with_the_time_left(monkeypatch, times):
+    # a default run's rounds took a minute and more without a word: now a line at least every 10 s (on the
+    # rounds' clock), naming the round, the candidates still timed and the time left
+    t, done, said = _paced(monkeypatch, times, iters=12, rounds=6)
+    at = [0.0] + [a for a, _ in said] + [t.now]
+    assert max(b - a for a, b in zip(at, at[1:])) <= capture.PROGRESS_EVERY_S, said
+    assert len(said) <= t.now / capture.PROGRESS_EVERY_S + len(times) + 1  # (and not much more often)
+    first_end = next((a for a, line in said if "more rounds" in line), t.now)
+    for a, line in said:
+        assert re.match(r"timing: round \d+", line), line
+        names = re.search(r"\(([a-z, ]+)\)", line).group(1).split(", ")
+        assert set(names) <= set(times), line
+        left = re.search(r"(about|at most) (\d+) s left", line)
+        if left and left.group(1) == "at most":  # the more rounds: within their budget, said as an upper bound
+            assert t.now - a <= int(left.group(2)) + 0.5, (line, t.now - a)
+        elif left and first_end - a > 20:  # the first rounds: an estimate from the turns taken so far
+            assert 0.5 <= int(left.group(2)) / (first_end - a) <= 2, (line, first_end - a)
+    if t.now > 100:  # the slow case: the first rounds take minutes, and their lines say how long is left
+        assert sum("about" in line for _, line in said) >= 5 and done.rounds >= 6
+
+
+def test_more_rounds_end_within_their_time_budget(monkeypatch):
+    # two backends that rounds cannot tell apart, 1 s a step: 4 s of first rounds, then 5 s of budget. The last
+    # round that fits ends at 8 s; one more would end at 10 s, past the budget: it is not started
+    monkeypatch.setattr(capture, "_timed_wall", _fake_wall)
+    t = _FakeTarget({"a": [900.0, 1100.0], "b": [1100.0, 900.0]})
+    done = timed_rounds(t, ["a", "b"], iters=2, rounds=2, budget_s=5.0, clock=t.clock)
+    assert done.stopped == "budget" and done.rounds > 2
+    assert done.seconds - 4.0 <= 5.0, done.seconds  # the more rounds' time, within the budget

@@ -1,12 +1,14 @@
 """The ``attnswitch`` command: one function per subcommand, in the table ``COMMANDS``.
 
-Exit codes: 0 when every asked-for step ran (backends that cannot run are part of the answer);
-1 when no backend could run at all, or the model failed while measuring (raised, with its traceback);
-2 for bad input (unknown model, unreadable config, bad option), found before any measurement; 130 when
-interrupted (Ctrl-C: one line, ``--out`` as it was); 141 when the reader of stdout went away (``| head``:
-the report is still written to ``--out``). Heavy libraries (torch, transformers) are imported by the
-subcommands that need them, after every option that can be checked without them is: not for ``--help``,
-``presets`` or a misspelt name.
+Exit codes follow what went wrong, not when it was found: 0 when every asked-for step ran (backends that
+cannot run are part of the answer); 1 when no backend could run at all, or the model or a kernel failed
+(raised whole, with its traceback); 2 for bad input (an ``options.OptionError``: unknown model, unreadable
+config, weights that do not match it, a bad option, a backend this device cannot offer; an unsupported model;
+no space left on device); 130 when interrupted (Ctrl-C: one line, ``--out`` as it was) and 143 when terminated
+(SIGTERM: the same); 141 when the reader of stdout went away (``| head``: the report is still written to
+``--out``). Heavy libraries (torch, transformers) are imported by the subcommands that need them, after every
+option that can be checked without them is (``request.Request.check``): not for ``--help``, ``presets`` or a
+misspelt name.
 """
 
 from __future__ import annotations
@@ -19,21 +21,36 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import candidate, options, outfolder
+from . import options, outfolder
+from .errors import Terminated, sigterm_as_interrupt
+from .request import BUDGET_CAP_S, DEFAULT, DEFAULTS, FIRST_ROUNDS, ITERS, PROFILE_ITERS, REQUESTS, Request, Steps
 
 __all__ = ["main", "run", "build_parser", "COMMANDS", "EXIT_OK", "EXIT_NOTHING_RAN", "EXIT_BAD_INPUT",
-           "EXIT_INTERRUPTED", "EXIT_BROKEN_PIPE", "FLAGS"]
+           "EXIT_INTERRUPTED", "EXIT_TERMINATED", "EXIT_BROKEN_PIPE", "FLAGS", "Terminated"]
 
 EXIT_OK, EXIT_NOTHING_RAN, EXIT_BAD_INPUT = 0, 1, 2
-EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141  # as a shell reports a process ended by SIGINT, by SIGPIPE
+# as a shell reports a process ended by SIGINT, by SIGTERM, by SIGPIPE (128 + the signal's number)
+EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_BROKEN_PIPE = 130, 143, 141
 #: the library's parameter -> the flag that sets it, for errors the library words with its parameters
 FLAGS = {"batch": "--batch", "seq": "--seq", "dtype": "--dtype", "padding": "--padding", "mode": "--mode",
-         "prompt_len": "--prompt-len", "prompt_lens": "--prompt-lens", "new_tokens": "--new-tokens",
-         "cache": "--cache", "layers": "--num-layers", "device_map": "--device-map", "tp": "--tp",
-         "backends": "--backends", "out": "--out", "iters": "--iters", "warmup": "--warmup"}
+         "prompt_len": "--prompt-len", "prompt_lens": "--prompt-lens", "lengths": "--prompt-lens-from",
+         "requests": "--requests", "new_tokens": "--new-tokens", "cache": "--cache", "device": "--device",
+         "layers": "--num-layers", "device_map": "--device-map", "tp": "--tp", "backends": "--backends",
+         "compile": "--compile", "out": "--out", "iters": "--iters", "rounds": "--rounds", "warmup": "--warmup",
+         "time_budget_s": "--time-budget", "compare_sweep": "`compare`"}
+_CPU, _GPU = DEFAULTS["cpu"], DEFAULTS["cuda"]
+
+
+@dataclass
+class _Outcome:
+    """What a line about an interrupt says: the ``--out`` folder, whether it held a report, the staging."""
+
+    folder: str | None = None
+    kept: bool = False
+    staged: outfolder.Staged | None = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +62,8 @@ class Session:
     out: object  # rich Console on stdout: the answer
     err: object  # rich Console on stderr: progress and errors
     started: float = 0.0  # perf_counter() when the command began, before torch and transformers were imported
+    request: Request | None = None  # the options as the library's request, checked
+    outcome: _Outcome = field(default_factory=_Outcome)
 
 
 # -- options --------------------------------------------------------------------------------------
@@ -64,28 +83,30 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="a preset, a local folder, a config.json or a hub id (default: a preset sized for the device)")
     p.add_argument("--batch", type=_ints, default=None,
-                   help="batch size, or a list for a sweep (default: 4 on a GPU, 2 on a CPU)")
+                   help=f"batch size, or a list for a sweep (default: {_GPU.batch} on a GPU, {_CPU.batch} on a CPU)")
     p.add_argument("--seq", type=_ints, default=None,
-                   help="sequence length, or a list (512,2048,8192) for a sweep (default: 2048 on a GPU, 128 on a CPU)")
-    p.add_argument("--dtype", default=None, help="fp32, fp16 or bf16 (default: bf16 on a GPU, fp32 on a CPU)")
+                   help=f"sequence length, or a list (512,2048,8192) for a sweep (default: {_GPU.seq} on a GPU, "
+                        f"{_CPU.seq} on a CPU)")
+    p.add_argument("--dtype", default=None,
+                   help=f"fp32, fp16 or bf16 (default: {_GPU.dtype} on a GPU, {_CPU.dtype} on a CPU)")
     p.add_argument("--padding", action="store_true", help="a padded batch (left padding for decoders)")
-    p.add_argument("--mode", choices=["prefill", "decode", "generate", "train"], default="prefill",
+    p.add_argument("--mode", choices=options.MODES, default="prefill",
                    help="prefill: the whole sequence; decode: one new token against a KV cache of --seq; generate: "
                         "greedy generation end to end; train: forward + backward of the loss")
     p.add_argument("--prompt-len", type=_ints, default=None,
-                   help="generate: prompts spread around this length (default: 512 on a GPU, 32 on a CPU), or a list "
-                        "(256,1024,4096) for a sweep of prompt lengths")
+                   help=f"generate: prompts spread around this length (default: {_GPU.prompt_len} on a GPU, "
+                        f"{_CPU.prompt_len} on a CPU), or a list (256,1024,4096) for a sweep of prompt lengths")
     p.add_argument("--prompt-lens", type=_ints, default=None, help="generate: these prompt lengths instead")
     p.add_argument("--prompt-lens-from", default=None, metavar="FILE",
                    help="generate: the prompt lengths a deployment sees (one a line, or a JSON histogram "
                         "{\"512\": 120, ...}): a sweep at its representative lengths, weighted as the file says")
     p.add_argument("--requests", type=int, default=None, metavar="N",
                    help="with --prompt-lens-from: the run of requests to charge each backend's first-met shapes "
-                        "over (default: 1000)")
+                        f"over (default: {REQUESTS})")
     p.add_argument("--new-tokens", type=_ints, default=None,
-                   help="generate: exactly this many new tokens per prompt (default: 128 on a GPU, 8 on a CPU), or a "
-                        "list for a sweep")
-    p.add_argument("--cache", choices=["dynamic", "static"], default="dynamic",
+                   help=f"generate: exactly this many new tokens per prompt (default: {_GPU.new_tokens} on a GPU, "
+                        f"{_CPU.new_tokens} on a CPU), or a list for a sweep")
+    p.add_argument("--cache", choices=options.CACHES, default="dynamic",
                    help="generate: the model's default KV cache, or transformers' static cache")
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
     p.add_argument("--num-layers", type=int, default=None,
@@ -104,101 +125,54 @@ def _profile_options(iters: int) -> Callable[[argparse.ArgumentParser], None]:
     def add(p: argparse.ArgumentParser) -> None:
         _model_options(p)
         p.add_argument("--warmup", type=int, default=None,
-                       help="steps after the cold one and before timing (default: 1; 0 for generate, whose cold "
-                            "workload meets every length)")
+                       help=f"steps after the cold one and before timing (default: {Steps().resolved(False).warmup}; "
+                            f"{Steps().resolved(True).warmup} for generate, whose cold workload meets every length)")
         p.add_argument("--iters", type=int, default=None,
                        help=f"timed steps per backend in the first rounds (default: {iters}; for generate, "
                             "each prompt once)")
         p.add_argument("--rounds", type=int, default=None,
-                       help=f"interleaved rounds every backend is timed in (default: {min(iters, 6)}; for generate "
-                            "a round is one prompt: --iters times each, at least 6)")
+                       help=f"interleaved rounds every backend is timed in (default: {min(iters, FIRST_ROUNDS)}; for "
+                            "generate a round is one prompt: --iters times each, at least 6)")
         p.add_argument("--time-budget", type=float, default=None, metavar="S",
-                       help="seconds of more rounds for the backends still tied with the fastest (default: as long "
-                            "as the first rounds took, at most 30; 0: no more rounds)")
+                       help="seconds of more rounds, after the first ones, for the backends still tied with the "
+                            f"fastest; a round that would end past it is not started (default: as long as the first "
+                            f"rounds took, at most {BUDGET_CAP_S:g}; 0: no more rounds)")
         p.add_argument("--out", default=None, help="write report.json/.csv/.md/.html and traces here")
         p.add_argument("--unfold", action="store_true", help="one row per layer instead of folding repeated layers")
         p.add_argument("--layers", action="store_true", help="print the per-layer tables too")
         p.add_argument("--compile", default="none", metavar="MODES",
                        help="run every backend under torch.compile: none, default, reduce-overhead or max-autotune; "
                             "several joined by commas (default,none) put compiled and uncompiled side by side")
-        p.set_defaults(default_iters=iters)
     return add
 
 
 def _compare_options(p: argparse.ArgumentParser) -> None:
-    _profile_options(12)(p)
+    _profile_options(ITERS)(p)
     p.add_argument("--no-numerics", action="store_true", help="skip the comparison with eager float32")
 
 
 # -- shared steps ---------------------------------------------------------------------------------
 
-def _check_options(args) -> None:
-    """Bad input found in the options alone, before torch is imported: one line, before any work."""
-    _check_combinations(args)
-    _check_values(args)
+def _check_options(args) -> Request:
+    """Bad input found in the options alone, before torch is imported: one line, before any work. The
+    rules are the library's (``Request.check``): the command line only words them with its flags."""
+    request = _request(args).check(_registered())
     if getattr(args, "out", None):
         outfolder.check(args.out)
+    return request
 
 
-_GENERATE_ONLY = (("prompt_len", "--prompt-len"), ("prompt_lens", "--prompt-lens"), ("new_tokens", "--new-tokens"),
-                  ("prompt_lens_from", "--prompt-lens-from"), ("requests", "--requests"))
-
-
-def _check_combinations(args) -> None:
-    """Options that exclude each other, or do not apply to the mode: refused rather than ignored."""
-    if (args.device_map or args.tp) and args.device is not None:
-        raise ValueError("--device picks one device; --device-map and --tp place the model themselves")
-    if args.mode == "generate" and args.seq is not None:
-        raise ValueError("--seq is the length of a prefill, decode or train step; a generate's prompts are "
-                         "--prompt-len (lengths spread around it) or --prompt-lens")
-    if args.mode != "generate":
-        given = [flag for attr, flag in _GENERATE_ONLY if getattr(args, attr) is not None]
-        given += ["--cache"] if args.cache != "dynamic" else []
-        if given:
-            raise ValueError(f"{', '.join(given)}: for --mode generate only (this is --mode {args.mode})")
-    given = [f for a, f in (("prompt_len", "--prompt-len"), ("prompt_lens", "--prompt-lens"),
-                            ("prompt_lens_from", "--prompt-lens-from")) if getattr(args, a) is not None]
-    if len(given) > 1:
-        raise ValueError(f"{' and '.join(given)}: each says which prompt lengths to measure; choose one")
-    if args.requests is not None and args.prompt_lens_from is None:
-        raise ValueError("--requests charges the first-met shapes of a length mix: give --prompt-lens-from FILE")
-    if args.requests is not None and not 1 <= args.requests <= options.MAX_REQUESTS:
-        raise ValueError(f"--requests must be from 1 to {options.MAX_REQUESTS}, got {args.requests}")
-    if args.prompt_lens is not None and len(args.new_tokens or [1]) > 1:
-        raise ValueError("--prompt-lens gives one generate workload; a list of --new-tokens is a sweep over "
-                         "--prompt-len (or --prompt-lens-from)")
-    if _sweep(args) and getattr(args, "command", "") != "compare":
-        raise ValueError("a sweep (lists of --seq, --batch, --prompt-len or --new-tokens, or --prompt-lens-from) "
-                         "is a `compare`")
-    if len(args.seq or [1]) > 1 and args.mode not in ("prefill", "train"):
-        raise ValueError("a sweep of --seq is of prefill or train steps; a generate's is of --prompt-len")
-    if getattr(args, "iters", None) is not None and args.iters < 1:
-        raise ValueError(f"--iters must be at least 1, got {args.iters}")
-    if getattr(args, "rounds", None) is not None and args.rounds < 1:
-        raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
-    if getattr(args, "time_budget", None) is not None and not args.time_budget >= 0:
-        raise ValueError(f"--time-budget must be 0 or more seconds, got {args.time_budget}")
-    if getattr(args, "warmup", None) is not None and args.warmup < 0:
-        raise ValueError(f"--warmup must be 0 or more, got {args.warmup}")
-    if getattr(args, "compile", None) is not None:
-        from .compiling import parse_compile  # (torch-free)
-
-        compiled = [m for m in parse_compile(args.compile) if m is not None]
-        if compiled and (args.device_map or args.tp):
-            raise ValueError("--compile runs one process's model on one device; not with --device-map or --tp")
-
-
-def _sweep(args) -> bool:
-    """Whether the options ask for a sweep: lists of lengths, batches or new tokens, or a length mix."""
-    lists = (args.seq, args.batch, args.prompt_len, args.new_tokens)
-    return any(len(x or [1]) > 1 for x in lists) or args.prompt_lens_from is not None
-
-
-def _lengths(args):
-    """The length mix of ``--prompt-lens-from`` (torch-free: read before anything is imported)."""
-    from .lengths import read_lengths
-
-    return read_lengths(args.prompt_lens_from) if args.prompt_lens_from else None
+def _request(args) -> Request:
+    """The options as the library's request."""
+    steps = Steps(args.warmup, args.iters, args.rounds, args.time_budget) if hasattr(args, "iters") else Steps()
+    return Request(
+        kind=args.command, model=args.model, mode=args.mode, batch=tuple(args.batch or ()), seq=tuple(args.seq or ()),
+        padding=args.padding, dtype=args.dtype, prompt_len=tuple(args.prompt_len or ()),
+        prompt_lens=None if args.prompt_lens is None else tuple(args.prompt_lens),
+        new_tokens=tuple(args.new_tokens or ()), cache=args.cache, lengths=args.prompt_lens_from,
+        requests=DEFAULT if args.requests is None else args.requests, device=args.device, device_map=args.device_map,
+        tp=args.tp, layers=args.num_layers, backends=args.backends, compile=getattr(args, "compile", None),
+        steps=steps, numerics=not getattr(args, "no_numerics", False))
 
 
 def _registered() -> list[str]:
@@ -206,30 +180,6 @@ def _registered() -> list[str]:
     none where the registry is not loaded yet (the built-ins' names are known without it)."""
     registry = sys.modules.get("attnswitch.backends.registry")
     return list(registry.REGISTRY) if registry is not None else []
-
-
-def _check_values(args) -> None:
-    """Every name and number the library checks, checked here as the library does (``options``), without
-    torch: the model (where its name or path decides), backends, dtype, placement, shapes, generation."""
-    candidate.check_backends(args.backends, _registered())
-    if args.dtype is not None:
-        options.dtype_name(args.dtype)
-    options.check_placement(args.device_map, args.tp)
-    options.check_layers(args.num_layers)
-    seqs, batches = args.seq or [128], args.batch or [2]  # (the defaults on a CPU: a GPU's are larger)
-    for b in batches:
-        options.check_shape(b, seqs[0], args.mode, args.padding)
-    generate = args.mode == "generate"
-    lengths = _lengths(args) if generate else None  # a bad file: one line, now
-    prompt_lens = list(lengths.representative()) if lengths else (args.prompt_len or [32])
-    for new in (args.new_tokens or [8]):
-        if generate:
-            for prompt_len in prompt_lens:
-                options.check_generation(new, args.prompt_lens, args.cache, prompt_len)
-        if args.model is not None:
-            source = options.model_source(args.model)
-            for seq in (prompt_lens if generate else seqs):  # positions a preset's table has no row for
-                options.check_model_workload(source, args.mode, seq, new, args.prompt_lens)
 
 
 class Shapes(list):
@@ -241,51 +191,34 @@ class Shapes(list):
         self.kw = dict(kw or {})
 
 
-def _setup(args):
-    """The model and its workload(s), from the command line: one workload, or a sweep's shapes."""
-    import torch
-
+def _setup(s: Session):
+    """The model and its workload(s), from the request: one workload, or a sweep's shapes."""
     from .backends import parse_backends
     from .device import parse_device
-    from .models import default_preset, load_model, parse_dtype
+    from .models import load_model
     from .workload import make_workload
 
-    dev = parse_device(args.device)
-    parse_backends(args.backends, dev)  # bad names are bad input, before the model is loaded
-    gpu = dev.type == "cuda"
-    dtype = parse_dtype(args.dtype or ("bf16" if gpu else "fp32"))
-    if gpu and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-        raise ValueError(f"--dtype bf16: {torch.cuda.get_device_name(dev)} cannot run bfloat16")
-    spec = args.model or default_preset(dev)
-    model, desc = load_model(spec, dtype=dtype, device=dev, trust_remote_code=args.trust_remote_code,
-                             layers=args.num_layers, device_map=args.device_map, tp=args.tp)
-    batches = args.batch or [4 if gpu else 2]
-    seqs = args.seq or [2048 if gpu else 128]
-    if args.mode == "generate":
-        lengths = _lengths(args)
-        prompts = list(lengths.representative()) if lengths else (args.prompt_len or [512 if gpu else 32])
-        news = args.new_tokens or [128 if gpu else 8]
-        if lengths:  # every length of the mix within the model's positions, not only those measured: now
-            from .comparison import check_mix
-            check_mix(model, "generate", lengths, args.requests or 1000, max(news))
-        if _sweep(args):
-            shapes = Shapes(((b, n) for b in batches for n in prompts),
-                            {"new_tokens": news, "cache": args.cache, "lengths": lengths,
-                             "requests": args.requests or 1000})
-            for b, n in shapes:  # each shape's inputs checked (and dropped) before the first is measured
-                for new in news:
-                    make_workload(model, batch=b, seq=n, mode="generate", new_tokens=new, cache=args.cache)
-            return model, shapes, spec, desc
-        work = make_workload(model, batch=batches[0], seq=prompts[0], mode="generate", new_tokens=news[0],
-                             prompt_lens=args.prompt_lens, cache=args.cache)
-    elif len(batches) > 1 or len(seqs) > 1:
-        shapes = Shapes((b, s) for b in batches for s in seqs)
-        for b, s in shapes:  # each shape's inputs checked (and dropped) before the first is measured
-            make_workload(model, batch=b, seq=s, padding=args.padding, mode=args.mode)
-        return model, shapes, spec, desc
-    else:
-        work = make_workload(model, batch=batches[0], seq=seqs[0], padding=args.padding, mode=args.mode)
-    return model, work, spec, desc
+    dev = parse_device(s.request.device)
+    parse_backends(s.request.backends, dev)  # refused before the model is loaded: what this device cannot offer
+    r = s.request.resolved(dev.type)
+    model, desc = load_model(r.model, dtype=r.dtype, device=dev, trust_remote_code=s.args.trust_remote_code,
+                             layers=r.layers, device_map=r.device_map, tp=r.tp)
+    if r.generate and r.lengths is not None:  # every length of the mix within the model's positions: now
+        from .comparison import check_mix
+        check_mix(model, "generate", r.lengths, r.requests, max(r.new_tokens))
+    lengths = r.prompt_len if r.generate else r.seq
+    if r.sweeps:
+        kw = {"new_tokens": list(r.new_tokens), "cache": r.cache, "lengths": r.lengths,
+              "requests": s.request.requests} if r.generate else {}
+        shapes = Shapes(((b, n) for b in r.batch for n in lengths), kw)
+        for b, n in shapes:  # each shape's inputs checked (and dropped) before the first is measured
+            for new in (r.new_tokens if r.generate else (None,)):
+                make_workload(model, batch=b, seq=n, mode=r.mode, padding=r.padding,
+                              **({"new_tokens": new, "cache": r.cache} if r.generate else {}))
+        return model, shapes, r.model, desc
+    extra = {"new_tokens": r.new_tokens[0], "prompt_lens": r.prompt_lens, "cache": r.cache} if r.generate else {}
+    work = make_workload(model, batch=r.batch[0], seq=lengths[0], padding=r.padding, mode=r.mode, **extra)
+    return model, work, r.model, desc
 
 
 def _command_line(s: Session) -> str:
@@ -296,9 +229,10 @@ def _command_line(s: Session) -> str:
     return f"torchrun --nproc-per-node {w[1]} -m {command}" if w is not None else command
 
 
-def _write_outputs(report, d: Path) -> None:
+def _write_outputs(report, d: Path) -> list[str]:
     """Every file of the report into the folder ``d`` (its traces are there already: they were written
-    into ``d / "traces"`` as they were recorded), and the pick as ``policy.json``."""
+    into ``d / "traces"`` as they were recorded), and the pick as ``policy.json`` where there is one; the
+    names of what is there now."""
     from .deploy import write_policy
 
     report.to_json(d / "report.json")
@@ -308,6 +242,10 @@ def _write_outputs(report, d: Path) -> None:
     write_policy(report, d / "policy.json")  # the pick, to apply in a serving process (attnswitch.load_policy)
     if report.command:
         (d / "command.txt").write_text(report.command + "\n")
+    order = ["report.json", "report.csv", "report.md", "report.html", "policy.json", "command.txt"]
+    written = [n for n in order if (d / n).is_file()]
+    traces = d / "traces"
+    return written + (["traces/"] if traces.is_dir() and any(traces.iterdir()) else [])
 
 
 def _moved(report, src: Path, dst: Path):
@@ -362,7 +300,7 @@ def _presets(s: Session) -> int:
 
 def _loaded(s: Session):
     with s.err.status("loading model"):
-        model, work, spec, desc = _setup(s.args)
+        model, work, spec, desc = _setup(s)
     about = work.description if not isinstance(work, list) else f"a sweep of {len(work)} shapes"
     s.err.print(f"{desc}; {about}", highlight=False)
     return model, work, spec
@@ -377,7 +315,7 @@ def _progress(console):
     else:  # a log: each line with the seconds since the measurement began, so slow steps show
         t0 = time.perf_counter()
         yield lambda step: console.print(f"attnswitch: [{time.perf_counter() - t0:6.1f} s] {step}", highlight=False,
-                                         markup=False)
+                                         markup=False, soft_wrap=True)
 
 
 def _check(s: Session) -> int:
@@ -389,52 +327,44 @@ def _check(s: Session) -> int:
     return EXIT_OK if res.eligible else EXIT_NOTHING_RAN
 
 
-def _steps(args, work) -> dict:
-    generate = getattr(args, "mode", None) == "generate"  # a sweep's work is a list of shapes
-    return {"warmup": args.warmup,
-            "iters": args.iters if args.iters is not None else (None if generate else args.default_iters),
-            "rounds": args.rounds, "time_budget_s": args.time_budget}
-
-
-@contextlib.contextmanager
-def _not_bad_input():
-    """Around the measurement, once the input has been checked: what the model or a kernel raises there
-    is a failure to show whole (exit 1), not an input error of one line (exit 2)."""
-    from .errors import UnsupportedModel
-
-    try:
-        yield
-    except UnsupportedModel:
-        raise  # found only when a forward runs, and still the model's fault, not the tool's
-    except (ValueError, TypeError, FileNotFoundError) as e:
-        raise RuntimeError(f"{type(e).__name__} while measuring: {e}") from e
+def _steps(request: Request, generate: bool) -> dict:
+    """The steps of the library's ``profile``, with the command's own default number of iterations."""
+    steps = request.steps.resolved(generate, PROFILE_ITERS if request.kind == "profile" else ITERS)
+    return {"warmup": steps.warmup, "iters": steps.iters, "rounds": steps.rounds, "time_budget_s": steps.time_budget_s}
 
 
 def _measured(s: Session, run: Callable, sweep: Callable | None = None) -> int:
     from . import dist
 
     out = s.args.out
-    # the report is written into a folder beside --out, which takes its place once every file is written
-    staging = outfolder.Staged(out) if out and dist.is_main() else contextlib.nullcontext()
-    with staging as staged:
+    # the report is written into a folder beside --out, which takes its place once every file is written; a
+    # run that ends in anything but a report leaves --out as it was
+    staging = outfolder.Staged(out) if out and dist.is_main() else None
+    s.outcome.staged = staging
+    with staging or contextlib.nullcontext() as staged:
         trace_dir = staged / "traces" if staged is not None else (Path(out) / "traces" if out else None)
         report = _report(s, run, sweep, trace_dir)
         printed = _printed(s, report)
-        if staged is not None:
-            t0 = time.perf_counter()
+        t0, written = time.perf_counter(), []
+        answered = report.decision is None or report.decision.answered  # (a profile decides nothing)
+        if staging is not None and report.ok and answered:
             report.save_traces(trace_dir)  # any trace recorded elsewhere (where written here: nothing to do)
-            _write_outputs(_moved(report, staged, Path(out)), staged)
-    if staged is not None:
-        s.err.print(f"wrote {out}/report.json, report.csv, report.md, report.html, policy.json, traces/ in "
-                    f"{time.perf_counter() - t0:.1f} s", highlight=False, markup=False, soft_wrap=True)
+            written = _write_outputs(_moved(report, staged, Path(out)), staged)
+        elif staging is not None:
+            staging.discard()  # nothing ran, or nothing to answer: the folder keeps what it held
+    if staging is not None:
+        said = (f"wrote {out}/{', '.join(written)} in {time.perf_counter() - t0:.1f} s" if written else
+                f"{'no backend ran' if not report.ok else 'no answer'}: {_left(out, s.outcome.kept)}")
+        s.err.print(said, highlight=False, markup=False, soft_wrap=True)
     if not printed:
         return EXIT_BROKEN_PIPE
-    answered = report.decision is None or report.decision.answered  # (a profile decides nothing)
     return EXIT_OK if report.ok and answered else EXIT_NOTHING_RAN
 
 
 def _report(s: Session, run: Callable, sweep: Callable | None, trace_dir: Path | None):
-    """The model loaded, measured, and the report with the command line and the command's own time."""
+    """The model loaded, measured, and the report with the command line and the command's own time. What
+    the model or a kernel raises here is raised as it is (a failure to show whole); bad input found only now
+    (positions of a loaded model, say) is an ``OptionError`` all the same."""
     import dataclasses
 
     t0 = time.perf_counter()
@@ -442,9 +372,9 @@ def _report(s: Session, run: Callable, sweep: Callable | None, trace_dir: Path |
     model, work, spec = _loaded(s)
     loading = time.perf_counter() - t0
     backends = None if s.args.backends == "all" else s.args.backends
-    with _progress(s.err) as progress, _not_bad_input():
+    with _progress(s.err) as progress:
         kw = dict(backends=backends, trace_dir=trace_dir, progress=progress, model_name=spec, compile=s.args.compile,
-                  **_steps(s.args, work))
+                  **_steps(s.request, s.request.generate))
         report = sweep(model, work, mode=s.args.mode, padding=s.args.padding, **work.kw, **kw) \
             if isinstance(work, Shapes) else run(model, work, **kw)
     spent = {"imports": round(importing, 3), "loading the model": round(loading, 3),
@@ -481,7 +411,7 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "env": Command("GPU, driver, CUDA, cuDNN, torch, transformers; SDPA's auto pick", None, _env),
     "check": Command("which backends can run the inputs, and why not", _model_options, _check),
-    "profile": Command("the per-layer profile of each backend", _profile_options(6), _profile),
+    "profile": Command("the per-layer profile of each backend", _profile_options(PROFILE_ITERS), _profile),
     "compare": Command("every backend ranked, numerics checked, with a recommendation", _compare_options, _compare),
     "presets": Command("list the built-in model presets", None, _presets),
 }
@@ -541,10 +471,27 @@ def _speaks() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def _interrupted(out: str | None, kept: bool) -> str:
-    if not out:
-        return "interrupted"
-    return f"interrupted; kept the previous report in {out}" if kept else f"interrupted; nothing written to {out}"
+def _left(out: str, kept: bool) -> str:
+    """What a run that ended without a report left in ``out``."""
+    return f"kept the previous report in {out}" if kept else f"nothing written to {out}"
+
+
+def _interrupted(e: KeyboardInterrupt, outcome: _Outcome) -> str:
+    said = "terminated" if isinstance(e, Terminated) else "interrupted"
+    if not outcome.folder:
+        return said
+    if outcome.staged is not None and outcome.staged.replaced:  # the signal came as the report took its place
+        return f"{said}; wrote the report to {outcome.folder}"
+    return f"{said}; {_left(outcome.folder, outcome.kept)}"
+
+
+def _no_space(e: OSError, outcome: _Outcome) -> str:
+    path, staged = Path(str(e.filename or "")), outcome.staged
+    if staged is not None and staged.path is not None and path.is_relative_to(staged.path):
+        path = Path(outcome.folder) / path.relative_to(staged.path)  # (where it was to be, not where it was staged)
+    where = f" (writing {path})" if e.filename else ""
+    left = f"; {_left(outcome.folder, outcome.kept)}" if outcome.folder else ""
+    return f"no space left on device{where}{left}"
 
 
 def _console(**kw):
@@ -561,34 +508,42 @@ def _console(**kw):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command ``argv`` (default: ``sys.argv[1:]``); returns its exit code. An interrupt anywhere in
+    it is one line and ``EXIT_INTERRUPTED`` (``Terminated``: ``EXIT_TERMINATED``)."""
     started = time.perf_counter()
-    argv = list(sys.argv[1:] if argv is None else argv)
+    outcome, said = _Outcome(), {}
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv), started, outcome, said)
+    except KeyboardInterrupt as e:
+        _say(said.get("err"), _interrupted(e, outcome))
+        return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
+
+
+def _main(argv: list[str], started: float, outcome: _Outcome, said: dict) -> int:
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, --version, or an error argparse found (one line, already printed)
         return e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
+    outcome.folder = getattr(args, "out", None)
+    outcome.kept = bool(outcome.folder) and outfolder.previous_report(outcome.folder)
     quiet = not _speaks()  # under torchrun only rank 0 speaks (and writes)
     piped = not sys.stdout.isatty()  # a log, a file: tables fit piped_width(), no line of prose is wrapped
     out = _console(width=piped_width() if piped else None, soft_wrap=piped, quiet=quiet)
-    err = _console(stderr=True, soft_wrap=not sys.stderr.isatty(), quiet=quiet)
-    folder = getattr(args, "out", None)
-    kept = bool(folder) and outfolder.previous_report(folder)
+    err = said["err"] = _console(stderr=True, soft_wrap=not sys.stderr.isatty(), quiet=quiet)
     try:
-        if COMMANDS[args.command].options is not None:
-            _check_options(args)  # before torch and transformers are imported
-        return COMMANDS[args.command].run(Session(args, argv, out, err, started))
-    except KeyboardInterrupt:
-        err.print(_interrupted(folder, kept), highlight=False, markup=False, soft_wrap=True)
-        return EXIT_INTERRUPTED
+        request = _check_options(args) if COMMANDS[args.command].options is not None else None
+        return COMMANDS[args.command].run(Session(args, argv, out, err, started, request, outcome))
     except BrokenPipeError:  # printing the answer: its reader went away
         return EXIT_BROKEN_PIPE
-    except options.OptionError as e:
+    except options.OptionError as e:  # bad input, whenever it was found
         _error(err, e.worded(FLAGS))
         return EXIT_BAD_INPUT
-    except (ValueError, FileNotFoundError, TypeError) as e:
-        _error(err, e)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        _error(err, _no_space(e, outcome))
         return EXIT_BAD_INPUT
-    except Exception as e:  # an UnsupportedModel is bad input; anything the model raised is not
+    except Exception as e:  # an UnsupportedModel is bad input; anything else the model or a kernel raised is not
         from .errors import UnsupportedModel
 
         if isinstance(e, UnsupportedModel):
@@ -602,10 +557,23 @@ def main(argv: list[str] | None = None) -> int:
             dist.destroy()
 
 
-def run() -> None:
-    """The ``attnswitch`` command itself (its console script and ``python -m attnswitch``): ``main`` in a
-    process of its own, so two process-wide choices are made for it here, not in ``main``:
+def _say(err, line: str) -> None:
+    """One line on stderr: through the command's console where it has one yet."""
+    if err is not None:
+        err.print(line, highlight=False, markup=False, soft_wrap=True)
+    elif _speaks():
+        with contextlib.suppress(OSError):
+            sys.stderr.write(line + "\n")
 
+
+def run() -> None:
+    """The ``attnswitch`` command itself (which ``__main__.main`` runs, for the console script and ``python
+    -m attnswitch``): ``main`` in a process of its own, so process-wide choices are made for it here, not in
+    ``main``:
+
+    - SIGTERM (``timeout``, ``docker stop``) is handled as Ctrl-C is: one line, exit 143, ``--out`` as it
+      was (unless the process was told to ignore it); an interrupt at any moment, from the first line on, is
+      one line and exit 130;
     - inductor compiles in this process (``TORCHINDUCTOR_COMPILE_THREADS=1`` unless set): ``flex`` compiles a
       few kernels, and a pool of one worker per core costs more to start and to shut down than it saves
       (an H200 ``compare``: flex's first forward 7.0 s against 8.0 s, exit 2.0 s against 3.0 s);
@@ -614,12 +582,25 @@ def run() -> None:
       left to save. It exits normally where something may still save at exit: under ``torchrun`` (the
       process group is taken down first), and under a profiler, tracer or coverage tool.
     """
-    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    code = main()
-    try:
-        sys.stdout.flush()
-    except BrokenPipeError:  # the answer's reader went away before its last lines
-        code = code or EXIT_BROKEN_PIPE
+    with sigterm_as_interrupt():
+        try:
+            os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+            code = main()
+            try:
+                sys.stdout.flush()
+            except BrokenPipeError:  # the answer's reader went away before its last lines
+                code = code or EXIT_BROKEN_PIPE
+        except KeyboardInterrupt as e:  # before main began, or once it had ended
+            _say(None, _interrupted(e, _Outcome()))
+            code = EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
+        try:
+            _end(code)
+        except KeyboardInterrupt:  # while ending: everything was said and written; only the ending is left
+            os._exit(code)
+
+
+def _end(code: int) -> None:
+    """End the process with ``code``, quickly where nothing is left to save (``run``)."""
     if code == EXIT_BROKEN_PIPE:  # nothing more can reach the reader: what is left goes nowhere, silently
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -18,12 +18,14 @@ import torch.nn as nn
 
 from . import options
 from .decision import decide, decide_sweep, recommend, sweep_choice
+from .device import device_of
 from .kinds import KINDS, kind_of
 from .lengths import Lengths
 from .numerics import REFERENCES, grad_numerics, numerics, token_agreement
 from .profiling import profile
 from .profiling.compiled import compiled_forward
 from .ranking import BUSY_PREFIX, rank, ranked, verdict
+from .request import DEFAULT, Request
 from .results import BackendResult, Numerics, Report, SweepPoint
 from .serving import serving_estimate
 from .workload import Workload, make_workload, position_limit
@@ -112,36 +114,40 @@ def _compact(b: BackendResult) -> BackendResult:
     return dataclasses.replace(b, layers=(), devices=(), transfers=(), attn_kernel_details=())
 
 
-def _sweep_shapes(shapes, mode: str, new_tokens) -> list[tuple[int, int, int | None]]:
-    kind = KINDS.get(mode)
-    if kind is None or not kind.sweeps:
-        raise ValueError(f"a sweep runs {', '.join(k.name for k in KINDS.values() if k.sweeps)} steps, not {mode!r}")
-    news = [None] if not kind.generates else ([new_tokens] if isinstance(new_tokens, int) else list(new_tokens or []))
-    if kind.generates and not news:
-        raise ValueError("a generate sweep needs new_tokens (an int or a list)")
-    if not kind.generates and new_tokens is not None:
-        raise ValueError("new_tokens is a generate sweep's; a prefill or train sweep has none")
-    # each shape once, in the order given
-    out = list(dict.fromkeys((int(b), int(s), n) for b, s in shapes for n in news))
+def _swept(model: nn.Module, shapes, mode: str, new_tokens, **asked) -> tuple[list[tuple[int, int, int | None]],
+                                                                              Request]:
+    """A sweep's request, checked (``request.Request.check``) and with the defaults of the model's device
+    (``new_tokens``, ``requests``), and its shapes ``(batch, length, new tokens)``, each once, in the order
+    given."""
+    shapes = tuple((b, s) for b, s in shapes)
+    news = (new_tokens,) if isinstance(new_tokens, numbers.Integral) else tuple(new_tokens or ())
+    req = Request(sweep=True, mode=mode, shapes=shapes, new_tokens=news, **asked).check()
+    req = req.resolved(device_of(model).type)
+    out = list(dict.fromkeys((int(b), int(s), n) for b, s in shapes
+                             for n in (req.new_tokens if KINDS[mode].generates else (None,))))
     if not out:
-        raise ValueError("a sweep needs at least one shape")
-    return out
+        raise options.OptionError("a sweep needs at least one shape")
+    return out, req
 
 
 def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: str = "prefill",
                   padding: bool = False, new_tokens: int | Iterable[int] | None = None, cache: str = "dynamic",
-                  lengths: Lengths | None = None, requests: int = 1000,
+                  lengths: Lengths | None = None, requests: int = DEFAULT,
                   progress: Callable[[str], None] | None = None, **kw) -> Report:
     """``compare`` at every ``(batch, seq)`` shape of ``mode`` (prefill, train, or generate with ``seq`` the
     prompt length and each of ``new_tokens``): one report whose ``sweep`` holds each shape's results, whose
     backends are the last shape's, and whose recommendation names the best backend per range of lengths
     (per batch size, and per number of new tokens) and where they cross over, by each shape's own ranking.
     A generate sweep over the prompt lengths of a deployment (``lengths``, see ``lengths.read_lengths``)
-    also says which backend a run of ``requests`` requests is cheapest with and when that changes
-    (``serving.serving_estimate``; ``report.serving``). Traces go to one folder per shape under
+    also says which backend a run of ``requests`` requests (``request.REQUESTS`` unless given) is cheapest with
+    and when that changes (``serving.serving_estimate``; ``report.serving``). A generate sweep without
+    ``new_tokens`` takes the device's default (``request.DEFAULTS``). Traces go to one folder per shape under
     ``trace_dir``."""
-    shapes3 = _sweep_shapes(shapes, mode, new_tokens)
-    check_mix(model, mode, lengths, requests, max(n or 0 for *_, n in shapes3))
+    shapes3, req = _swept(model, shapes, mode, new_tokens, padding=padding, cache=cache, lengths=lengths,
+                          requests=requests)
+    requests = req.requests
+    if lengths is not None:
+        check_mix(model, mode, lengths, requests, max(n or 0 for *_, n in shapes3))
     # every shape's inputs made (and so checked) before any is measured
     works = [make_workload(model, batch=b, seq=s, mode=mode, padding=padding,
                            **({"new_tokens": n, "cache": cache} if KINDS[mode].generates else {}))
@@ -178,18 +184,12 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
 
 
 def check_mix(model: nn.Module, mode: str, lengths: Lengths | None, requests, new_tokens: int) -> None:
-    """A sweep's length mix and run of requests, checked before anything is measured: a mix for a generate
-    sweep only, and every length of it (not only those measured) within the model's positions."""
-    whole = isinstance(requests, numbers.Integral) and not isinstance(requests, bool)
-    if not whole or not 1 <= requests <= options.MAX_REQUESTS:
-        raise options.OptionError("{requests} must be a whole number from 1 to {most}, got {got!r}",
-                                  got=requests, most=options.MAX_REQUESTS)
+    """A sweep's length mix and run of requests, checked before anything is measured: the request's rules
+    (``request.Request.check``: a mix for a generate sweep only, a run of requests for a mix only), and every
+    length of the mix (not only those measured) within the model's positions."""
+    Request(sweep=True, mode=mode, lengths=lengths, requests=requests).check()
     if lengths is None:
         return
-    if not isinstance(lengths, Lengths):
-        raise TypeError(f"lengths must be a Lengths (lengths.Lengths.of or read_lengths), not {type(lengths).__name__}")
-    if not KINDS[mode].generates:
-        raise ValueError(f"lengths is a generate sweep's mix of prompt lengths; a {mode} sweep has none")
     try:
         options.check_positions(position_limit(model), "generate", 0, new_tokens, lengths.lengths)
     except options.OptionError as e:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .options import OptionError
+
 __all__ = ["MODES", "parse_compile"]
 
 #: ``--compile`` values: ``none`` (uncompiled) and torch.compile's modes
@@ -24,9 +26,9 @@ def parse_compile(spec: str | Iterable[str | None] | None) -> tuple[str | None, 
     for item in items:
         m = "none" if item is None else str(item).strip().lower()
         if m not in MODES:
-            raise ValueError(f"--compile {item!r}: use one of {', '.join(MODES)}, or several joined by commas "
-                             "(default,none)")
+            raise OptionError("{compile} {given!r}: use one of {modes}, or several joined by commas (default,none)",
+                              given=item, modes=", ".join(MODES))
         modes.append(None if m == "none" else m)
     if not modes:
-        raise ValueError(f"--compile {spec!r}: name a mode: {', '.join(MODES)}")
+        raise OptionError("{compile} {given!r}: name a mode: {modes}", given=spec, modes=", ".join(MODES))
     return tuple(dict.fromkeys(modes))

@@ -8,6 +8,8 @@ from collections.abc import Iterable
 import torch
 import torch.nn as nn
 
+from .options import OptionError
+
 __all__ = ["default_device", "device_of", "devices_of", "sync", "parse_device"]
 
 
@@ -22,10 +24,10 @@ def parse_device(arg: str | torch.device | None) -> torch.device:
         return default_device()
     try:
         dev = torch.device(arg)
-    except RuntimeError as e:
-        raise ValueError(f"device {arg!r}: {e}") from None
+    except (RuntimeError, TypeError) as e:
+        raise OptionError("{device} {given!r}: {why}", given=arg, why=str(e).splitlines()[0]) from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {arg}: no CUDA device is available here")
+        raise OptionError("{device} {given}: no CUDA device is available here", given=arg)
     return dev
 
 

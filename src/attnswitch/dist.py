@@ -10,6 +10,8 @@ import os
 
 import torch
 
+from .options import OptionError
+
 __all__ = ["world", "rank", "is_main", "barrier", "gather", "broadcast", "init_process_group", "destroy"]
 
 
@@ -79,8 +81,8 @@ def init_process_group() -> tuple[int, int]:
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        raise ValueError("tensor parallelism needs one process per GPU: run under torchrun, e.g. "
-                         "`torchrun --nproc-per-node 2 -m attnswitch compare MODEL --tp`")
+        raise OptionError("tensor parallelism ({tp}) needs one process per GPU: run under torchrun, e.g. "
+                          "{example}", example="`torchrun --nproc-per-node 2 -m attnswitch compare MODEL --tp`")
     local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
     if torch.cuda.is_available():
         if local >= torch.cuda.device_count():

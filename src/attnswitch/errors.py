@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ["BackendUnavailable", "UnsupportedModel", "Refused"]
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
+__all__ = ["BackendUnavailable", "UnsupportedModel", "Refused", "Terminated", "sigterm_as_interrupt"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -39,3 +44,29 @@ class Refused(RuntimeError):
     def __init__(self, *reasons: str):
         self.reasons = [str(r) for r in reasons]
         super().__init__("; ".join(self.reasons))
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``timeout``, ``docker stop``), raised where Ctrl-C raises ``KeyboardInterrupt`` (inside
+    ``sigterm_as_interrupt``), so that it unwinds the same way: every switch restored, nothing staged left
+    beside a report's folder."""
+
+
+def _terminated(signum, frame):
+    raise Terminated
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Inside the block SIGTERM raises ``Terminated`` in the main thread, unless this process was told to
+    ignore it or something else handles it already; as it was after. For a program of its own (the
+    ``attnswitch`` command): a process-wide choice."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from .options import MAX_LENGTH
+from .options import MAX_LENGTH, OptionError
 
 __all__ = ["Lengths", "read_lengths", "MEASURED", "MAX_LENGTH"]
 
@@ -64,10 +64,10 @@ class Lengths:
     def of(cls, counts: Mapping[int, float] | Sequence[int], source: str = "") -> Lengths:
         """From ``{length: count}`` or a sequence of lengths (one per request). Lengths are integers (numpy's
         too) from 1 to ``MAX_LENGTH``; counts finite numbers of 0 or more (a length of count 0 is left out);
-        anything else a ``ValueError`` of one line."""
+        anything else an ``OptionError`` (a ``ValueError``) of one line."""
         where = f" in {source}" if source else ""
         if isinstance(counts, (str, bytes)):
-            raise ValueError(f"prompt lengths are {{length: count}} or a sequence of lengths, not "
+            raise _refused(f"prompt lengths are {{length: count}} or a sequence of lengths, not "
                              f"{_shown(counts)}{where}")
         if not isinstance(counts, Mapping):
             tally: dict = {}
@@ -75,24 +75,24 @@ class Lengths:
                 for n in counts:
                     tally[n] = tally.get(n, 0) + 1
             except TypeError:  # not iterable, or an item that is no length ([[512, 120]]: a file's form)
-                raise ValueError(f"prompt lengths are {{length: count}} or a sequence of lengths, not "
+                raise _refused(f"prompt lengths are {{length: count}} or a sequence of lengths, not "
                                  f"{_shown(counts)}{where}") from None
             counts = tally
         merged: dict[int, Fraction] = {}
         for k, v in counts.items():
             n, c = _length(k), _count(v)
             if n is None or n < 1 or c is None:
-                raise ValueError("prompt lengths must be positive integers with finite counts of 0 or more; got "
+                raise _refused("prompt lengths must be positive integers with finite counts of 0 or more; got "
                                  f"{_shown(k)}: {_shown(v)}{where}")
             if n > MAX_LENGTH:
-                raise ValueError(f"prompt length {_shown(n)}{where} is beyond any model's positions (at most "
+                raise _refused(f"prompt length {_shown(n)}{where} is beyond any model's positions (at most "
                                  f"{MAX_LENGTH})")
             merged[n] = merged.get(n, 0) + c
         # each weight from the exact counts: counts near a float's limit (or beyond it) neither overflow their
         # sum nor round to nothing
         total = sum(merged.values())
         if not total:
-            raise ValueError(f"no prompt lengths{where}: at least one is needed")
+            raise _refused(f"no prompt lengths{where}: at least one is needed")
         return cls(tuple(sorted((n, float(c / total)) for n, c in merged.items() if c)), source)
 
     @property
@@ -164,14 +164,14 @@ def _met(chance: float, requests: int) -> float:
 
 def read_lengths(path: str | Path) -> Lengths:
     """A distribution of prompt lengths from a file (one length a line, or a JSON histogram); a
-    ``ValueError`` of one line, naming the file and the line, for anything else."""
+    ``OptionError`` (a ``ValueError``) of one line, naming the file and the line, for anything else."""
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as e:
-        raise ValueError(f"{path}: cannot read it ({e.strerror or e})") from None
+        raise _refused(f"{path}: cannot read it ({e.strerror or e})") from None
     except UnicodeDecodeError:
-        raise ValueError(f"{path}: not a text file of prompt lengths") from None
+        raise _refused(f"{path}: not a text file of prompt lengths") from None
     text = text.removeprefix("\ufeff")  # (a byte-order mark some editors write)
     stripped = text.strip()
     if stripped[:1] in ("{", "["):
@@ -179,7 +179,7 @@ def read_lengths(path: str | Path) -> Lengths:
             data = json.loads(stripped)
         except ValueError as e:  # (a JSONDecodeError; or a number of more digits than Python converts)
             where = f"line {e.lineno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else str(e).split(";")[0]
-            raise ValueError(f"{path}: not valid JSON ({where})") from None
+            raise _refused(f"{path}: not valid JSON ({where})") from None
         return Lengths.of(_histogram(data, path), str(path))
     counts: dict[int, float] = {}
     for i, line in enumerate(text.splitlines(), 1):
@@ -188,10 +188,10 @@ def read_lengths(path: str | Path) -> Lengths:
             continue
         n = _digits(line)
         if n is None or n < 1:
-            raise ValueError(f"{path}:{i}: expected one prompt length (a positive integer) a line, got "
+            raise _refused(f"{path}:{i}: expected one prompt length (a positive integer) a line, got "
                              f"{_shown(line)}")
         if n > MAX_LENGTH:
-            raise ValueError(f"{path}:{i}: prompt length {_shown(n)} is beyond any model's positions (at most "
+            raise _refused(f"{path}:{i}: prompt length {_shown(n)} is beyond any model's positions (at most "
                              f"{MAX_LENGTH})")
         counts[n] = counts.get(n, 0) + 1
     return Lengths.of(counts, str(path))
@@ -203,6 +203,11 @@ def _digits(text: str) -> int | None:
     if not (text.isascii() and text.isdigit()) or len(text) > 4000:
         return None
     return int(text)
+
+
+def _refused(text: str) -> OptionError:
+    """Bad lengths, in words that name no parameter (the file and the line where there is one)."""
+    return OptionError("{text}", text=text)
 
 
 def _shown(x) -> str:
@@ -224,6 +229,6 @@ def _histogram(data, path) -> dict:
                 v = out[key] if before is None else v if now is None else before + now
             out[key] = v  # (lengths and counts checked in Lengths.of)
     except (TypeError, ValueError):
-        raise ValueError(f"{path}: a JSON histogram is {{\"length\": count, ...}} or [[length, count], ...]") \
+        raise _refused(f"{path}: a JSON histogram is {{\"length\": count, ...}} or [[length, count], ...]") \
             from None
     return out

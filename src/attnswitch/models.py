@@ -7,8 +7,9 @@ only), a ``config.json`` (random weights) or a hub id where the hub is reachable
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import json
+import logging
 import os
 import shutil
 import socket
@@ -35,7 +36,15 @@ from transformers import (
 )
 
 from . import dist, options
+from .options import OptionError
+from .request import DEFAULTS
 from .workload import task_of
+
+try:  # transformers' configs are strict dataclasses (5.x): a config its validators refuse raises this
+    from huggingface_hub.errors import StrictDataclassError
+except ImportError:  # pragma: no cover - older huggingface_hub
+    class StrictDataclassError(Exception):
+        pass
 
 __all__ = ["PRESETS", "Preset", "DEVICE_MAPS", "default_preset", "load_model", "parse_dtype"]
 
@@ -93,7 +102,7 @@ PRESETS: dict[str, Preset] = {n: Preset(n, _CONFIGS[n], p.task, p.about) for n, 
 
 def default_preset(device: torch.device | str) -> str:
     """The preset ``compare`` uses without a model: real-sized on a GPU, tiny on a CPU."""
-    return "llama-3.2-1b" if torch.device(device).type == "cuda" else "tiny-llama"
+    return DEFAULTS["cuda" if torch.device(device).type == "cuda" else "cpu"].model
 
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -140,6 +149,9 @@ def load_model(spec: str, *, dtype: torch.dtype | str = torch.float32, device: t
     ``from_pretrained``, so the distributed model is exactly what a checkpoint gives.
     """
     dtype, device = parse_dtype(dtype), torch.device(device)
+    if device.type == "cuda" and dtype == torch.bfloat16 and torch.cuda.is_available() and \
+            not torch.cuda.is_bf16_supported():
+        raise OptionError("{dtype} bf16: {gpu} cannot run bfloat16", gpu=torch.cuda.get_device_name(device))
     options.check_placement(device_map, tp)
     options.check_layers(layers)
     source = options.model_source(spec)  # a bad name or path is refused here, before anything is loaded
@@ -153,21 +165,48 @@ def load_model(spec: str, *, dtype: torch.dtype | str = torch.float32, device: t
                 f"preset {spec} ({preset.about}){cut}, random weights")
     if source.kind == "config":
         try:
-            config = AutoConfig.from_pretrained(spec, trust_remote_code=trust_remote_code)
-        except (OSError, ValueError, json.JSONDecodeError, KeyError) as e:
-            raise ValueError(f"{spec}: cannot read this config ({type(e).__name__}: {e})") from None
+            config = _config(spec, trust_remote_code=trust_remote_code)
+        except OSError as e:  # (transformers' word for a file that is not JSON, too)
+            raise OptionError("{given}: cannot read this config ({why})", given=spec, why=_first_line(e)) from None
         cut = _set_layers(config, layers, grow=True)
-        return _from_config(config, task_of(config), dtype, device, seed), f"config {spec}{cut}, random weights"
+        try:
+            model = _from_config(config, task_of(config), dtype, device, seed)
+        except (ValueError, StrictDataclassError) as e:  # (no model class of transformers' takes this config)
+            raise OptionError("{given}: transformers builds no model of this config ({why})", given=spec,
+                              why=_first_line(e)) from None
+        return model, f"config {spec}{cut}, random weights"
     if source.kind == "folder":
-        return (_pretrained(spec, dtype, device, trust_remote_code, layers),
-                f"folder {spec}" + (f", first {layers} layers" if layers is not None else ""))
+        try:
+            model = _pretrained(spec, dtype, device, trust_remote_code, layers)
+        except OSError as e:
+            raise OptionError("{given}: cannot load ({why})", given=spec, why=_first_line(e)) from None
+        return model, f"folder {spec}" + (f", first {layers} layers" if layers is not None else "")
     cached_only = _hub_unresolvable()
     try:
         model = _pretrained(spec, dtype, device, trust_remote_code, layers, local_files_only=cached_only)
         return model, f"hub {spec}" + (" (from the local cache: the hub cannot be reached)" if cached_only else "")
     except OSError as e:
-        raise ValueError(f"{spec}: cannot load from the hub here ({str(e).splitlines()[0]}); download it "
-                         "elsewhere and pass the folder, or pass its config.json for random weights") from None
+        raise OptionError("{given}: cannot load from the hub here ({why}); download it elsewhere and pass the "
+                          "folder, or pass its config.json for random weights", given=spec, why=_first_line(e)) \
+            from None
+
+
+def _first_line(e: BaseException) -> str:
+    return next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+
+
+def _config(where: str, **kw):
+    """``AutoConfig.from_pretrained``; a config transformers cannot read or refuses (its validators: hidden
+    size not a multiple of the heads, say) is bad input, in one line. (A folder or hub id that cannot be
+    reached raises ``OSError``, for the caller to word.)"""
+    try:
+        return AutoConfig.from_pretrained(where, **kw)
+    except StrictDataclassError as e:  # its own words are the cause's; the rest is the validator's name
+        why = _first_line(e.__cause__) if e.__cause__ is not None else _first_line(e)
+        raise OptionError("{given}: transformers refuses this config: {why}", given=where, why=why) from None
+    except (ValueError, KeyError) as e:  # (a JSONDecodeError is a ValueError)
+        raise OptionError("{given}: cannot read this config ({kind}: {why})", given=where, kind=type(e).__name__,
+                          why=_first_line(e)) from None
 
 
 def _hub_unresolvable() -> bool:
@@ -221,18 +260,62 @@ def _set_layers(config, layers: int | None, grow: bool = False) -> str:
 def _pretrained(where: str, dtype, device, trust_remote_code: bool, layers: int | None,
                 local_files_only: bool = False, **load) -> nn.Module:
     """``from_pretrained``; ``load``: how to place it (device_map, tensor parallelism), else on ``device``."""
-    config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code, local_files_only=local_files_only)
+    config = _config(where, trust_remote_code=trust_remote_code, local_files_only=local_files_only)
     _set_layers(config, layers)
     task = task_of(config)
+    # weights of other shapes than the config's are reported (not raised with a table of keys), and refused below
     kwargs = dict(config=config, dtype=dtype, use_safetensors=True, trust_remote_code=trust_remote_code,
-                  local_files_only=local_files_only, **load)
-    try:
-        model = _AUTO[task].from_pretrained(where, **kwargs)
-    except ValueError:
-        model = AutoModel.from_pretrained(where, **kwargs)
+                  local_files_only=local_files_only, ignore_mismatched_sizes=True, output_loading_info=True, **load)
+    with _load_report_held() as held:
+        try:
+            model, info = _AUTO[task].from_pretrained(where, **kwargs)
+        except ValueError:
+            model, info = AutoModel.from_pretrained(where, **kwargs)
+        mismatched = sorted(info.get("mismatched_keys") or (), key=str)
+        if mismatched:
+            key, ckpt, want = mismatched[0]
+            more = f" (and {len(mismatched) - 1} more)" if len(mismatched) > 1 else ""
+            raise OptionError("{given}: its weights do not match its config: {key} is {ckpt} in the checkpoint, "
+                              "{want} by the config{more}", given=where, key=key, ckpt=list(ckpt), want=list(want),
+                              more=more)
+        held.release()
     if not load:
         model = model.to(device)
     return model.eval()
+
+
+class _Held(list):
+    """Log records held back; ``release()`` hands them on as they would have gone."""
+
+    def release(self) -> None:
+        records, self[:] = list(self), []
+        for r in records:
+            logging.getLogger(r.name).handle(r)
+
+
+@contextlib.contextmanager
+def _load_report_held():
+    """transformers' load report (a table of keys, logged as warnings while a checkpoint loads) held back:
+    handed on where the load goes on (``release``) or fails of its own, dropped where attnswitch says in one
+    line what went wrong (weights that do not match the config)."""
+    log = logging.getLogger("transformers.modeling_utils")
+    held = _Held()
+
+    def hold(record) -> bool:
+        held.append(record)
+        return False
+
+    log.addFilter(hold)
+    try:
+        yield held
+    except OptionError:
+        raise
+    except BaseException:
+        log.removeFilter(hold)
+        held.release()
+        raise
+    finally:
+        log.removeFilter(hold)
 
 
 def _tp_kwargs() -> dict:
@@ -265,7 +348,7 @@ def _load_distributed(spec, dtype, device, trust_remote_code, layers, seed, devi
     try:
         model = _pretrained(folder, dtype, device, trust_remote_code, layers, **load)
     except OSError as e:
-        raise ValueError(f"{spec}: cannot load ({str(e).splitlines()[0]})") from None
+        raise OptionError("{given}: cannot load ({why})", given=spec, why=_first_line(e)) from None
     finally:
         if tp:
             dist.barrier()  # every rank has loaded: the temporary weights can go

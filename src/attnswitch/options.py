@@ -13,6 +13,7 @@ import difflib
 import functools
 import operator
 import os
+import reprlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ __all__ = ["OptionError", "near", "BACKENDS", "ALIASES", "COMPARED", "backend_ke
            "dtype_name", "MODES", "CACHES", "DEVICE_MAPS", "check_choice", "check_placement", "check_layers",
            "check_shape", "check_generation", "prompt_lengths", "positions_needed", "check_positions", "Preset",
            "PRESETS", "Source", "model_source", "check_model_workload", "looks_like_hub_id", "MAX_LENGTH",
-           "MAX_REQUESTS"]
+           "MAX_REQUESTS", "check_count", "check_seconds", "check_requests"]
 
 #: the longest prompt (or sequence) taken at all: no model has more positions, and a longer one is a typo
 #: (a model's own table of positions is checked where the model is known)
@@ -145,6 +146,26 @@ def _whole(n) -> bool:
 def check_layers(layers) -> None:
     if layers is not None and not (_whole(layers) and layers >= 1):
         raise OptionError("{layers} must be at least 1 (a whole number), got {got!r}", got=layers)
+
+
+def check_count(param: str, n, least: int) -> None:
+    """A count of steps or rounds: a whole number of at least ``least`` (0 or 1)."""
+    if not (_whole(n) and n >= least):
+        raise OptionError("{" + param + "} must be " + ("at least 1" if least else "0 or more") + ", got {got!r}",
+                          got=n)
+
+
+def check_seconds(param: str, s) -> None:
+    """Seconds, 0 or more (None: left out)."""
+    if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float)) or not s >= 0):
+        raise OptionError("{" + param + "} must be 0 or more seconds, got {got!r}", got=s)
+
+
+def check_requests(requests) -> None:
+    """The run of requests a length mix is charged over: a whole number from 1 to ``MAX_REQUESTS``."""
+    if not (_whole(requests) and 1 <= requests <= MAX_REQUESTS):
+        raise OptionError("{requests} must be a whole number from 1 to {most}, got {got}", most=MAX_REQUESTS,
+                          got=reprlib.repr(requests))
 
 
 def _generates(mode: str) -> bool:

@@ -1,6 +1,7 @@
 """The folder a report is written into, replaced whole: the new report is written into a hidden sibling
-folder, which takes the folder's place only once every file is written. An interrupt or a failure before
-then leaves the folder as it was (or absent), and a finished run leaves nothing of the one before it.
+folder, which takes the folder's place only once every file is written. An interrupt (SIGINT or SIGTERM),
+a failure or a run that decides to keep nothing (``Staged.discard``) leaves the folder as it was (or
+absent), and a finished run leaves nothing of the one before it.
 
 A folder is only ever replaced when it is empty or holds what a report holds (``REPORT_ENTRIES``): a
 folder with anything else in it is refused before any work, never deleted. Torch-free: the command line
@@ -14,6 +15,9 @@ import ctypes
 import os
 import secrets
 import shutil
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from .options import OptionError
@@ -109,15 +113,40 @@ def _replace(new: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM held back for the block (where Python handles them, in the main thread), then
+    handled as they would have been: a swap of two folders is never split by one."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    saved = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(sig)
+        if callable(handler):
+            saved[sig] = signal.signal(sig, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        if caught:
+            saved[caught[0]](caught[0], None)
+
+
 class Staged:
     """``with Staged(out) as path:`` write the report under ``path``; when the block ends without an
-    exception, ``path`` becomes ``out`` (an earlier report there is replaced whole). When it raises, what
-    was staged is removed, with the parent folders made for it, and ``out`` is as it was."""
+    exception, ``path`` becomes ``out`` (an earlier report there is replaced whole; ``replaced`` says so
+    from then on). When it raises, or ``discard()`` was called in it, what was staged is removed, with the
+    parent folders made for it, and ``out`` is as it was."""
 
     def __init__(self, out: str | Path):
         self.final = Path(out).resolve()
         self.path: Path | None = None
+        self.replaced = False
         self._made: list[Path] = []
+        self._discarded = False
 
     def __enter__(self) -> Path:
         parent = self.final.parent
@@ -126,16 +155,20 @@ class Staged:
         self.path = _new_folder(parent, f".{self.final.name}{_PREFIX}")
         return self.path
 
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            from .hf.critical import interrupts_deferred  # (loaded by then: the report was measured)
+    def discard(self) -> None:
+        """Keep nothing of this run: at the block's end ``out`` is left as it was."""
+        self._discarded = True
 
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None and not self._discarded:
             try:
-                with interrupts_deferred():  # a SIGINT waits until the folders are swapped, never half
+                with _signals_deferred():  # a signal waits until the folders are swapped, never half
                     _replace(self.path, self.final)
+                    self.replaced = True
                 return
             except BaseException:
-                self._discard()
+                if not self.replaced:
+                    self._discard()
                 raise
         self._discard()
 
@@ -145,4 +178,3 @@ class Staged:
         for p in self._made:
             with contextlib.suppress(OSError):
                 p.rmdir()
-

@@ -17,12 +17,11 @@ prompt lengths met first and its decode phase's on decode steps'.
 from __future__ import annotations
 
 import math
-import numbers
-import reprlib
 from dataclasses import dataclass, field
 
 import torch
 
+from . import options
 from .backends.registry import kernel_family
 from .lengths import Lengths
 from .options import MAX_REQUESTS
@@ -317,8 +316,7 @@ def _held(steady: dict, tied: tuple[str, ...]) -> dict:
 def serving_estimate(points, lengths: Lengths, requests: int, new_tokens: int) -> Serving | None:
     """The estimate over a generate sweep's ``points`` (each a prompt length, ``new_tokens`` each); None
     where no backend ran at every length."""
-    if isinstance(requests, bool) or not isinstance(requests, numbers.Integral) or not 1 <= requests <= MAX_REQUESTS:
-        raise ValueError(f"requests must be a whole number from 1 to {MAX_REQUESTS}, got {reprlib.repr(requests)}")
+    options.check_requests(requests)
     requests = int(requests)
     points = sorted(points, key=lambda p: p.seq)
     if not points:

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from .. import candidate, catalog, options
 from ..candidate import Candidate, Policy
-from .registry import default_backends, resolve_name
+from .registry import default_backends, not_offered, resolve_name
 
 __all__ = ["Policy", "Selection", "resolve_selection", "choose", "parse_backends", "phase_backends",
            "kernel_families"]
@@ -57,4 +57,19 @@ def parse_backends(spec, device) -> list[str]:
     result = [str(resolve_selection(b.selection if isinstance(b, Candidate) else b)) for b in spec]
     if not result:
         raise options.OptionError("no backends given: name at least one, or 'all'")
-    return list(dict.fromkeys(result))
+    result = list(dict.fromkeys(result))
+    _some_offered(result, device)
+    return result
+
+
+def _some_offered(names: list[str], device) -> None:
+    """Candidates every one of which needs a backend this device cannot offer (a CUDA-only one on a CPU, a
+    kernel whose package is not installed) are refused before anything is loaded: nothing could run."""
+    absent = not_offered(device)
+    missing = {n: [p for p in phase_backends(n) if p in absent] for n in names}
+    if not all(missing.values()):
+        return
+    why = "; ".join(dict.fromkeys(f"{p} ({absent[p]})" for ps in missing.values() for p in ps))
+    raise options.OptionError("{backends} {given}: nothing this device ({device}) offers: {why}; it offers {offered}, "
+                              "or 'all'", given=",".join(names), device=str(device), why=why,
+                              offered=", ".join(default_backends(device)))

@@ -18,10 +18,11 @@ import torch.nn as nn
 
 from .. import candidate
 from ..backends import kernel_families, not_offered, package_of, parse_backends
-from ..compiling import parse_compile
+from ..backends import names as registered
 from ..dist import world
 from ..env import environment
 from ..hf import require_interface
+from ..request import Request, Steps
 from ..results import Report
 from ..switch import backend as use_backend
 from .capture import Target, frozen_heap, prepare_backend, timed_rounds
@@ -54,7 +55,7 @@ def _timed(t: Target, results: list, iters: int, rounds: int, budget_s, progress
     progress("timing (interleaved rounds)")
     before = probe()
     t0 = time.perf_counter()
-    done = timed_rounds(t, ok, iters=iters, rounds=rounds, budget_s=budget_s)
+    done = timed_rounds(t, ok, iters=iters, rounds=rounds, budget_s=budget_s, progress=progress)
     spent["timing rounds"] = time.perf_counter() - t0
     after = probe()
     host.update(cpus=before["cpus"], load_before=before["load"], load_after=after["load"],
@@ -112,24 +113,23 @@ def _warmed(r, before: list):
     return dataclasses.replace(r, notes=(*r.notes, note))
 
 
-def _counts(t: Target, warmup, iters, rounds, host_iters, profile_steps,
-            time_budget_s) -> tuple[int, int, int, int]:
-    """``(warmup, iters, rounds, host_iters)``: the defaults for the workload's mode where not given, checked.
-    A generate's cold workload meets every length it times (its warm-up), and its rounds are its prompts:
-    every backend takes every prompt ``iters`` times, in at least ``rounds`` and ``MIN_PAIRS`` rounds, before
-    the rounds adapt (``rounds`` is returned as that least number)."""
+def _counts(t: Target, steps: Steps) -> Steps:
+    """The steps with the defaults for the workload's mode where not given (``request.Steps.resolved``). A
+    generate's cold workload meets every length it times (its warm-up), and its rounds are its prompts: every
+    backend takes every prompt ``iters`` times, in at least ``rounds`` and ``MIN_PAIRS`` rounds, before the
+    rounds adapt (``rounds`` is returned as that least number)."""
     generate = t.kind.generates
-    warmup = warmup if warmup is not None else (0 if generate else 1)
-    iters = iters if iters is not None else (1 if generate else 12)
-    rounds = rounds if rounds is not None else (iters if generate else min(iters, 6))
-    host_iters = host_iters or (1 if generate else min(iters, 5))
-    if warmup < 0 or iters < 1 or rounds < 1 or profile_steps < 0 or host_iters < 1 or (time_budget_s or 0) < 0:
-        raise ValueError(f"need warmup >= 0, iters >= 1, rounds >= 1, host_iters >= 1, profile_steps >= 0 and "
-                         f"time_budget_s >= 0, got warmup={warmup}, iters={iters}, rounds={rounds}, "
-                         f"host_iters={host_iters}, profile_steps={profile_steps}, time_budget_s={time_budget_s}")
-    if generate:
-        rounds = max(rounds, iters * t.prompts, MIN_PAIRS)
-    return warmup, iters, rounds, host_iters
+    s = steps.resolved(generate)
+    return dataclasses.replace(s, rounds=max(s.rounds, s.iters * t.prompts, MIN_PAIRS)) if generate else s
+
+
+def _request(t: Target, placed: dict | None, backends, compile, steps: Steps) -> Request:
+    """What ``profile`` is asked, checked as every request is (``request.Request.check``)."""
+    mode = t.workload.mode if t.workload is not None else None
+    device_map = placed["device_map"] if placed and placed["mode"] == "device_map" else None
+    tp = bool(placed) and placed["mode"] == "tensor_parallel"
+    return Request(kind="profile", mode=mode, backends=backends, compile=compile, steps=steps,
+                   device_map=device_map, tp=tp).check(registered())
 
 
 def _prepared_modes(t: Target, modes, names: list[str], progress, spent: dict, **kw) -> dict:
@@ -166,7 +166,8 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     more steps (default: ``iters``, at most 5; a generate: 1); the per-layer counts from ``profile_steps``
     profiled ones (the counts are the same in every step). Backends that cannot run are in the report with
     PyTorch's reasons. The report's ``settings["time_s"]`` says where attnswitch's own time went, and
-    ``settings["host"]`` how busy the machine was around the timing.
+    ``settings["host"]`` how busy the machine was around the timing. Bad input raises ``options.OptionError``
+    before any work (``request.Request.check``).
 
     A model spread over GPUs by accelerate's ``device_map`` is profiled on all of them (per-GPU totals,
     copies between GPUs by layer boundary). Under ``torchrun`` with a tensor-parallel model, call it on
@@ -179,16 +180,15 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     the graphs it compiled and recompiled, and the attention kernel its graph ran (``attn_seen``, with
     ``attn_mismatch`` where that is not the backend selected).
     """
-    modes = parse_compile(compile)
-    t_start = time.perf_counter()
-    spent: dict = {}
+    t_start, spent, host = time.perf_counter(), {}, {}
     t = Target.of(target, batch)
-    warmup, iters, rounds, host_iters = _counts(t, warmup, iters, rounds, host_iters, profile_steps, time_budget_s)
+    placed, steps = distribution_of(t.model), Steps(warmup, iters, rounds, time_budget_s, host_iters, profile_steps)
+    modes = _request(t, placed, backends, compile, steps).compile
+    warmup, iters, rounds, time_budget_s, host_iters, profile_steps = dataclasses.astuple(_counts(t, steps))
     if t.model is not None:
         require_interface(t.model)
     names = parse_backends(backends, t.device)
     progress = progress or (lambda step: None)
-    host: dict = {}
     t0 = time.perf_counter()
     with frozen_heap():
         spent["collecting garbage"] = time.perf_counter() - t0  # once, before everything alive is frozen
@@ -205,7 +205,7 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     if backends is None or backends == "all":  # what "all" leaves out here, and why: a report says so
         settings["not_offered"] = not_offered(t.device)
     return Report(tuple(results), environment(t.device), _workload_info(t), settings,
-                  model=_name(model_name, t, target), distribution=distribution_of(t.model))
+                  model=_name(model_name, t, target), distribution=placed)
 
 
 def _name(model_name: str, t: Target, target) -> str:

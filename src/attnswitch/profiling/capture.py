@@ -11,11 +11,13 @@ Per backend, on the same inputs and after the same warm-up:
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import gzip
 import itertools
 import json
 import os
+import shutil
 import tempfile
 import time
 import warnings
@@ -33,6 +35,7 @@ from ..backends import recording_notes, resolve_name
 from ..device import default_device, device_of, devices_of, sync
 from ..errors import BackendUnavailable, UnsupportedModel
 from ..kinds import Kind, kind_of
+from ..request import BUDGET_CAP_S
 from ..results import BackendResult
 from ..stats import median
 from ..switch import backend as use_backend
@@ -41,12 +44,13 @@ from .attribution import attribute
 from .clock import ForwardClock, annotate_phases
 from .compiled import attention_seen, compiled_forward, graphs_compiled, mismatch
 from .occupancy import device_limits
-from .rounds import MAX_ROUNDS, MIN_PAIRS, STEP_FIGURES, Rounds, Timing, still_open
+from .rounds import MAX_ROUNDS, MIN_PAIRS, STEP_FIGURES, Rounds, Timing, fits, still_open
 from .stepstats import mode_fields, prompt_units
 from .summarize import backend_fields
 from .trace import Trace
 
-__all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "frozen_heap", "Target", "Profiled"]
+__all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "frozen_heap", "Target", "Profiled",
+           "PROGRESS_EVERY_S"]
 
 
 try:  # a C++ range: about a tenth of record_function's host cost, which matters once per module call
@@ -357,12 +361,89 @@ def prepare_backend(target: Target, name: str, *, warmup: int = 1, iters: int = 
         return BackendResult(name, "failed", (f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",))
 
 
-#: the default budget of more rounds is the first rounds' time, at most this (a busy machine slows them)
-BUDGET_CAP_S = 30.0
+#: the longest the timing rounds go without a word of progress, in seconds
+PROGRESS_EVERY_S = 10.0
+
+
+#: before a step of a candidate not timed yet, a line where none was said for this long (its step may be long)
+_UNKNOWN_STEP_GAP_S = 1.0
+
+
+class _Pace:
+    """Where the timing rounds are, said through ``progress`` at least every ``PROGRESS_EVERY_S`` seconds
+    (on ``clock``): the round, the candidates still timed, and the time left where it is known (the first
+    rounds' from the turns taken so far; the more rounds' from the budget). Before each step it says a line
+    where the step, as long as that candidate's last one, would end too late for one; before a candidate's
+    first step (of unknown length), where a second has passed since the last line."""
+
+    def __init__(self, progress: Callable[[str], None] | None, clock: Callable[[], float], first: int, n: int,
+                 budget_s: float | None):
+        self.progress, self.clock, self.first, self.budget_s = progress, clock, first, budget_s
+        self.t0 = self.said = clock()
+        self.turns, self.first_turns, self.round_started, self.rounds_s = 0, first * n, self.t0, []
+        self.round, self.active, self.deadline, self.name = 0, [], None, ""
+        self.step_s: dict[str, float] = {}  # each candidate's last step (a rewarm, a timed step, a prompt)
+        self.turn_s: dict[str, float] = {}  # each candidate's last turn: what the next round will take
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """One step of the candidate whose turn it is."""
+        if self.progress is not None:
+            gap, last = self.clock() - self.said, self.step_s.get(self.name)
+            if gap + (last or 0.0) > PROGRESS_EVERY_S or (last is None and gap >= _UNKNOWN_STEP_GAP_S):
+                self.say()
+        t = self.clock()
+        yield
+        self.step_s[self.name] = self.clock() - t
+
+    def timed(self, timed: Callable) -> Callable:
+        """``timed`` (one step, its ms) as one of the candidate's steps."""
+        def step(target, c):
+            with self.step():
+                return timed(target, c)
+        return step
+
+    def turn(self, name: str, started: float) -> None:
+        self.turns += 1
+        self.turn_s[name] = self.clock() - started
+
+    def next_round(self) -> float:
+        """The seconds the next round is expected to take: its candidates' last turns."""
+        return sum(self.turn_s.get(n, 0.0) for n in self.active)
+
+    def say(self) -> None:
+        now = self.clock()
+        self.said = now
+        names = ", ".join(self.active)
+        if self.deadline is not None:
+            self.progress(f"timing: round {self.round + 1}, more rounds for those still tied with the fastest "
+                          f"({names}); at most {max(0.0, self.deadline - now):.0f} s left")
+            return
+        line = f"timing: round {self.round + 1} of {self.first} ({names})"
+        if self.turns:
+            left = self.first_left(now)
+            more = self.budget_s if self.budget_s is not None else min(now - self.t0 + left, BUDGET_CAP_S)
+            line += f"; about {left:.0f} s left" + (f", then at most {more:.0f} s more for those still tied"
+                                                    if more else "")
+        self.progress(line)
+
+    def first_left(self, now: float) -> float:
+        """The first rounds' time left: the rounds to come at the mean of those done (before one is: the
+        turns to come at the mean of those taken)."""
+        if not self.rounds_s:
+            return max(0.0, (now - self.t0) / self.turns * self.first_turns - (now - self.t0))
+        mean = sum(self.rounds_s) / len(self.rounds_s)
+        return (self.first - self.round - 1) * mean + max(0.0, mean - (now - self.round_started))
+
+    def round_done(self) -> None:
+        now = self.clock()
+        self.rounds_s.append(now - self.round_started)
+        self.round_started = now
 
 
 def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 6, budget_s: float | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> Rounds:
+                 clock: Callable[[], float] = time.perf_counter,
+                 progress: Callable[[str], None] | None = None) -> Rounds:
     """Steady time per step (ms) for each backend, unprofiled, in interleaved rounds so that drift (clocks,
     temperature, other load) falls on every backend alike. On a GPU each step is timed with CUDA events,
     on a CPU with the wall clock. Garbage is collected before each backend's turn in a round and never
@@ -373,13 +454,12 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
     paired units are a few hundred milliseconds apart rather than whole workloads: every backend takes
     every prompt ``iters`` times, in at least ``rounds`` and ``MIN_PAIRS`` rounds, each prompt led by each
     backend in turn pass after pass. Then, unless ``budget_s`` is 0, rounds go on for the backends whose
-    interval against the fastest still holds 1 (``stats.paired_margin``)
-    until each is told apart, or is within ``stats.EQUIVALENT`` of it, or ``budget_s`` more seconds are
-    spent (default: as long as the first rounds took, ``BUDGET_CAP_S`` at most; ``MAX_ROUNDS`` rounds at
-    most); a backend decidedly slower than the fastest is timed no further. ``clock`` reads the budget's
-    time. Under ``torchrun`` every rank takes the same decisions (the union of what each keeps), so that
-    their forwards pair up."""
-    timed = _timed_on_gpus if target.device.type == "cuda" else _timed_wall
+    interval against the fastest still holds 1 (``stats.paired_margin``) until each is told apart, or is
+    within ``stats.EQUIVALENT`` of it, or the next round would end past ``budget_s`` more seconds (default:
+    as long as the first rounds took, ``BUDGET_CAP_S`` at most; ``MAX_ROUNDS`` rounds at most); a backend
+    decidedly slower than the fastest is timed no further. ``clock`` reads the budget's time. ``progress``
+    hears where the rounds are at least every ``PROGRESS_EVERY_S`` seconds. Under ``torchrun`` every rank
+    takes the same decisions (the union of what each keeps), so that their forwards pair up."""
     generate = kind_of(target.mode).generates
     if generate:
         prompts = max(1, target.prompts)
@@ -390,37 +470,59 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
         per_round = [iters // first + (1 if r < iters % first else 0) for r in range(first)]
     timings = {n: Timing(per_prompt=generate, steps={k: [] for k in STEP_FIGURES} if generate else None)
                for n in names}
-    active, t0, stopped, r, deadline = list(names), clock(), "fixed", 0, None
+    pace = _Pace(progress, clock, first, len(names), budget_s)
+    timed = pace.timed(_timed_on_gpus if target.device.type == "cuda" else _timed_wall)
+    active, stopped, r = list(names), "fixed", 0
     with target.context():
         while active:
-            if generate:  # every prompt led by each backend in turn, pass after pass
-                k = (r % prompts + r // prompts) % len(active)
-                turn = active[k:] + active[:k]
-                for name in turn:
-                    _prompt_turn(target, name, r % prompts, prompts, timed, timings[name])
-            else:
-                n_calls = per_round[r] if r < first else max(1, per_round[-1])
-                for name in active:
-                    _one_round(target, name, n_calls, timed, timings[name])
+            pace.round, pace.active = r, active
+            _round(target, active, r, prompts, per_round[r] if r < first else max(1, per_round[-1]), timed, timings,
+                   pace)
             for name in timings.keys() - set(active):
                 timings[name].units.append([])  # sat this round out: round r is every backend's round r
+            pace.round_done()
             r += 1
             if r < first:
                 continue
             if budget_s == 0:
                 break
-            if deadline is None:  # the first rounds are done: the budget starts
-                deadline = clock() + (budget_s if budget_s is not None else min(clock() - t0, BUDGET_CAP_S))
-            active, stopped = still_open(timings, active, out_of_time=clock() >= deadline, capped=r >= MAX_ROUNDS)
-    return Rounds(timings, r, stopped, clock() - t0)
+            if pace.deadline is None:  # the first rounds are done: the budget starts
+                pace.deadline = clock() + (budget_s if budget_s is not None else min(clock() - pace.t0, BUDGET_CAP_S))
+            active, stopped = still_open(timings, active, out_of_time=clock() >= pace.deadline,
+                                         capped=r >= MAX_ROUNDS)
+            pace.active = active
+            if active and not fits(pace.next_round(), pace.deadline - clock()):  # it would end past the budget
+                active, stopped = [], "budget"
+    return Rounds(timings, r, stopped, clock() - pace.t0)
 
 
-def _one_round(target: Target, name: str, n_calls: int, timed: Callable, timing: Timing) -> None:
-    """One backend's turn in a round: the switch, one untimed step, ``n_calls`` timed ones."""
+def _round(target: Target, active: list[str], r: int, prompts: int, n_calls: int, timed: Callable,
+           timings: dict[str, Timing], pace: _Pace) -> None:
+    """Round ``r``: every active candidate's turn; a generate's is prompt ``r``, led by each in turn pass
+    after pass."""
+    if target.mode == "generate":
+        k = (r % prompts + r // prompts) % len(active)
+        turn = active[k:] + active[:k]
+    else:
+        turn = active
+    for name in turn:
+        started, pace.name = pace.clock(), name
+        if target.mode == "generate":
+            _prompt_turn(target, name, r % prompts, prompts, timed, timings[name])
+        else:
+            _one_round(target, name, n_calls, timed, timings[name], pace.step)
+        pace.turn(name, started)
+
+
+def _one_round(target: Target, name: str, n_calls: int, timed: Callable, timing: Timing,
+               step: Callable = contextlib.nullcontext) -> None:
+    """One backend's turn in a round: the switch, one untimed step, ``n_calls`` timed ones (``step``: around
+    the untimed one, as ``timed`` is around each timed one)."""
     calls = target.calls(n_calls)
     gc.collect(0)  # what the previous turn left (no collection ran in it, so all of it is young)
     with target.switched(name), _no_gc():
-        target.rewarm()  # after the other backends ran
+        with step():
+            target.rewarm()  # after the other backends ran
         for _ in range(n_calls):
             timing.samples.append(timed(target, next(calls)))
     timing.units.append([median(timing.samples[-n_calls:])])
@@ -529,16 +631,47 @@ def _export(prof, name: str, trace_dir) -> tuple[Path, dict]:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / (f"trace_{_file_name(name)}" + ("" if rank is None else f"_rank{rank}") + ".json.gz")
     raw_path = path.with_suffix("")
-    prof.export_chrome_trace(str(raw_path))
-    raw = raw_path.read_bytes()
+    # Kineto raises nothing where it cannot write the trace: it says so on stderr, which the error below says
+    with stderr.filtered(lambda line: "Failed to write" in line and not _whole_json(raw_path)):
+        prof.export_chrome_trace(str(raw_path))
+    try:
+        raw = raw_path.read_bytes()
+        data = json.loads(raw)
+    except (OSError, ValueError) as e:
+        raise _unwritten(raw_path, e) from None
     raw_path.unlink()
-    data = json.loads(raw)
     if "distributedInfo" not in data:
         info = {"backend": "none", "rank": rank or 0, "world_size": 1}
         data["distributedInfo"] = info
         raw = b"{" + json.dumps({"distributedInfo": info}).encode()[1:-1] + b"," + raw.lstrip()[1:]
     path.write_bytes(gzip.compress(raw, compresslevel=1))
     return path, data
+
+
+#: free space below which a trace the profiler could not write is taken as a full disk
+_FULL_BYTES = 1 << 30
+
+
+def _whole_json(path: Path) -> bool:
+    try:
+        json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _unwritten(path: Path, e: BaseException) -> OSError:
+    """Why the profiler's trace at ``path`` is absent or cut short: no space left on the device it is written
+    to (the disk nearly full), or the error reading it gave."""
+    with contextlib.suppress(OSError):
+        path.unlink()
+    try:
+        full = shutil.disk_usage(path.parent).free < _FULL_BYTES
+    except OSError:
+        full = False
+    if full:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    return e if isinstance(e, OSError) else OSError(errno.EIO, f"the profiler's trace is not whole ({e})", str(path))
 
 
 def _file_name(name: str) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from .. import dist
 from ..stats import median, paired_margin
 
-__all__ = ["Timing", "Rounds", "MAX_ROUNDS", "MIN_PAIRS", "STEP_FIGURES", "still_open", "prompt_values"]
+__all__ = ["Timing", "Rounds", "MAX_ROUNDS", "MIN_PAIRS", "STEP_FIGURES", "still_open", "prompt_values", "fits"]
 
 #: a generate's figures of every decode step, gathered over the rounds (``workloads.prompt_units``)
 STEP_FIGURES = ("ttft", "interval", "host", "gpu", "wall")
@@ -95,3 +95,12 @@ def still_open(timings: dict[str, Timing], active: list[str], *, out_of_time: bo
     if out_of_time or capped:
         return [], "budget" if out_of_time else "max rounds"
     return [n for n in timings if n in keep], "decided"
+
+
+def fits(seconds: float, left: float) -> bool:
+    """Whether a round expected to take ``seconds`` ends within the ``left`` seconds of the budget (under
+    ``torchrun``: on every rank, so that all of them start it or none)."""
+    ok = seconds <= left
+    if dist.world() is not None:
+        ok = all(dist.gather(ok))
+    return ok

@@ -1,0 +1,106 @@
+"""One request, one check: every combination of options the command line refuses, the library refuses with the
+same error, worded with its parameters where the command line words it with its flags."""
+
+import pytest
+from conftest import batch_for, tiny
+
+import attnswitch
+from attnswitch import cli, options
+from attnswitch.comparison import compare_sweep
+from attnswitch.lengths import Lengths
+from attnswitch.request import DEFAULTS, REQUESTS, Request, Steps
+
+
+def _spread_model():
+    m = tiny("llama")
+    m.hf_device_map = {"model.embed_tokens": "cpu", "model.layers": "disk", "lm_head": "cpu"}  # spread (as placed)
+    return m
+
+
+MIX = Lengths.of({8: 3, 16: 1})
+
+
+def _sweep(**kw):
+    return lambda: compare_sweep(tiny("llama"), kw.pop("shapes", [(1, 8)]), backends=["naive"], **kw)
+
+
+def _compare(**kw):
+    m = tiny("llama")
+    return lambda: attnswitch.compare(m, batch_for(m), backends=["naive"], **kw)
+
+
+# (what the command line is given, the library called with the same combination)
+REFUSED = [
+    (["--device", "cpu", "--device-map", "auto"], lambda: Request(device="cpu", device_map="auto").check()),
+    (["--device", "cpu", "--tp"], lambda: Request(device="cpu", tp=True).check()),
+    (["--mode", "generate", "--seq", "64"], lambda: Request(mode="generate", seq=(64,)).check()),
+    (["--new-tokens", "4"], _sweep(mode="prefill", new_tokens=4)),
+    (["--mode", "train", "--cache", "static"], _sweep(mode="train", cache="static")),
+    (["--prompt-lens-from", "lens.txt"], _sweep(mode="prefill", lengths=MIX)),
+    (["--prompt-len", "8"], lambda: Request(prompt_len=(8,)).check()),
+    (["--mode", "decode", "--prompt-lens", "8,9"], lambda: Request(mode="decode", prompt_lens=(8, 9)).check()),
+    (["--mode", "generate", "--prompt-len", "8", "--prompt-lens", "8,9"],
+     lambda: Request(mode="generate", prompt_len=(8,), prompt_lens=(8, 9)).check()),
+    (["--mode", "generate", "--prompt-len", "8", "--prompt-lens-from", "lens.txt"],
+     lambda: Request(mode="generate", prompt_len=(8,), lengths=MIX).check()),
+    (["--mode", "generate", "--requests", "9"], _sweep(mode="generate", new_tokens=2, requests=9)),
+    (["--mode", "generate", "--prompt-lens-from", "lens.txt", "--requests", "0"],
+     _sweep(mode="generate", new_tokens=2, lengths=MIX, requests=0)),
+    (["--mode", "generate", "--prompt-lens", "8", "--new-tokens", "2,3"],
+     lambda: Request(mode="generate", prompt_lens=(8,), new_tokens=(2, 3)).check()),
+    (["--mode", "decode", "--seq", "8,16"], _sweep(mode="decode", shapes=[(1, 8), (1, 16)])),
+    (["--mode", "decode", "--batch", "2,4"], _sweep(mode="decode", shapes=[(2, 8), (4, 8)])),
+    (["--iters", "0"], _compare(iters=0)),
+    (["--rounds", "0"], _compare(rounds=0)),
+    (["--warmup", "-1"], _compare(warmup=-1)),
+    (["--time-budget", "-1"], _compare(time_budget_s=-1.0)),
+    (["--compile", "default", "--device-map", "auto"], lambda: attnswitch.profile(
+        m := _spread_model(), batch_for(m), backends=["naive"], compile="default")),
+    (["--compile", "default", "--tp"], lambda: Request(compile="default", tp=True).check()),
+    (["--compile", "fast"], _compare(compile="fast")),
+]
+
+
+@pytest.mark.parametrize("argv, library", REFUSED, ids=[" ".join(a) for a, _ in REFUSED])
+def test_every_combination_the_command_line_refuses_the_library_refuses_with_the_same_error(
+        argv, library, tmp_path, capsys, monkeypatch):
+    (tmp_path / "lens.txt").write_text("8\n8\n8\n16\n")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["compare", "tiny-llama", *argv]) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    with pytest.raises(options.OptionError) as e:
+        library()
+    assert said == ["error: " + e.value.worded(cli.FLAGS)], (said, e.value.template)
+    assert "--" not in str(e.value)  # the library's own words: its parameters, no flag
+
+
+def test_the_profile_command_and_the_library_refuse_a_sweep_alike(capsys):
+    assert cli.main(["profile", "tiny-llama", "--mode", "generate", "--prompt-len", "8,16"]) == 2
+    with pytest.raises(options.OptionError) as e:
+        Request(kind="profile", mode="generate", prompt_len=(8, 16)).check()
+    assert capsys.readouterr().err.strip() == "error: " + e.value.worded(cli.FLAGS)
+    assert "is a `compare`" in e.value.worded(cli.FLAGS) and "is a compare_sweep" in str(e.value)
+
+
+def test_the_defaults_are_written_once_and_read_by_the_command_line_and_the_library():
+    # the command line's help says the request's defaults; a sweep without new tokens takes the device's
+    help = " ".join(cli.build_parser()._subparsers._group_actions[0].choices["compare"].format_help().split())
+    cpu, gpu = DEFAULTS["cpu"], DEFAULTS["cuda"]
+    for flag, name in (("--batch", "batch"), ("--seq", "seq"), ("--new-tokens", "new_tokens")):
+        assert f"{getattr(gpu, name)} on a GPU, {getattr(cpu, name)} on a CPU" in help, flag
+    assert f"(default: {REQUESTS})" in help
+    r = Request(mode="generate", lengths=Lengths.of({8: 1})).check().resolved("cpu")
+    assert r.new_tokens == (cpu.new_tokens,) and r.requests == REQUESTS and r.prompt_len == (8,)
+    assert Steps().resolved(generate=False) == Steps(1, 12, 6, None, 5, 1)
+    assert Steps().resolved(generate=True) == Steps(0, 1, 1, None, 1, 1)
+
+
+def test_the_command_line_holds_no_rule_of_its_own():
+    # every check the command line makes before torch is imported is the request's, and the outfolder's
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(cli))
+    raised = [n for n in ast.walk(tree) if isinstance(n, ast.Raise) and n.exc is not None]
+    words = [ast.unparse(n.exc) for n in raised]
+    assert not [w for w in words if w.startswith(("ValueError", "options.OptionError", "OptionError"))], words
