@@ -1,13 +1,13 @@
 """The ``attnswitch`` command: one function per subcommand, in the table ``COMMANDS``.
 
-Exit codes follow what went wrong, not when it was found: 0 when every asked-for step ran (backends that
-cannot run are part of the answer); 1 when no backend could run at all, or the model or a kernel failed
-(raised whole, with its traceback); 2 for bad input (an ``options.OptionError``: unknown model, unreadable
-config, weights that do not match it, a bad option, a backend this device cannot offer; an unsupported model;
-no space left on device); 130 when interrupted (Ctrl-C: one line, ``--out`` as it was) and 143 when terminated
-(SIGTERM: the same); 141 when the reader of stdout went away (``| head``: the report is still written to
-``--out``). Heavy libraries (torch, transformers) are imported by the subcommands that need them, after every
-option that can be checked without them is (``request.Request.check``): not for ``--help``, ``presets`` or a
+Exit codes follow what went wrong, not when it was found: 0 when every asked-for step ran (backends that cannot run
+are part of the answer); 1 when no backend could run at all, the model made no attention call through the switch,
+or the model or a kernel failed (raised whole, with its traceback); 2 for bad input (an ``options.OptionError``:
+unknown model, unreadable config, weights that do not match it, a bad option, a backend this device cannot offer;
+an unsupported model; no space left on device); 130 when interrupted (Ctrl-C: one line, ``--out`` as it was) and
+143 when terminated (SIGTERM: the same); 141 when the reader of stdout went away (``| head``: the report is still
+written to ``--out``). Heavy libraries (torch, transformers) are imported by the subcommands that need them, after
+every option that can be checked without them is (``request.Request.check``): not for ``--help``, ``presets`` or a
 misspelt name.
 """
 
@@ -346,19 +346,20 @@ def _measured(s: Session, run: Callable, sweep: Callable | None = None) -> int:
         report = _report(s, run, sweep, trace_dir)
         printed = _printed(s, report)
         t0, written = time.perf_counter(), []
-        answered = report.decision is None or report.decision.answered  # (a profile decides nothing)
-        if staging is not None and report.ok and answered:
+        # nothing ran, or the model made no attention call through the switch: nothing to report
+        measured = report.ok and (report.decision is None or report.decision.answer != "no-attention")
+        if staging is not None and measured:
             report.save_traces(trace_dir)  # any trace recorded elsewhere (where written here: nothing to do)
             written = _write_outputs(_moved(report, staged, Path(out)), staged)
         elif staging is not None:
             staging.discard()  # nothing ran, or nothing to answer: the folder keeps what it held
     if staging is not None:
         said = (f"wrote {out}/{', '.join(written)} in {time.perf_counter() - t0:.1f} s" if written else
-                f"{'no backend ran' if not report.ok else 'no answer'}: {_left(out, s.outcome.kept)}")
+                f"{'no backend ran' if not report.ok else 'no attention call'}: {_left(out, s.outcome.kept)}")
         s.err.print(said, highlight=False, markup=False, soft_wrap=True)
     if not printed:
         return EXIT_BROKEN_PIPE
-    return EXIT_OK if report.ok and answered else EXIT_NOTHING_RAN
+    return EXIT_OK if measured else EXIT_NOTHING_RAN
 
 
 def _report(s: Session, run: Callable, sweep: Callable | None, trace_dir: Path | None):
