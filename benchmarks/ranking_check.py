@@ -33,7 +33,7 @@ from attnswitch.models import load_model
 from attnswitch.stats import median
 from attnswitch.workload import make_workload
 
-from .stepstats import independent_generate
+from .workloads import independent_generate
 
 __all__ = ["generate_check", "prefill_check", "train_check", "independent_train", "main"]
 
