@@ -227,6 +227,7 @@ def test_out_of_memory_on_one_backend_is_recorded_and_the_others_run(monkeypatch
 
 def test_hub_id_without_a_reachable_hub_is_a_clear_error_at_once(monkeypatch):
     import socket
+    import threading
     import time
 
     from attnswitch import models
@@ -241,7 +242,14 @@ def test_hub_id_without_a_reachable_hub_is_a_clear_error_at_once(monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", no_dns)
     assert models._hub_unresolvable()
     lookups.clear()
-    monkeypatch.setattr(time, "sleep", pauses.append)  # a retry's pause, counted (and not waited for)
+    here, sleep = threading.current_thread(), time.sleep
+
+    def pause(seconds):  # a retry's pause in this test's thread, counted (and not waited for)
+        if threading.current_thread() is here:
+            pauses.append(seconds)
+        else:
+            sleep(seconds)
+    monkeypatch.setattr(time, "sleep", pause)
     with pytest.raises(ValueError, match="someone/some-model: cannot load from the hub here"):
         models.load_model("someone/some-model")
     # the local cache asked alone, not half a minute of retried requests: asked, the hub client retries its
