@@ -246,6 +246,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _clocked_modules():
+    """The modules whose ``time.perf_counter`` times a measurement: steps, forwards and attention calls
+    (capture, clock, instrument) and the time accounts (profiling, comparison, cli)."""
+    import attnswitch.profiling as profiling
+    from attnswitch import cli, comparison, instrument
+    from attnswitch.profiling import capture, clock
+
+    return (capture, clock, instrument, profiling, comparison, cli)
+
+
 class VirtualClock:
     """The host clock a measurement reads, moved on by hand: ``sleep(s)`` adds ``s`` seconds to what
     ``perf_counter`` reads in the measuring modules, at once. A backend that "sleeps" on it costs a known
@@ -271,16 +281,34 @@ def vclock(monkeypatch):
     attention calls (capture, clock, instrument) and the time accounts (profiling, comparison, cli)."""
     from types import SimpleNamespace
 
-    import attnswitch.profiling as profiling
-    from attnswitch import cli, comparison, instrument
-    from attnswitch.profiling import capture, clock
-
     c = VirtualClock()
     fake = SimpleNamespace(perf_counter=c.perf_counter)
-    for module in (capture, clock, instrument, profiling, comparison, cli):
+    for module in _clocked_modules():
         assert module.time.perf_counter  # each reads the clock as time.perf_counter
         monkeypatch.setattr(module, "time", fake)
     return c
+
+
+def use_cpu_clock(monkeypatch):
+    """The CPU time of the calling thread (``time.thread_time``) as the clock every measurement reads;
+    returns that clock, for the test's own readings. Unlike the wall clock, it does not run on while
+    other processes have the CPU, so a figure checked against an outside reading of it holds on a busy
+    machine: the spans nest as on the wall clock, and what they hold is work, not waiting. (The tests
+    run torch with one thread: all the work of a step is this thread's.)"""
+    import time
+    from types import SimpleNamespace
+
+    fake = SimpleNamespace(perf_counter=time.thread_time)
+    for module in _clocked_modules():
+        assert module.time.perf_counter  # each reads the clock as time.perf_counter
+        monkeypatch.setattr(module, "time", fake)
+    return time.thread_time
+
+
+@pytest.fixture
+def cpu_clock(monkeypatch):
+    """``use_cpu_clock`` for one test."""
+    return use_cpu_clock(monkeypatch)
 
 
 class FakeClock:

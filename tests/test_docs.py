@@ -5,11 +5,12 @@ and a representative set of them is run, on a CPU, with a tiny Llama.
   by the command line's parser and its checks, which run before any work; a representative set of them
   runs end to end through ``attnswitch.cli.main`` with the model made small (tiny-llama, one layer, short
   sequences, one timed step) and must exit 0.
-- Each ```python block runs, the blocks of a page in order in one namespace, where ``model`` and ``m`` are
-  a tiny Llama, ``batch`` its inputs and ``q``, ``k``, ``v`` attention inputs. A block that fails as
-  written on a machine without CUDA runs again with CUDA-only backends replaced by CPU ones. A block marked
-  ``<!-- not run: reason -->`` on the line before it is compiled instead. In every block, the attributes
-  of ``attnswitch`` used, and the keywords passed to its functions, must exist.
+- The README's ```python blocks run as written, in a namespace of their own: a reader's first contact.
+- Each ```python block of docs/ runs, the blocks of a page in order in one namespace, where ``model`` and
+  ``m`` are a tiny Llama, ``batch`` its inputs and ``q``, ``k``, ``v`` attention inputs. A block that fails
+  as written on a machine without CUDA runs again with CUDA-only backends replaced by CPU ones. A block
+  marked ``<!-- not run: reason -->`` on the line before it is compiled instead. In every block, the
+  attributes of ``attnswitch`` used, and the keywords passed to its functions, must exist.
 - Other shell lines must name scripts, modules, extras and test paths that exist; inline ``--flags`` must
   be the command line's; inline ``attnswitch.names`` must resolve; every test ``docs/promises.md`` names
   must exist; relative links and their anchors must resolve.
@@ -490,7 +491,9 @@ def _tidy(ns: dict, registered: set) -> None:
         attnswitch.unregister_backend(name)
 
 
-PAGES_WITH_PYTHON = sorted({b.page for b in PYTHON if b.not_run is None})
+README = ROOT / "README.md"
+#: the pages whose Python blocks run with the names above given; the README's run as written (below)
+PAGES_WITH_PYTHON = sorted({b.page for b in PYTHON if b.not_run is None} - {README})
 
 
 @pytest.mark.parametrize("page", PAGES_WITH_PYTHON, ids=[str(p.relative_to(ROOT)) for p in PAGES_WITH_PYTHON])
@@ -519,6 +522,27 @@ def test_the_python_blocks_of_a_page_run(page, workdir, monkeypatch, capsys):
     finally:
         _tidy(ns, registered)
         capsys.readouterr()
+
+
+def test_the_readmes_python_runs_as_written(tmp_path, monkeypatch, capsys):
+    """A reader's first contact: the README's Python, block after block, in a namespace of its own (every
+    name it uses it defines or imports), as written (no backend named in its place), on this machine."""
+    blocks = [b for b in PYTHON if b.page == README]
+    assert blocks and all(b.not_run is None for b in blocks)
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {"__name__": "__main__"}
+    registered = set(attnswitch.backends.registry.names())
+    try:
+        for block in blocks:
+            exec(compile(block.text, block.where, "exec"), ns)
+            assert attnswitch.active_backend() is None, f"{block.where} left a backend() context open"
+        out = capsys.readouterr().out
+    finally:
+        _tidy(ns, registered)
+    report = ns["report"]
+    assert isinstance(report, attnswitch.Report) and report.pick is not None
+    assert str(report) in out and "Recommendation" in out  # what it printed: the report
+    assert all(attnswitch.is_patched(v) is None for v in ns.values() if isinstance(v, torch.nn.Module))
 
 
 # -- names, flags, tests and links in the prose -----------------------------------------------------------------

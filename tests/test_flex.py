@@ -303,6 +303,29 @@ def test_phase_policy_with_a_registered_kernel(mine, spy):
     assert all(c["q"][2] == 6 for c in mine.calls)  # only the prefill's calls
 
 
+def test_a_compare_compiles_its_one_kind_of_call_once(monkeypatch):
+    """The default GPU run's case, on Dynamo with aot_eager: one kind of call (causal, no padding) compiles
+    one graph; after the first step, the warm-up, host-timed and profiled steps, the timing rounds and the
+    numerics check compile nothing more."""
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return aot_eager(gm, example_inputs)
+
+    monkeypatch.setattr(flex, "_COMPILED", {})
+    monkeypatch.setattr(flex, "_compile", lambda fn: torch.compile(fn, fullgraph=True, backend=counting))
+    name = attnswitch.register_backend("flex-compiled", flex.flex_sdpa, gqa=flex.takes_gqa, softcap=True)
+    try:
+        m, _ = load_model("tiny-llama", layers=2)
+        w = make_workload(m, batch=2, seq=16)
+        r = attnswitch.compare(m, w, backends=[name, "naive"], warmup=1, iters=3, rounds=2, time_budget_s=0)
+    finally:
+        attnswitch.unregister_backend(name)
+    assert r[name].ok and r[name].numerics.ok
+    assert len(graphs) == 1 and flex.cache_info()["compiled"] == 1
+
+
 def test_profile_and_compare_name_the_kernel_and_flag_a_wrong_one(mine):
     def unscaled(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         """forgets the scale: plausible output, wrong numbers"""

@@ -9,7 +9,6 @@ import random
 import signal
 import sys
 import threading
-import time
 
 import pytest
 import torch
@@ -41,8 +40,9 @@ def rel(out, ref, where=None):
 
 # -- 1. forcing never changes what another thread runs --------------------------------------------
 
-def _race(worker, other, seconds=20.0):
-    """Run ``worker`` (forced backends) in a thread while ``other`` runs here until it is done."""
+def _race(worker, other):
+    """Run ``worker`` (forced backends) in a thread while ``other`` runs here until it is done (``other``
+    takes the event set when it is done; both threads take turns at the interpreter whatever the load)."""
     done, errors = threading.Event(), []
 
     def run():
@@ -55,7 +55,7 @@ def _race(worker, other, seconds=20.0):
 
     t = threading.Thread(target=run)
     t.start()
-    seen = other(done, time.monotonic() + seconds)
+    seen = other(done)
     t.join()
     assert not errors, errors
     return seen
@@ -69,9 +69,9 @@ def test_a_thread_that_never_uses_attnswitch_runs_what_sdpa_picks():
             attnswitch.attention(q, q, q, is_causal=True, backend="math")
             attnswitch.attention(q, q, q, is_causal=True, backend="naive")
 
-    def plain(done, deadline):
+    def plain(done):
         choices = []
-        while not done.is_set() and time.monotonic() < deadline:
+        while not done.is_set():
             # what a plain F.scaled_dot_product_attention call dispatches to, and the call itself
             choices.append(int(torch._fused_sdp_choice(q, q, q, None, 0.0, True)))
             F.scaled_dot_product_attention(q, q, q, is_causal=True)
@@ -94,9 +94,9 @@ def test_racing_sdpa_kernel_leaves_the_flags_as_found_and_forced_backends_forced
                 out = attnswitch.attention(q, q, q, is_causal=True, backend=name)  # never refused, never wrong
                 torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
 
-    def kernel_contexts(done, deadline):
+    def kernel_contexts(done):
         n = 0
-        while not done.is_set() and time.monotonic() < deadline:
+        while not done.is_set():
             with sdpa_kernel([SDPBackend.MATH]):
                 F.scaled_dot_product_attention(q, q, q, is_causal=True)
             n += 1
@@ -435,10 +435,7 @@ def _enter_and_exit_under_sigint():
     before = world(m)
     rng = random.Random(0)
     interrupted = 0
-    deadline = time.monotonic() + 10
-    for _ in range(400):
-        if time.monotonic() > deadline:
-            break
+    for _ in range(400):  # every one of them, however long a busy machine makes them take
         timer = threading.Timer(rng.uniform(0, 2e-4), os.kill, (os.getpid(), signal.SIGINT))
         try:
             timer.start()

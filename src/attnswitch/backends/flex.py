@@ -14,6 +14,17 @@ raises instead of running PyTorch's unfused fallback. Sequence lengths and batch
 after their first change (Dynamo's automatic dynamic shapes), so ``generate()`` does not compile every
 step. On a GPU the kernels are Triton's (inductor's FlexAttention templates); the first call of a kind
 compiles them, which a profile shows in its cold columns.
+
+What a kind costs to compile: one graph, one forward kernel (no grad: no backward; not max-autotune: one
+configuration, nothing benchmarked). The default GPU run meets one kind (causal, bf16), compiled once: its
+later steps, its profiled step and its numerics check reuse it (``benchmarks/startup.py`` counts the graphs
+and splits the compile into Dynamo's phases). The compile stays in flex's own cold step, on the thread that
+measures it. Started earlier on another thread it would run while other backends are timed and profiled:
+it holds the interpreter most of the time (tracing, lowering and code generation are Python), which would
+stretch their host times (the steps being timed are nearly host-bound), its ops would land in their
+traces, and flex's cold columns would no longer show what a process's first call of it pays. Inductor's and
+Triton's caches on disk make a later process's compile of the same kind shorter (on a CPU, a small call's
+40 s became 3 s).
 """
 
 from __future__ import annotations
