@@ -31,9 +31,9 @@ from importlib import resources
 from . import candidate, catalog
 from .kinds import kind_of
 
-__all__ = ["Defect", "DefectMatch", "Stack", "Met", "table", "load", "stack_of", "applies_to", "met_calls",
-           "check", "cautions", "describe_when", "version_of", "in_range", "arch_of", "arch_name", "Listed", "listing",
-           "LEVELS", "DIRECTIONS"]
+__all__ = ["Defect", "DefectMatch", "Stack", "Met", "Listed", "table", "load", "stack_of", "applies_to",
+           "met_calls", "check", "cautions", "describe_when", "version_of", "in_range", "arch_of", "arch_name",
+           "listing", "listing_lines", "LEVELS", "DIRECTIONS"]
 
 #: how a matching row bears on a report: never recommended; another direction than the workload runs; other
 #: lengths than it meets
@@ -404,3 +404,25 @@ def listing(stack: Stack, rows: Iterable[Defect] | None = None) -> list[Listed]:
 
 def arch_name(arch: str) -> str:
     return _ARCHES.get(arch, arch)
+
+
+def listing_lines(stack: Stack, rows: Iterable[Defect] | None = None) -> list[str]:
+    """``attnswitch defects``: every row of the table, what it hits, its references, and whether it applies to
+    ``stack``; the rows that apply first."""
+    listed = sorted(listing(stack, rows), key=lambda x: x.why_not is not None)
+    here = stack.text() or "no GPU, no cuDNN"
+    n = sum(x.why_not is None for x in listed)
+    lines = [f"Known defects: {len(listed)} in attnswitch's table; {n} apply to {here}.", ""]
+    for x in listed:
+        d = x.defect
+        gpus = ", ".join(arch_name(a) for a in d.gpus) or "any GPU"
+        versions = ", ".join(p for p in (f"torch {d.torch}" if d.torch else "", f"cuDNN {d.cudnn}" if d.cudnn else "")
+                             if p) or "any version"
+        lines += [f"{d.id}  [{'applies here' if x.why_not is None else 'not here: ' + x.why_not}]",
+                  f"  {d.backend}, {d.direction}: {d.effect}",
+                  f"  on {gpus}, {versions}; calls with {describe_when(d.when)}"
+                  + (f"; also needs {d.also} (not checked)" if d.also else ""),
+                  *([f"  {d.note}"] if d.note else []), *(f"  {r}" for r in d.refs), ""]
+    lines.append("A report checks the rows against its own versions, GPU and the calls it measured (and every length "
+                 "a sweep or a length mix deploys): a backend a row makes wrong there is never recommended.")
+    return lines
