@@ -96,6 +96,8 @@ def _headline(by: dict[str, BackendResult], v: Verdict, answer: str, pick: str, 
         tail = f" at {t}; pick `{pick}`: {rule}." if rule else f" at {t}, not told apart: any is as good here."
         return _fit(_tie_names(by, v.ties, tail), _tie_names(by, v.ties, f" at {t}; pick `{pick}`."))
     if not beaten:
+        if any(x.defects and any(m.blocks for m in x.defects) for x in by.values() if x.ok):
+            return f"Use {name_of(b)}: {t}, the only backend here that ran and no known defect rules out (below)."
         return (f"Use {name_of(b)}: {t}, the only backend here that ran"
                 + (" with acceptable numerics." if numerics else " (numerics not checked)."))
     return f"Use {name_of(b)}: {t}{margin}."

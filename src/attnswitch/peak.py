@@ -83,14 +83,18 @@ def pairs(q_len: int, kv_len: int, causal: bool, window: int | None = None, top_
     if causal:
         offset = 0 if top_left else kv_len - q_len
         lo, hi = offset + 1, offset + q_len  # keys seen by the first and the last query, before clipping
-        seen = _sum_min(max(lo, 1), min(hi, kv_len), window) + max(0, hi - kv_len) * min(kv_len, window or kv_len)
+        seen = _sum_min(max(lo, 1), min(hi, kv_len), window)
+        if hi > kv_len:  # queries past the last key (top-left, more queries than keys): the keys their window keeps
+            rows = range(max(lo - 1, kv_len), hi)
+            seen += len(rows) * kv_len if window is None else sum(
+                min(kv_len, max(0, kv_len + window - 1 - p)) for p in rows[:window])
         return seen
     if window is None:
         return q_len * kv_len
     offset, total = kv_len - q_len, 0
     for i in range(q_len):  # a band both ways (bidirectional models with local attention): rare, and short
         p = offset + i
-        total += min(p, window - 1) + 1 + min(kv_len - 1 - p, window - 1) if 0 <= p < kv_len else 0
+        total += max(0, min(kv_len - 1, p + window - 1) - max(0, p - window + 1) + 1)
     return total
 
 
@@ -278,17 +282,18 @@ def headroom(backends: Iterable, gpu: str | None = None) -> str | None:
     if not said:
         return None
     name, f, pct = said[0]
-    of = ("peak" if f.pct_spec is not None else "the measured ceiling")
-    what = f"{f.achieved:.0f} {f.unit}"
-    ref = []
+    of = "peak" if f.pct_spec is not None else "the measured ceiling"
+    amount = f"{f.achieved:.0f}" if f.achieved >= 100 else f"{f.achieved:.2g}"
     if f.spec is not None:
         spec = gpu_spec(gpu)
-        ref.append(f"of {f.spec:g}, {spec.name + ' ' if spec else ''}"
-                   + (f"dense {_short(f.dtype)}" if f.bound == "compute" else "memory bandwidth"))
+        whose = f"the {spec.name}'s " if spec is not None else ""
+        what = (f"{amount} of {whose}{f.spec:g} dense {_short(f.dtype)} TFLOP/s" if f.bound == "compute" else
+                f"{amount} of {whose}{f.spec:g} TB/s")
+    else:
+        what = f"{amount} {f.unit}"
     if f.pct_measured is not None and f.pct_spec is not None:
-        ref.append(f"{f.pct_measured:.0f} % of the {'matmul' if f.bound == 'compute' else 'copy'} measured here")
-    head = f"Headroom: `{name}` reaches {pct} of {of} here in its {f.phase} attention calls ({what}" \
-           + (f" {'; '.join(ref)}" if ref else "") + ")"
+        what += f"; {f.pct_measured:.0f} % of the {'matmul' if f.bound == 'compute' else 'copy'} measured here"
+    head = f"Headroom: `{name}` reaches {pct} of {of} here in its {f.phase} attention calls ({what})"
     rest = [f"`{n}` {p}" + (f" ({g.phase})" if g.phase != f.phase else "") for n, g, p in said[1:]]
     return head + ("; " + ", ".join(rest) if rest else "") + "."
 
