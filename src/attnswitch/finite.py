@@ -6,8 +6,8 @@ Checked in the untimed steps only, so that no timed step does work a user's loop
 - every attention call's output, and the gradient its backward gives q, k and v (a hook on each), in the warm-up
   steps, in the untimed step that opens each backend's turn in every timing round, and in the numerics pass
   (``Watch``, an observer of ``instrument``: a device scalar per tensor, read once at the end, one sync);
-- the output of the last timed step of each turn (a logit, a hidden state, a training step's loss), kept past
-  its clock and read after the turn (``output_marks``).
+- the output of the cold step (its host time taken) and of the last timed step of each turn (a logit, a hidden
+  state, a training step's loss), kept past its clock and read after it (``output_marks``).
 
 A compiled forward's attention calls are inside its graph: only its outputs are checked, and its gradients by
 the numerics pass (a parameter's). The first value found is reported: a forward's first (later ones follow

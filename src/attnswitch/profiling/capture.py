@@ -5,7 +5,11 @@ Per backend, on the same inputs and after the same warm-up:
 2. ``warmup`` forwards, then ``iters`` timed forwards (CUDA events on a GPU, wall clock on a CPU),
    host time per forward and per attention call, peak device memory;
 3. ``iters`` profiled forwards: Kineto trace with a range per module, per attention call and per step,
-   parsed and attributed to layers.
+   parsed and attributed to layers; each attention call's shape recorded (``callshapes``).
+
+NaN or Inf (``finite``) is looked for in the cold step's output, the warm-up's attention calls and gradients,
+the untimed step opening each turn of the timing rounds and the last timed step's output of each turn (kept past
+its clock): never inside a timed step.
 """
 
 from __future__ import annotations
@@ -262,8 +266,9 @@ def _no_gc():
             gc.enable()
 
 
-def _run(target: Target, c, attn: list | None = None) -> Run:
-    """One step, the device idle before it; host time until it returns, its forwards and its calls."""
+def _run(target: Target, c, attn: list | None = None, kept: list | None = None) -> Run:
+    """One step, the device idle before it; host time until it returns, its forwards and its calls (``kept``:
+    where its output goes, to be checked after)."""
     cuda = target.device.type == "cuda"
     attn = [] if attn is None else attn
     target.sync()
@@ -271,7 +276,10 @@ def _run(target: Target, c, attn: list | None = None) -> Run:
     with instrument.measuring(host_times=attn), clock, _no_gc():
         start = _event(cuda)
         t0 = time.perf_counter()
-        target.fn(c)
+        if kept is None:
+            target.fn(c)
+        else:
+            kept.append(target.fn(c))
         host = time.perf_counter() - t0
         end = _event(cuda)
     target.sync()
@@ -292,16 +300,17 @@ def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, prof
     gc.collect()
     with recording_notes() as notes, target.context(), target.switched(name):
         rss, graphs, entries = _rss_mb(), graphs_compiled(), target.compiled_entries(name)
-        cold = _run(target, next(calls))
+        kept: list = []
+        cold = _run(target, next(calls), kept=kept)
         rss_grown = (_rss_mb() - rss) if rss is not None else None
         graphs = (graphs, graphs_compiled())
+        _gate(finite.first(finite.output_marks(kept), "the cold step"))  # its output, read now (untimed)
+        kept.clear()
         with finite.watching("the warm-up step") as watch:  # every attention call and its gradients checked
             for _ in range(warmup):
                 watch.output(target.fn(next(calls)))
         target.sync()
-        found = watch.first()
-        if found is not None:
-            raise finite.NonFiniteError(found)
+        _gate(watch.first())
         if cuda:
             for d in target.devices:
                 torch.cuda.reset_peak_memory_stats(d)
@@ -332,6 +341,12 @@ def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, prof
                       profiled_run_seconds=prof.run_seconds, trace_events=len(prof.trace.events),
                       attn_shapes=prof.shapes)
     return result
+
+
+def _gate(found) -> None:
+    """Stop measuring a candidate that gave NaN or Inf (``found``: where; None: nothing found)."""
+    if found is not None:
+        raise finite.NonFiniteError(found)
 
 
 def _compiled_fields(name: str, mode: str, result: dict, graphs: tuple[int, int], entries: tuple, prof) -> dict:
@@ -431,7 +446,8 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
 
 
 def _one_round(target: Target, name: str, n_calls: int, timed: Callable, timing: Timing) -> None:
-    """One backend's turn in a round: the switch, one untimed step, ``n_calls`` timed ones."""
+    """One backend's turn in a round: the switch, one untimed step (its attention calls watched for NaN and Inf),
+    ``n_calls`` timed ones, the last one's output checked after the turn."""
     calls = target.calls(n_calls)
     gc.collect(0)  # what the previous turn left (no collection ran in it, so all of it is young)
     kept: list = []
@@ -482,11 +498,11 @@ def _prompt_turn(target: Target, name: str, p: int, prompts: int, timed: Callabl
 
 def _timed_wall(target: Target, c) -> float:
     t0 = time.perf_counter()
-    out = target.fn(c)
-    ms = (time.perf_counter() - t0) * 1e3
-    if target.kept is not None:  # (its output freed after the clock, in every step alike)
-        target.kept.append(out)
-    return ms
+    if target.kept is None:
+        target.fn(c)
+    else:  # the last step of a turn: its output kept, checked after the turn
+        target.kept.append(target.fn(c))
+    return (time.perf_counter() - t0) * 1e3
 
 
 def _timed_on_gpus(target: Target, c) -> float:
@@ -498,13 +514,14 @@ def _timed_on_gpus(target: Target, c) -> float:
     ends = [torch.cuda.Event(enable_timing=True) for _ in streams]
     for e, s in zip(starts, streams):
         e.record(s)
-    out = target.fn(c)
+    if target.kept is None:
+        target.fn(c)
+    else:  # the last step of a turn: its output kept, checked after the turn
+        target.kept.append(target.fn(c))
     for e, s in zip(ends, streams):  # nothing but the records between the forward and its end events
         e.record(s)
     for e in ends:
         e.synchronize()
-    if target.kept is not None:  # (its output freed after the clock, in every step alike)
-        target.kept.append(out)
     return max(a.elapsed_time(b) for a, b in zip(starts, ends))
 
 
