@@ -78,15 +78,18 @@ def peak_section(report, ordered) -> Section | None:
 
 def defects_section(report) -> Section | None:
     """The known defects (``attnswitch defects``) that bear on the report's backends, and how."""
-    rows, kinds = [], []
-    for b in report.backends:
+    merged: dict[tuple, list] = {}  # (backend, id, level) -> [match, lengths]: a sweep's shapes together
+    for b in [*report.backends, *(b for p in report.sweep for b in p.backends)]:
         for m in b.defects:
-            lengths = ", ".join(map(str, m.lengths[:6])) + (" …" if len(m.lengths) > 6 else "")
-            rows.append((b.backend, m.id, m.direction, m.effect, m.when, _LEVEL.get(m.level, m.level),
-                         lengths or "-"))
-            kinds.append("error" if m.blocks else "plain")
-    if not rows:
+            merged.setdefault((b.backend, m.id, m.level), [m, set()])[1].update(m.lengths)
+    if not merged:
         return None
+    rows, kinds = [], []
+    for (name, _, level), (m, found) in merged.items():
+        lengths = sorted(found)
+        shown = ", ".join(map(str, lengths[:6])) + (" …" if len(lengths) > 6 else "")
+        rows.append((name, m.id, m.direction, m.effect, m.when, _LEVEL.get(level, level), shown or "-"))
+        kinds.append("error" if m.blocks else "plain")
     table = drop_empty_columns(Table("", ("backend", "defect", "direction", "effect", "calls it hits", "here",
                                           "key lengths met"), tuple(rows),
                                      frozenset({"backend", "defect", "direction", "effect", "calls it hits", "here"}),
