@@ -216,7 +216,7 @@ def test_a_sweep_says_it_once_over_every_shape_first():
     d, _ = decide_sweep(points, verdicts[-1], list(points[-1].backends), work, H200_920, None, [],
                         verdicts[-1].cautions)
     first = d.reasons[0]
-    assert first.startswith("Caution on `cudnn`: pytorch#196678") and "(key lengths 1088, 1984)" in first
+    assert first.startswith("Caution on `cudnn`: pytorch#196678") and "met here at key lengths 1088, 1984" in first
     assert sum("pytorch#196678" in x for x in d.reasons) == 1 and d.cautions[0] == first
 
 
@@ -274,7 +274,7 @@ def test_a_length_mix_that_crosses_64_mod_128_under_a_matching_version_gets_the_
     report = json.loads((out / "report.json").read_text())
     assert [p["seq"] for p in report["sweep"]] == [40, 41, 43, 45, 46]
     first = report["decision"]["reasons"][0]
-    assert f"pytorch#196678 ({direction}: grad_q is NaN" in first and "(key lengths 64)" in first
+    assert f"pytorch#196678 ({direction}: grad_q is NaN" in first and "met here at key lengths 64" in first
     assert "torch 2.13.0, cuDNN 9.20.0, NVIDIA H200 (sm90)" in first
     if direction == "backward":
         assert first.startswith("Caution on `flash`:") and "this workload runs no backward" in first

@@ -357,19 +357,17 @@ def _who(name: str, m: DefectMatch) -> str:
 
 
 def _line(name: str, m: DefectMatch) -> str:
-    ref = m.id
-    what = f"{ref} ({m.direction}: {m.effect}) holds for {m.versions} at {m.when}"
-    also = f", given {m.also}" if m.also else ""
+    what = f"{m.id} ({m.direction}: {m.effect}) holds for {m.versions} at {m.when}" + (f", given {m.also}" if m.also
+                                                                                      else "")
     if m.level == "wrong":
-        return (f"{_who(name, m)} is not recommended: {what}{also}; this workload meets it (key lengths "
-                f"{_lengths_text(m.lengths)}).")
+        return f"{_who(name, m)} is not recommended: {what}; met here at key lengths {_lengths_text(m.lengths)}."
     if m.level == "unrun":
         runs = {"backward": "runs no backward", "generate": "generates nothing"}.get(m.direction, "does not run it")
-        return (f"Caution on {_who(name, m)}: {what}{also}, and meets it (key lengths {_lengths_text(m.lengths)}); "
-                f"this workload {runs}, so it does not decide this answer, but a {m.direction} with "
-                f"`{name}` at these lengths would.")
-    return (f"Caution on {_who(name, m)}: {what}{also}, lengths this comparison did not meet: measure at the "
-            "lengths you deploy.")
+        return (f"Caution on {_who(name, m)}: {what}; met here at key lengths {_lengths_text(m.lengths)}, but this "
+                f"workload {runs}, so it does not decide this answer; a {m.direction} with `{name}` at these lengths "
+                "would meet it.")
+    return (f"Caution on {_who(name, m)}: {what}, lengths this comparison did not meet: measure at the lengths you "
+            "deploy.")
 
 
 def cautions(results: Iterable) -> list[str]:
