@@ -127,8 +127,8 @@ def _summary_row(report, b) -> tuple[str, ...]:
 def _summary_kind(report, b) -> str:
     if not b.ok:
         return "note"
-    if b.numerics is not None and not b.numerics.ok:
-        return "error"
+    if (b.numerics is not None and not b.numerics.ok) or any(m.blocks for m in b.defects):
+        return "error"  # (a known defect makes it wrong here: the Known defects section says which)
     return "strong" if b.backend in (report.ties or (report.pick,)) else "plain"
 
 
