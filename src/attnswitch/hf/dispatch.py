@@ -281,10 +281,10 @@ def _measured(module, query, key, value, mask, kwargs):
                                                                                 **kwargs))
     finally:
         instrument.MEASURE.reset(token)
-    if m.observers:  # (untimed passes only): the call's causal structure as transformers meant it, mask or not
+    if m.observers:  # (untimed passes only)
         causal = kwargs.get("is_causal")
-        instrument.observe(m, where, query, key, value, mask, bool(getattr(module, "is_causal", True) if causal is None
-                                                                   else causal), kwargs.get("sliding_window"), out[0])
+        causal = getattr(module, "is_causal", True) if causal is None else causal  # as transformers meant it
+        instrument.observe(m, where, query, key, value, mask, bool(causal), kwargs.get("sliding_window"), out[0])
     return out
 
 
