@@ -215,7 +215,7 @@ def test_every_command_is_taken_by_the_command_line(block, argv, in_tmp):
         args = cli.build_parser().parse_args(argv)
     except SystemExit as e:
         pytest.fail(f"{block.where}: the parser refuses `{' '.join(argv)}` (exit {e.code})")
-    if cli.COMMANDS[args.command].options is not None:
+    if cli.COMMANDS[args.command].options is not None and cli.COMMANDS[args.command].model:
         cli._check_options(args)
 
 
@@ -235,7 +235,7 @@ QUICK = {"--num-layers": "1", "--iters": "1", "--warmup": "0", "--time-budget": 
 def runnable(argv: list[str]) -> list[str] | None:
     """``argv`` made cheap on a CPU, or None where it cannot run here (several GPUs, torchrun, inductor)."""
     args = cli.build_parser().parse_args(argv)
-    if args.command in ("env", "presets"):
+    if not cli.COMMANDS[args.command].model or args.command in ("env", "presets"):  # no model: as it is
         return argv
     if args.device_map or args.tp or (getattr(args, "compile", "none") or "none") != "none":
         return None
@@ -313,7 +313,8 @@ RUNS = _representative()
 def test_a_representative_set_of_commands_runs():
     kinds = {(argv[0], _signature(argv)[1]) for _, argv in RUNS}
     assert {("compare", "prefill"), ("compare", "generate"), ("compare", "train"), ("compare", "decode"),
-            ("profile", "prefill"), ("check", "prefill"), ("env", None), ("presets", None)} <= kinds, kinds
+            ("profile", "prefill"), ("check", "prefill"), ("env", None), ("presets", None),
+            ("defects", None)} <= kinds, kinds
     signatures = [_signature(argv) for _, argv in RUNS]
     assert any(s[3] for s in signatures) and any(s[4] for s in signatures), "a sweep and a policy per phase run"
     assert any("--prompt-lens-from" in s[2] for s in signatures)

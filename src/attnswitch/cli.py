@@ -292,6 +292,37 @@ def _env(s: Session) -> int:
     return EXIT_OK
 
 
+def _defects_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--torch", default=None, metavar="VERSION", help="match against this torch version (default: "
+                   "the installed one)")
+    p.add_argument("--cudnn", default=None, metavar="VERSION", help="this cuDNN version, 9.20 or 92000 (default: "
+                   "the one torch loads)")
+    p.add_argument("--arch", default=None, metavar="SM", help="this GPU architecture, sm90 or 9.0 (default: this "
+                   "machine's GPU)")
+
+
+def _defects(s: Session) -> int:
+    from . import defects
+
+    a = s.args
+    given = defects.Stack(defects.version_of(a.torch), defects.version_of(a.cudnn), defects.arch_of(a.arch))
+    if any(x is not None for x in (a.torch, a.cudnn, a.arch)) and None in (given.torch, given.cudnn, given.arch):
+        bad = [f for f, v, got in (("--torch", a.torch, given.torch), ("--cudnn", a.cudnn, given.cudnn),
+                                   ("--arch", a.arch, given.arch)) if v is not None and got is None]
+        if bad:
+            raise ValueError(f"{', '.join(bad)}: a version is like 2.13.0 (cuDNN: 9.20 or 92000), an architecture "
+                             "like sm90 or 9.0")
+    if None in (given.torch, given.cudnn, given.arch):  # what was not given: this machine's (torch needed)
+        from .env import environment
+
+        here = defects.stack_of(environment())
+        given = defects.Stack(given.torch or here.torch, given.cudnn or here.cudnn, given.arch or here.arch,
+                              here.gpu if a.arch is None else None)
+    for line in defects.listing_lines(given):
+        s.out.print(line, markup=False, highlight=False, soft_wrap=True)
+    return EXIT_OK
+
+
 def _presets(s: Session) -> int:
     for p in options.PRESETS.values():
         s.out.print(f"{p.name:>14}  {p.about}")
@@ -407,6 +438,7 @@ class Command:
     help: str
     options: Callable[[argparse.ArgumentParser], None] | None
     run: Callable[[Session], int]
+    model: bool = True  # its options are a model's and a measurement's, checked before torch is imported
 
 
 COMMANDS: dict[str, Command] = {
@@ -415,6 +447,8 @@ COMMANDS: dict[str, Command] = {
     "profile": Command("the per-layer profile of each backend", _profile_options(PROFILE_ITERS), _profile),
     "compare": Command("every backend ranked, numerics checked, with a recommendation", _compare_options, _compare),
     "presets": Command("list the built-in model presets", None, _presets),
+    "defects": Command("the known defects of attention kernels, and which apply here", _defects_options, _defects,
+                       model=False),
 }
 
 
@@ -532,8 +566,9 @@ def _main(argv: list[str], started: float, outcome: _Outcome, said: dict) -> int
     out = _console(width=piped_width() if piped else None, soft_wrap=piped, quiet=quiet)
     err = said["err"] = _console(stderr=True, soft_wrap=not sys.stderr.isatty(), quiet=quiet)
     try:
-        request = _check_options(args) if COMMANDS[args.command].options is not None else None
-        return COMMANDS[args.command].run(Session(args, argv, out, err, started, request, outcome))
+        cmd = COMMANDS[args.command]
+        request = _check_options(args) if cmd.options is not None and cmd.model else None
+        return cmd.run(Session(args, argv, out, err, started, request, outcome))
     except BrokenPipeError:  # printing the answer: its reader went away
         return EXIT_BROKEN_PIPE
     except options.OptionError as e:  # bad input, whenever it was found

@@ -7,6 +7,7 @@ sweep compares at several shapes and recommends per range of lengths.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import numbers
 import time
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch.nn as nn
 
-from . import options
+from . import finite, options
 from .decision import decide, decide_sweep, recommend, sweep_choice
 from .device import device_of
 from .kinds import KINDS, kind_of
@@ -47,9 +48,23 @@ def _with_numerics(results: list[BackendResult], workload: Workload, reference: 
     return out
 
 
+def _watched(around, watches: dict):
+    """``around`` (a compiled candidate's forward, or nothing) with every attention call of the candidate's own
+    runs watched for NaN and Inf (``finite``), the watches kept per candidate in ``watches``."""
+    def enter(name):
+        stack = contextlib.ExitStack()
+        if around is not None:
+            stack.enter_context(around(name))
+        watches.setdefault(name, []).append(stack.enter_context(finite.watching("the numerics pass")))
+        return stack
+    return enter
+
+
 def _checked(results: list[BackendResult], workload: Workload, reference: str, around) -> list[BackendResult]:
     names = {b.backend: str(b.candidate.uncompiled) for b in results}
     ok = [names[b.backend] for b in results if b.ok]
+    watches: dict = {}
+    around = _watched(around, watches)
     nums = numerics(workload.model, workload, ok, reference, around=around)
     results = [dataclasses.replace(b, numerics=nums[names[b.backend]])
                if isinstance(nums.get(names[b.backend]), Numerics) else b for b in results]
@@ -59,8 +74,10 @@ def _checked(results: list[BackendResult], workload: Workload, reference: str, a
         results = [dataclasses.replace(b, generate=dataclasses.replace(
             b.generate, token_agreement=agree[names[b.backend]][0], first_diff_step=agree[names[b.backend]][1]))
             if b.generate is not None and isinstance(agree.get(names[b.backend]), tuple) else b for b in results]
+    grads = grad_numerics(workload, ok, reference, around=around) if kind.grads else {}
+    found = {n: finite.first([m for w in ws for m in w.marks], "the numerics pass") for n, ws in watches.items()}
+    results = [finite.failed(b, found.get(names[b.backend])) for b in results]  # where, before the gradients say
     if kind.grads:
-        grads = grad_numerics(workload, ok, reference, around=around)
         results = [_with_grads(b, grads.get(names[b.backend])) if b.ok else b for b in results]
     return results
 
@@ -80,19 +97,21 @@ def compare(model: nn.Module, batch: Workload | dict[str, Any], *, backends: Ite
             progress: Callable[[str], None] | None = None,
             model_name: str = "", check_numerics: bool = True, command: str | None = None,
             rounds: int | None = None, profile_steps: int = 1, host_iters: int | None = None,
-            time_budget_s: float | None = None, compile: str | Iterable[str | None] | None = None) -> Report:
+            time_budget_s: float | None = None, compile: str | Iterable[str | None] | None = None,
+            deployed: Iterable[int] = ()) -> Report:
     """Profile every backend on the same workload (``profile``: its ``iters``, ``rounds`` and
     ``time_budget_s`` say how long each is timed), check numerics, rank by steady time per step with
     each backend's margin against the pick (``ranking.verdict``), and recommend one, or the tie.
     ``batch`` is a ``Workload`` (see ``workload.make_workload``: prefill, decode, generate or train) or
     a dict of forward arguments. ``compile``: ``torch.compile`` modes, as in ``profile``
     (``"default,none"``: every backend compiled and uncompiled, side by side, and the recommendation says
-    whether compiling changes the pick)."""
+    whether compiling changes the pick). ``deployed``: lengths a deployment meets besides the measured one, at
+    which the known defects are checked too (``defects``: a backend they make wrong there is never recommended)."""
     if isinstance(batch, dict):
         batch = Workload.of(model, batch)
     report = profile(model, batch, backends=backends, warmup=warmup, iters=iters, trace_dir=trace_dir,
                      progress=progress, model_name=model_name, rounds=rounds, profile_steps=profile_steps,
-                     host_iters=host_iters, time_budget_s=time_budget_s, compile=compile)
+                     host_iters=host_iters, time_budget_s=time_budget_s, compile=compile, deployed=deployed)
     results = list(report.backends)
     settings = dict(report.settings)
     if check_numerics:
@@ -153,12 +172,14 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
                            **({"new_tokens": n, "cache": cache} if KINDS[mode].generates else {}))
              for b, s, n in shapes3]
     trace_dir = kw.pop("trace_dir", None)
+    # every length the deployment meets: each shape's, and every length of the mix (not only those measured)
+    deployed = sorted({s for _, s, _ in shapes3} | set(lengths.lengths if lengths is not None else ()))
     points, last, spent, said, verdicts = [], None, {}, [], []
     for (batch, seq, new), work in zip(shapes3, works):
         if progress:
             progress(f"batch {batch}, {'prompt' if new else 'seq'} {seq}" + (f", {new} new tokens" if new else ""))
         point = SweepPoint(batch, seq, (), new_tokens=new)
-        last = compare(model, work, progress=progress,
+        last = compare(model, work, progress=progress, deployed=deployed,
                        trace_dir=None if trace_dir is None else Path(trace_dir) / point.folder, **kw)
         points.append(dataclasses.replace(point, backends=tuple(_compact(b) for b in last.backends),
                                           ranking=last.ranking, ties=last.ties))

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from . import candidate, catalog
 from .deploy import deploy_info
 from .kinds import kind_of
-from .ranking import Verdict, against, told_apart
+from .ranking import Verdict, against, gate_cautions, told_apart
 from .recommend import ANSWER_WIDTH, name_of, reasons, sweep_lines
 from .results import BackendResult, Decision, candidates
 from .stats import paired_margin
@@ -96,6 +96,8 @@ def _headline(by: dict[str, BackendResult], v: Verdict, answer: str, pick: str, 
         tail = f" at {t}; pick `{pick}`: {rule}." if rule else f" at {t}, not told apart: any is as good here."
         return _fit(_tie_names(by, v.ties, tail), _tie_names(by, v.ties, f" at {t}; pick `{pick}`."))
     if not beaten:
+        if any(x.defects and any(m.blocks for m in x.defects) for x in by.values() if x.ok):
+            return f"Use {name_of(b)}: {t}, the only backend here that ran and no known defect rules out (below)."
         return (f"Use {name_of(b)}: {t}, the only backend here that ran"
                 + (" with acceptable numerics." if numerics else " (numerics not checked)."))
     return f"Use {name_of(b)}: {t}{margin}."
@@ -118,7 +120,8 @@ def decide(results: Iterable[BackendResult], v: Verdict, workload: Mapping | Non
                  "Name the backends to choose among.") if "eager" in v.order else
                 ("No backend ran these inputs" + (" with acceptable numerics." if numerics else "."),
                  "See the reasons in the report."))
-        return Decision("none", headline=text[0], reasons=(text[1],), cautions=v.cautions), v
+        first = tuple(c for c in gate_cautions(results) if c in v.cautions)
+        return Decision("none", headline=text[0], reasons=(*first, text[1]), cautions=v.cautions), v
     ahead = _eager_ahead(results, v)
     if ahead is not None:  # transformers' own eager, faster than every candidate
         v = against(v, results, "eager")
@@ -170,7 +173,11 @@ def decide_sweep(points, last: Verdict, results: list[BackendResult], workload: 
     """One answer over a sweep's shapes (``sweep_choice``), and the last shape's verdict re-based on it (the
     summary shows the last shape against what is deployed)."""
     pick = sweep_choice(points, serving)
-    lines = sweep_lines(points)
+    # what rules a backend out, over every shape together (each shape's lines say it of its own lengths)
+    gate = gate_cautions(b for p in points for b in p.backends)
+    said = {c for p in points for c in gate_cautions(p.backends)}
+    cautions = (*gate, *(c for c in cautions if c not in said))
+    lines = [*gate, *sweep_lines(points)]
     if pick is None:
         return Decision("none", headline="No backend ran with acceptable numerics at any measured shape.",
                         reasons=tuple(lines), cautions=cautions), last

@@ -20,14 +20,14 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from . import catalog
+from . import catalog, defects
 from .backends import kernel_family
 from .candidate import Candidate
 from .results import BackendResult, Margin, candidates
 from .stats import paired_margin
 
 __all__ = ["Verdict", "verdict", "against", "told_apart", "rank", "ranked", "busy_host", "BUSY_LOAD", "BUSY_SPREAD",
-           "BUSY_DRIFT", "BUSY_PREFIX"]
+           "BUSY_DRIFT", "BUSY_PREFIX", "gate_cautions"]
 
 #: a fixed task's time varying by more than this (median over fastest, or after over before) on the host
 BUSY_SPREAD = 1.25
@@ -65,11 +65,23 @@ class Verdict:
 
 
 def _good(b: BackendResult) -> bool:
-    """Ran, with acceptable numerics (outputs, and gradients in a training step), and, compiled, the kernel
-    it forces (``auto``'s compiled graph is only flagged: what it runs is SDPA's choice of its compile)."""
+    """Ran, with acceptable numerics (outputs, and gradients in a training step; never a NaN or Inf: such a
+    backend failed), no known defect that makes it wrong where the workload or its deployment runs
+    (``defects``), and, compiled, the kernel it forces (``auto``'s compiled graph is only flagged: what it runs
+    is SDPA's choice of its compile)."""
     return (b.ok and b.time_ms is not None and (b.numerics is None or b.numerics.ok)
             and (b.train is None or b.train.grad_ok is not False)
+            and not any(m.blocks for m in b.defects)
             and not (b.attn_mismatch and b.candidate.backend in catalog.FORCED))
+
+
+def gate_cautions(results: Iterable[BackendResult]) -> list[str]:
+    """Why a backend that ran is out whatever its time, and what it may get wrong: the known defects that bear
+    on each (those that make one wrong first), then each NaN or Inf found, with where. The answer's first lines."""
+    results = list(results)
+    lines = defects.cautions(results)
+    lines += [f"Not considered: `{b.backend}` gave {b.nonfinite.text()}." for b in results if b.nonfinite is not None]
+    return lines
 
 
 def _margins(good: list[BackendResult], ref: BackendResult) -> dict[str, Margin]:
@@ -151,7 +163,7 @@ def verdict(results: Iterable[BackendResult], host: Mapping | None = None) -> Ve
     good = sorted(filter(_good, results), key=lambda b: b.time_ms)
     by = {b.backend: b for b in good}
     cands = [b for b in good if b.backend in candidates([b.backend])]
-    cautions = list(busy_host(host, results))
+    cautions = [*gate_cautions(results), *busy_host(host, results)]
     if not cands:
         return Verdict(tuple(b.backend for b in good), (), {}, tuple(cautions))
     alias = _aliases(by)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from .backends import kernel_families, kernel_family
 from .candidate import Candidate
 from .kinds import kind_of
-from .ranking import Verdict
+from .ranking import Verdict, gate_cautions
 from .results import BackendResult, candidates
 from .stats import LEVEL, paired_margin
 
@@ -68,11 +68,13 @@ def _eager_line(by: dict[str, BackendResult], v: Verdict) -> list[str]:
 
 def reasons(results: list[BackendResult], v: Verdict, workload: dict | None = None,
             numerics: bool = True) -> list[str]:
-    """Why: the ties and the backends beaten with their intervals, what the choice assumes (a generate's
+    """Why: first what rules a backend out whatever its time (a known defect, a NaN or Inf: ``gate_cautions``),
+    then the ties and the backends beaten with their intervals, what the choice assumes (a generate's
     lengths, which phase decided it, what a new length costs), numerics, cautions, eager's place."""
     by = {b.backend: b for b in results}
     best = by[v.pick]
-    lines = [*_margin_lines(by, v), *_eager_line(by, v)]
+    gate = [c for c in gate_cautions(results) if c in v.cautions]
+    lines = [*gate, *_margin_lines(by, v), *_eager_line(by, v)]
     others = [by[n] for n in candidates(v.order) if n != v.pick]
     if best.generate is not None:
         lines += _generate_lines(best, others, workload or {})
@@ -85,7 +87,7 @@ def reasons(results: list[BackendResult], v: Verdict, workload: dict | None = No
     if not numerics:
         lines.append("Numerics not checked: no backend's output was compared with eager attention in float32.")
     lines += _compile_lines(results, candidates(v.order), by, workload or {})
-    lines += list(v.cautions)
+    lines += [c for c in v.cautions if c not in gate]
     if "eager" in by and by["eager"].ok and v.pick != "eager":
         lines.append(EAGER_NOTE)
     return lines

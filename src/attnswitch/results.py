@@ -21,19 +21,22 @@ from typing import Any
 from . import candidate, render
 from .backends import resolve_name
 from .candidate import Candidate
+from .defects import DefectMatch
+from .peak import AttnShape, PeakFigure, primary
 from .stats import Margin
 
 __all__ = ["SCHEMA_VERSION", "Margin", "LayerStats", "DeviceStats", "TransferStats", "Numerics", "GenerateStats",
-           "SlowCall", "TrainStats", "BackendResult", "SweepPoint", "Deploy", "Decision", "Report", "candidates",
-           "ANSWERS"]
+           "SlowCall", "TrainStats", "NonFinite", "AttnShape", "PeakFigure", "DefectMatch", "BackendResult",
+           "SweepPoint", "Deploy", "Decision", "Report", "candidates", "ANSWERS"]
 
 #: 2 added devices, transfers, ranks and collectives (multi-GPU); 3 workloads: generate and train stats,
 #: a phase on layer rows, sweeps; 4 rounds paired by backend, margins with intervals, ties, cautions,
 #: generate sweeps, deploy and serving, compiled candidates (compile mode, compile time, graphs,
 #: recompiles, the attention kernel seen in the graph); 5 the decision as one value (answer, pick, tie, rule,
-#: deploy, cautions) in place of the recommendation's text, ties, cautions and deploy; older versions still load
-SCHEMA_VERSION = 5
-_READABLE = (1, 2, 3, 4, 5)
+#: deploy, cautions) in place of the recommendation's text, ties, cautions and deploy; 6 the attention calls'
+#: shapes, % of peak, known defects and non-finite values per backend; older versions still load
+SCHEMA_VERSION = 6
+_READABLE = (1, 2, 3, 4, 5, 6)
 #: what a report answers: a backend to use, a tie (and which of it to deploy), keep the model's own attention,
 #: none that ran acceptably, or a model whose forward made no attention call through the switch
 ANSWERS = ("use", "tie", "keep", "none", "no-attention")
@@ -159,6 +162,22 @@ class TrainStats:
 
 
 @dataclass(frozen=True)
+class NonFinite:
+    """Where a candidate first gave NaN or Inf: ``value`` (``NaN``, ``Inf``), ``direction`` (``forward``: an
+    attention call's output or the step's; ``backward``: the gradient an attention call's backward gave q, k or
+    v, or a parameter's), ``where`` (the call site or the parameter; ``the step's output``), ``step`` (which
+    untimed step, or the timed steps' last output, found it)."""
+
+    value: str
+    direction: str
+    where: str
+    step: str
+
+    def text(self) -> str:
+        return f"{self.value} in the {self.direction} of {self.where} ({self.step})"
+
+
+@dataclass(frozen=True)
 class BackendResult:
     backend: str
     status: str  # "ok", "unavailable" or "failed"
@@ -212,6 +231,10 @@ class BackendResult:
     attn_seen_names: tuple[str, ...] = ()  # those kernels' (or ops') names
     attn_mismatch: str | None = None  # why that is not the selected backend (None: it is)
     compile_pays_after: float | None = None  # steps after which compiling has paid for itself (vs uncompiled)
+    attn_shapes: tuple[AttnShape, ...] = ()  # the attention calls as they ran, per call site (profiled pass)
+    attn_peak: tuple[PeakFigure, ...] = ()  # the attention calls against the GPU's peak, per phase
+    defects: tuple[DefectMatch, ...] = ()  # known defects (``defects.json``) that bear on it here
+    nonfinite: NonFinite | None = None  # where it gave NaN or Inf (it is then ``failed``)
 
     @property
     def ok(self) -> bool:
@@ -256,7 +279,8 @@ _CSV_COLUMNS = ["backend", "rank", "status", "timer", "time_ms", "vs_pick", "vs_
                 "attn_host_us", "attn_cold_host_us", "peak_mem_mb", "kernels", "memcpys", "memsets",
                 "attn_kernels_per_call", "attn_memcpys_per_call", "attn_gpu_us_per_call", "profiled_gpu_busy_ms",
                 "profiled_gpu_span_ms", "max_rel_err", "top1_agreement", "ttft_ms", "step_ms_p50", "tokens_per_s",
-                "token_agreement", "forward_ms", "backward_ms", "grad_max_rel_err", "reasons"]
+                "token_agreement", "forward_ms", "backward_ms", "grad_max_rel_err", "attn_achieved", "attn_unit",
+                "attn_pct_of_peak", "attn_pct_of_measured", "defects", "reasons"]
 #: the columns taken from a generate's or a training step's own results
 _CSV_GENERATE = ("ttft_ms", "step_ms_p50", "tokens_per_s", "token_agreement")
 _CSV_TRAIN = ("forward_ms", "backward_ms", "grad_max_rel_err")
@@ -273,6 +297,10 @@ def _csv_row(b: BackendResult, ranking: tuple[str, ...]) -> list:
         d[c] = getattr(b.generate, c, None) if b.generate is not None else None
     for c in _CSV_TRAIN:
         d[c] = getattr(b.train, c, None) if b.train is not None else None
+    f = primary(b.attn_peak)  # the phase with the most kernel time
+    d["attn_achieved"], d["attn_unit"] = (f.achieved, f.unit) if f else (None, None)
+    d["attn_pct_of_peak"], d["attn_pct_of_measured"] = (f.pct_spec, f.pct_measured) if f else (None, None)
+    d["defects"] = " ".join(f"{m.id}:{m.level}" for m in b.defects)
     d["reasons"] = " | ".join(b.reasons)
     return [d[c] for c in _CSV_COLUMNS]
 

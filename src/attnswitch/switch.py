@@ -233,6 +233,8 @@ def attention(
     m = instrument.current()
     if m is not None:
         out, _ = instrument.call(m, instrument.BARE_CALL, k.shape[2], backends.run, name, call)
+        if m.observers:
+            instrument.observe(m, instrument.BARE_CALL, q, k, v, attn_mask, is_causal, None, out, top_left=True)
     else:
         out, _ = backends.run(name, call)
     return out

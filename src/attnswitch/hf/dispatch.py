@@ -275,11 +275,17 @@ def _measured(module, query, key, value, mask, kwargs):
     """The call as ``attention_forward`` makes it, measured (a profiler range, host time) by the calling
     context's measurement."""
     token = instrument.MEASURE.set(None)
+    m, where = token.old_value, module_path(module)
     try:
-        return instrument.call(token.old_value, module_path(module), key.shape[2],
-                               lambda: attention_forward(module, query, key, value, mask, **kwargs))
+        out = instrument.call(m, where, key.shape[2], lambda: attention_forward(module, query, key, value, mask,
+                                                                                **kwargs))
     finally:
         instrument.MEASURE.reset(token)
+    if m.observers:  # (untimed passes only)
+        causal = kwargs.get("is_causal")
+        causal = getattr(module, "is_causal", True) if causal is None else causal  # as transformers meant it
+        instrument.observe(m, where, query, key, value, mask, bool(causal), kwargs.get("sliding_window"), out[0])
+    return out
 
 
 _FORWARD_GET = _FORWARD.get

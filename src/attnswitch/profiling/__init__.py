@@ -16,16 +16,19 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .. import candidate
+from .. import candidate, finite
 from ..backends import kernel_families, not_offered, package_of, parse_backends
 from ..backends import names as registered
+from ..defects import check as check_defects
 from ..dist import world
 from ..env import environment
 from ..hf import require_interface
+from ..peak import figures
 from ..request import Request, Steps
 from ..results import Report
 from ..switch import backend as use_backend
 from .capture import Target, frozen_heap, prepare_backend, timed_rounds
+from .ceiling import measure as measure_ceiling
 from .compiled import merged_modes, paid_back
 from .distributed import agree_ok, distribution_of, merged_report_backends
 from .host import probe
@@ -61,7 +64,38 @@ def _timed(t: Target, results: list, iters: int, rounds: int, budget_s, progress
     host.update(cpus=before["cpus"], load_before=before["load"], load_after=after["load"],
                 probe_before_ms=before["probe_ms"], probe_after_ms=after["probe_ms"], rounds=done.rounds,
                 stopped=done.stopped)
-    return [with_timing(r, done.timings[r.backend]) if r.backend in done.timings else r for r in results]
+    return [finite.failed(with_timing(r, done.timings[r.backend]), done.timings[r.backend].nonfinite)
+            if r.backend in done.timings else r for r in results]
+
+
+def _ceiling(t: Target, results: list, spent: dict) -> dict | None:
+    """The GPU's practical ceiling (``ceiling.measure``) in the dtype most attention calls ran in, once the
+    GPU is warm; None on a CPU, or where no attention call was recorded."""
+    if t.device.type != "cuda":
+        return None
+    calls: dict[str, float] = {}
+    for r in results:
+        for s in r.attn_shapes:
+            calls[s.dtype] = calls.get(s.dtype, 0) + s.calls
+    if not calls:
+        return None
+    t0 = time.perf_counter()
+    found = measure_ceiling(t.device, getattr(torch, max(calls, key=calls.get)))
+    spent["the GPU's ceiling"] = time.perf_counter() - t0
+    return found
+
+
+def _judged(results: list, env: dict, workload: dict, ceiling: dict | None, deployed) -> list:
+    """Each result with its attention calls against the GPU's peak (``peak.figures``) and the known defects
+    that bear on it (``defects.check``: its own calls, or, compiled, those another candidate recorded of the
+    same model, at every ``deployed`` length too)."""
+    recorded = next((r.attn_shapes for r in results if r.attn_shapes), ())
+    out = []
+    for r in results:
+        fig = figures(r.layers, r.attn_shapes, env.get("gpu"), ceiling) if r.ok else ()
+        found = check_defects(r, env, workload, tuple(deployed or ()), shapes=r.attn_shapes or recorded)
+        out.append(dataclasses.replace(r, attn_peak=fig, defects=found) if fig or found else r)
+    return out
 
 
 def _prepared(t: Target, names: list[str], progress, spent: dict, **kw) -> list:
@@ -150,7 +184,8 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
             backends: Iterable[str] | str | None = None, warmup: int | None = None, iters: int | None = None,
             trace_dir: str | Path | None = None, progress: Callable[[str], None] | None = None,
             model_name: str = "", rounds: int | None = None, profile_steps: int = 1, host_iters: int | None = None,
-            time_budget_s: float | None = None, compile: str | Iterable[str | None] | None = None) -> Report:
+            time_budget_s: float | None = None, compile: str | Iterable[str | None] | None = None,
+            deployed: Iterable[int] = ()) -> Report:
     """Profile forwards of ``target`` under each backend; returns a ``Report``.
 
     ``target`` is a model (with ``batch``, a dict of forward arguments or a ``Workload``) or any
@@ -178,7 +213,9 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     ``"max-autotune"``, ``"none"`` or None: uncompiled), one or several (``"default,none"``): each compiled
     candidate is named after its backend (``flash+compile``) and reports its compile time (a one-off cost),
     the graphs it compiled and recompiled, and the attention kernel its graph ran (``attn_seen``, with
-    ``attn_mismatch`` where that is not the backend selected).
+    ``attn_mismatch`` where that is not the backend selected). Each backend's attention calls are set against the
+    GPU's peak (``attn_peak``; ``settings["ceiling"]``) and the known defects (``defects``; also at every
+    ``deployed`` length); NaN or Inf fails it (``nonfinite``, ``finite``).
     """
     t_start, spent, host = time.perf_counter(), {}, {}
     t = Target.of(target, batch)
@@ -194,18 +231,30 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
         spent["collecting garbage"] = time.perf_counter() - t0  # once, before everything alive is frozen
         runs = _prepared_modes(t, modes, names, progress, spent, warmup=warmup, iters=host_iters, trace_dir=trace_dir,
                                profile_steps=profile_steps)
-        results = paid_back(_timed(t, merged_modes(runs), iters, rounds, time_budget_s, progress, spent, host))
+        merged = merged_modes(runs)
+        ceiling = _ceiling(t, merged, spent)
+        results = paid_back(_timed(t, merged, iters, rounds, time_budget_s, progress, spent, host))
     if world() is not None:  # tensor parallelism: every rank's results, merged, on every rank
         results = merged_report_backends(results, trace_dir)
     spent["total"] = time.perf_counter() - t_start
     settings = dict(warmup=warmup, iters=iters, rounds=rounds, host_iters=host_iters, profile_steps=profile_steps,
                     time_budget_s=time_budget_s, host=host, time_s={k: round(v, 3) for k, v in spent.items()})
+    return _report(t, results, settings, modes, backends, ceiling, deployed, _name(model_name, t, target), placed)
+
+
+def _report(t: Target, results: list, settings: dict, modes, backends, ceiling: dict | None, deployed,
+            name: str, placed: dict | None) -> Report:
+    """The report: each result judged (``_judged``); the compile modes, what "all" left out and the ceiling among
+    the settings."""
     if modes != (None,):
         settings["compile"] = [m or "none" for m in modes]
     if backends is None or backends == "all":  # what "all" leaves out here, and why: a report says so
         settings["not_offered"] = not_offered(t.device)
-    return Report(tuple(results), environment(t.device), _workload_info(t), settings,
-                  model=_name(model_name, t, target), distribution=placed)
+    if ceiling is not None:
+        settings["ceiling"] = ceiling
+    env, work = environment(t.device), _workload_info(t)
+    return Report(tuple(_judged(results, env, work, ceiling, deployed)), env, work, settings, model=name,
+                  distribution=placed)
 
 
 def _name(model_name: str, t: Target, target) -> str:

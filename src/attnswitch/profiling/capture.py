@@ -5,7 +5,11 @@ Per backend, on the same inputs and after the same warm-up:
 2. ``warmup`` forwards, then ``iters`` timed forwards (CUDA events on a GPU, wall clock on a CPU),
    host time per forward and per attention call, peak device memory;
 3. ``iters`` profiled forwards: Kineto trace with a range per module, per attention call and per step,
-   parsed and attributed to layers.
+   parsed and attributed to layers; each attention call's shape recorded (``callshapes``).
+
+NaN or Inf (``finite``) is looked for in the cold step's output, the warm-up's attention calls and gradients,
+the untimed step opening each turn of the timing rounds and the last timed step's output of each turn (kept past
+its clock): never inside a timed step.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import torch
 import torch.nn as nn
 from torch.autograd.profiler import record_function
 
-from .. import candidate, dist, instrument, stderr
+from .. import candidate, dist, finite, instrument, stderr
 from ..backends import recording_notes, resolve_name
 from ..device import default_device, device_of, devices_of, sync
 from ..errors import BackendUnavailable, UnsupportedModel
@@ -41,6 +45,7 @@ from ..stats import median
 from ..switch import backend as use_backend
 from ..workload import Workload
 from .attribution import attribute
+from .callshapes import ShapeRecorder
 from .clock import ForwardClock, annotate_phases
 from .compiled import attention_seen, compiled_forward, graphs_compiled, mismatch
 from .occupancy import device_limits
@@ -98,6 +103,9 @@ class Target:
     def __init__(self, fn: Callable[..., Any], calls: Callable[[int], Iterator], model: nn.Module | None,
                  device: torch.device, workload: Workload | None = None, compile: str | None = None):
         self.fn, self.calls, self.model, self.device, self.workload = fn, calls, model, device, workload
+        #: where a timed step puts its output once its clock has stopped (None: nowhere): the last step of each
+        #: turn keeps it, checked for NaN and Inf after the turn, untimed
+        self.kept: list | None = None
         self.compile = compile if model is not None else None  # a torch.compile mode: every step runs compiled
         # every GPU the model's weights are on (several under accelerate's device_map); the inputs go to
         # ``device``, the first one
@@ -172,15 +180,16 @@ class Target:
         """A generate's prompts (one step each in its timing rounds); 1 for the other workloads."""
         return len(self.workload.prompts) if self.kind.generates else 1
 
-    def rewarm(self, prompt: int = 0) -> None:
+    def rewarm(self, prompt: int = 0):
         """One step after a switch, untimed: for a generate, prompt ``prompt`` with two new tokens (its
         prefill and a decode step, both phases' first calls after the switch; every shape and cache was
-        warmed by the prepared pass, and a whole workload would add seconds per round)."""
+        warmed by the prepared pass, and a whole workload would add seconds per round). Returns its output."""
         if self.kind.generates:
-            self.workload.prompt(prompt, new_tokens=2).step()
+            out = self.workload.prompt(prompt, new_tokens=2).step()
         else:
-            self.fn(next(self.calls(1)))
+            out = self.fn(next(self.calls(1)))
         self.sync()
+        return out
 
     def profiled_steps(self, n: int) -> tuple[Callable, list]:
         """The step function and the arguments of the profiled pass: a warm-up step's, then those of the
@@ -193,13 +202,15 @@ class Target:
 
 @dataclass(frozen=True)
 class Profiled:
-    """One profiled pass: its trace (written to ``path``), attributed rows, and what it cost."""
+    """One profiled pass: its trace (written to ``path``), attributed rows, and what it cost; the attention calls'
+    shapes its kept steps ran."""
 
     path: Path
     trace: Trace
     rows: dict
     parse_seconds: float  # reading and attributing the trace
     run_seconds: float  # the profiled forwards, the profiler's own collection included
+    shapes: tuple = ()  # peak.AttnShape per call site
 
 
 def _release(dev: torch.device) -> None:
@@ -259,8 +270,9 @@ def _no_gc():
             gc.enable()
 
 
-def _run(target: Target, c, attn: list | None = None) -> Run:
-    """One step, the device idle before it; host time until it returns, its forwards and its calls."""
+def _run(target: Target, c, attn: list | None = None, kept: list | None = None) -> Run:
+    """One step, the device idle before it; host time until it returns, its forwards and its calls (``kept``:
+    where its output goes, to be checked after)."""
     cuda = target.device.type == "cuda"
     attn = [] if attn is None else attn
     target.sync()
@@ -268,7 +280,10 @@ def _run(target: Target, c, attn: list | None = None) -> Run:
     with instrument.measuring(host_times=attn), clock, _no_gc():
         start = _event(cuda)
         t0 = time.perf_counter()
-        target.fn(c)
+        if kept is None:
+            target.fn(c)
+        else:
+            kept.append(target.fn(c))
         host = time.perf_counter() - t0
         end = _event(cuda)
     target.sync()
@@ -289,12 +304,17 @@ def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, prof
     gc.collect()
     with recording_notes() as notes, target.context(), target.switched(name):
         rss, graphs, entries = _rss_mb(), graphs_compiled(), target.compiled_entries(name)
-        cold = _run(target, next(calls))
+        kept: list = []
+        cold = _run(target, next(calls), kept=kept)
         rss_grown = (_rss_mb() - rss) if rss is not None else None
         graphs = (graphs, graphs_compiled())
-        for _ in range(warmup):
-            target.fn(next(calls))
+        _gate(finite.first(finite.output_marks(kept), "the cold step"))  # its output, read now (untimed)
+        kept.clear()
+        with finite.watching("the warm-up step") as watch:  # every attention call and its gradients checked
+            for _ in range(warmup):
+                watch.output(target.fn(next(calls)))
         target.sync()
+        _gate(watch.first())
         if cuda:
             for d in target.devices:
                 torch.cuda.reset_peak_memory_stats(d)
@@ -322,8 +342,15 @@ def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, prof
         limits = device_limits(target.device) if cuda else None
         result.update(backend_fields(prof.trace, prof.rows, cuda=cuda, limits=limits, peaks=peaks, rank=dist.rank()),
                       trace_path=str(prof.path), trace_seconds=prof.parse_seconds,
-                      profiled_run_seconds=prof.run_seconds, trace_events=len(prof.trace.events))
+                      profiled_run_seconds=prof.run_seconds, trace_events=len(prof.trace.events),
+                      attn_shapes=prof.shapes)
     return result
+
+
+def _gate(found) -> None:
+    """Stop measuring a candidate that gave NaN or Inf (``found``: where; None: nothing found)."""
+    if found is not None:
+        raise finite.NonFiniteError(found)
 
 
 def _compiled_fields(name: str, mode: str, result: dict, graphs: tuple[int, int], entries: tuple, prof) -> dict:
@@ -351,6 +378,8 @@ def prepare_backend(target: Target, name: str, *, warmup: int = 1, iters: int = 
         return BackendResult(**_measure(target, name, warmup, iters, trace_dir, profile_steps))
     except BackendUnavailable as e:
         return BackendResult(name, "unavailable", tuple(e.reasons), e.where)
+    except finite.NonFiniteError as e:
+        return finite.failed(BackendResult(name, "ok"), e.found)
     except UnsupportedModel:
         raise
     except torch.OutOfMemoryError as e:
@@ -490,6 +519,7 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
                 pace.deadline = clock() + (budget_s if budget_s is not None else min(clock() - pace.t0, BUDGET_CAP_S))
             active, stopped = still_open(timings, active, out_of_time=clock() >= pace.deadline,
                                          capped=r >= MAX_ROUNDS)
+            active = [n for n in active if timings[n].nonfinite is None]  # (it fails: timed no further)
             pace.active = active
             if active and not fits(pace.next_round(), pace.deadline - clock()):  # it would end past the budget
                 active, stopped = [], "budget"
@@ -516,16 +546,24 @@ def _round(target: Target, active: list[str], r: int, prompts: int, n_calls: int
 
 def _one_round(target: Target, name: str, n_calls: int, timed: Callable, timing: Timing,
                step: Callable = contextlib.nullcontext) -> None:
-    """One backend's turn in a round: the switch, one untimed step, ``n_calls`` timed ones (``step``: around
-    the untimed one, as ``timed`` is around each timed one)."""
+    """One backend's turn in a round: the switch, one untimed step (its attention calls watched for NaN and Inf),
+    ``n_calls`` timed ones, the last one's output checked after the turn (``step``: around the untimed one, as
+    ``timed`` is around each timed one)."""
     calls = target.calls(n_calls)
     gc.collect(0)  # what the previous turn left (no collection ran in it, so all of it is young)
+    kept: list = []
     with target.switched(name), _no_gc():
-        with step():
-            target.rewarm()  # after the other backends ran
-        for _ in range(n_calls):
-            timing.samples.append(timed(target, next(calls)))
+        with step(), finite.watching("an untimed step of the timing rounds") as watch:
+            watch.output(target.rewarm())  # after the other backends ran
+        try:
+            for i in range(n_calls):
+                target.kept = kept if i == n_calls - 1 else None
+                timing.samples.append(timed(target, next(calls)))
+        finally:
+            target.kept = None
     timing.units.append([median(timing.samples[-n_calls:])])
+    timing.nonfinite = timing.nonfinite or watch.first() or finite.first(finite.output_marks(kept),
+                                                                         "the last timed step of a round")
 
 
 def _prompt_turn(target: Target, name: str, p: int, prompts: int, timed: Callable, timing: Timing) -> None:
@@ -535,7 +573,8 @@ def _prompt_turn(target: Target, name: str, p: int, prompts: int, timed: Callabl
     backend has taken every prompt, their times add up to a whole-workload sample."""
     gc.collect(0)
     with target.switched(name), _no_gc():
-        target.rewarm(p)
+        with finite.watching("an untimed step of the timing rounds") as watch:
+            target.rewarm(p)
         clock = ForwardClock(target.model, target.device.type == "cuda")
         with clock:
             start = time.perf_counter()
@@ -550,6 +589,7 @@ def _prompt_turn(target: Target, name: str, p: int, prompts: int, timed: Callabl
     for k, v in figures.items():
         timing.steps[k].extend(v)
     timing.pending[p] = ms
+    timing.nonfinite = timing.nonfinite or watch.first()
     if len(timing.pending) == prompts:
         whole = sum(timing.pending.values())
         timing.samples.append(whole)
@@ -559,7 +599,10 @@ def _prompt_turn(target: Target, name: str, p: int, prompts: int, timed: Callabl
 
 def _timed_wall(target: Target, c) -> float:
     t0 = time.perf_counter()
-    target.fn(c)
+    if target.kept is None:
+        target.fn(c)
+    else:  # the last step of a turn: its output kept, checked after the turn
+        target.kept.append(target.fn(c))
     return (time.perf_counter() - t0) * 1e3
 
 
@@ -572,7 +615,10 @@ def _timed_on_gpus(target: Target, c) -> float:
     ends = [torch.cuda.Event(enable_timing=True) for _ in streams]
     for e, s in zip(starts, streams):
         e.record(s)
-    target.fn(c)
+    if target.kept is None:
+        target.fn(c)
+    else:  # the last step of a turn: its output kept, checked after the turn
+        target.kept.append(target.fn(c))
     for e, s in zip(ends, streams):  # nothing but the records between the forward and its end events
         e.record(s)
     for e in ends:
@@ -587,6 +633,7 @@ def _profiled(target: Target, name: str, n: int, trace_dir) -> Profiled:
     fn, calls = target.profiled_steps(n)
     warm, calls = calls[0], calls[1:]
     phases = annotate_phases(target.model) if kind_of(target.mode).generates else contextlib.nullcontext()
+    recorder = ShapeRecorder()  # the attention calls' shapes in the kept steps (outside their ranges)
     t_run = time.perf_counter()
     # One step traced and thrown away first (the profiler's warm-up, as PyTorch advises: its start-up
     # skews the first step it traces), then the steps kept, each a ``ProfilerStep#N`` range of the
@@ -597,9 +644,10 @@ def _profiled(target: Target, name: str, n: int, trace_dir) -> Profiled:
             torch.profiler.profile(activities=acts, schedule=schedule) as prof:
         fn(warm)
         target.sync()
-        for c in calls:
-            prof.step()
-            fn(c)
+        with instrument.measuring(observers=(recorder,)):
+            for c in calls:
+                prof.step()
+                fn(c)
         target.sync()
         prof.step()  # the last kept step ends: the trace is complete
     run_seconds = time.perf_counter() - t_run
@@ -607,7 +655,7 @@ def _profiled(target: Target, name: str, n: int, trace_dir) -> Profiled:
     path, data = _export(prof, name, trace_dir)
     trace = Trace.from_json(data, source=str(path))
     rows = attribute(trace, steps={s.step for s in trace.steps()})
-    return Profiled(path, trace, rows, time.perf_counter() - t0, run_seconds)
+    return Profiled(path, trace, rows, time.perf_counter() - t0, run_seconds, recorder.shapes(len(calls)))
 
 
 @contextlib.contextmanager

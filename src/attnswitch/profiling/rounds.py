@@ -29,6 +29,7 @@ class Timing:
     per_prompt: bool = False  # a generate's: units per prompt
     steps: dict[str, list[float]] | None = None  # a generate's: ttft, interval, host, gpu (ms); wall per workload
     pending: dict[int, float] = field(default_factory=dict)  # a generate's prompts timed since its last workload
+    nonfinite: object = None  # results.NonFinite: a NaN or Inf its untimed steps or kept outputs showed
 
     def time_ms(self) -> float | None:
         """The time the backend is ranked by: the median sample; for a generate, the sum over prompts of

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from ..kinds import kind_of
 from . import charts
 from .document import Block, Callout, Code, Figure, Heading, Section, Table, Text, drop_empty_columns
+from .gates import defects_section, headroom_text, peak_section
 
 __all__ = ["sections", "Options", "BUILDERS", "title", "about", "summary_table", "layer_table", "device_table",
            "transfer_table", "environment_table", "fold", "distribution_text", "ordered", "COMM_NOTE", "PERFETTO"]
@@ -126,8 +127,8 @@ def _summary_row(report, b) -> tuple[str, ...]:
 def _summary_kind(report, b) -> str:
     if not b.ok:
         return "note"
-    if b.numerics is not None and not b.numerics.ok:
-        return "error"
+    if (b.numerics is not None and not b.numerics.ok) or any(m.blocks for m in b.defects):
+        return "error"  # (a known defect makes it wrong here: the Known defects section says which)
     return "strong" if b.backend in (report.ties or (report.pick,)) else "plain"
 
 
@@ -318,7 +319,10 @@ def _deploy(report, opts: Options) -> Section | None:
 
 
 def _summary(report, opts: Options) -> Section:
-    blocks: list[Block] = [summary_table(report), Text(_timing_text(report), "note")]
+    blocks: list[Block] = [summary_table(report)]
+    room = headroom_text(report, ordered(report))  # under the ranking: how far from the GPU's peak
+    blocks += [room] if room is not None else []
+    blocks.append(Text(_timing_text(report), "note"))
     if distribution_text(report):
         blocks.append(Text(f"distribution: {distribution_text(report)}"))
     if report.sweep:
@@ -326,6 +330,14 @@ def _summary(report, opts: Options) -> Section:
         blocks.insert(0, Text(f"The last shape of the sweep (batch {last.batch}, seq {last.seq}), in full, against the "
                               f"sweep's pick `{report.pick}`; every shape's time is in the Sweep section.", "note"))
     return Section("Summary", tuple(blocks), key="summary")
+
+
+def _peak(report, opts: Options) -> Section | None:
+    return peak_section(report, ordered(report))
+
+
+def _defects(report, opts: Options) -> Section | None:
+    return defects_section(report)
 
 
 def _plots(report, opts: Options) -> Section | None:
@@ -553,8 +565,8 @@ def _own_time(report, opts: Options) -> Section | None:
 
 
 #: the sections of a report, in reading order
-BUILDERS: tuple[Callable[..., Section | None], ...] = (_recommendation, _deploy, _summary, _compiled, _generate,
-                                                       _train, _sweep, _plots, _layers, _not_run, _notes,
+BUILDERS: tuple[Callable[..., Section | None], ...] = (_recommendation, _deploy, _summary, _defects, _peak, _compiled,
+                                                       _generate, _train, _sweep, _plots, _layers, _not_run, _notes,
                                                        _environment, _traces, _own_time, _reproduce)
 
 
