@@ -39,8 +39,9 @@ FLAGS = {"batch": "--batch", "seq": "--seq", "dtype": "--dtype", "padding": "--p
          "prompt_len": "--prompt-len", "prompt_lens": "--prompt-lens", "lengths": "--prompt-lens-from",
          "requests": "--requests", "new_tokens": "--new-tokens", "cache": "--cache", "device": "--device",
          "layers": "--num-layers", "device_map": "--device-map", "tp": "--tp", "backends": "--backends",
-         "compile": "--compile", "out": "--out", "iters": "--iters", "rounds": "--rounds", "warmup": "--warmup",
-         "time_budget_s": "--time-budget", "compare_sweep": "`compare`"}
+         "compile": "--compile", "torch": "--torch", "cudnn": "--cudnn", "arch": "--arch", "out": "--out",
+         "iters": "--iters", "rounds": "--rounds", "warmup": "--warmup", "time_budget_s": "--time-budget",
+         "compare_sweep": "`compare`"}
 _CPU, _GPU = DEFAULTS["cpu"], DEFAULTS["cuda"]
 
 
@@ -305,13 +306,7 @@ def _defects(s: Session) -> int:
     from . import defects
 
     a = s.args
-    given = defects.Stack(defects.version_of(a.torch), defects.version_of(a.cudnn), defects.arch_of(a.arch))
-    if any(x is not None for x in (a.torch, a.cudnn, a.arch)) and None in (given.torch, given.cudnn, given.arch):
-        bad = [f for f, v, got in (("--torch", a.torch, given.torch), ("--cudnn", a.cudnn, given.cudnn),
-                                   ("--arch", a.arch, given.arch)) if v is not None and got is None]
-        if bad:
-            raise ValueError(f"{', '.join(bad)}: a version is like 2.13.0 (cuDNN: 9.20 or 92000), an architecture "
-                             "like sm90 or 9.0")
+    given = defects.asked(a.torch, a.cudnn, a.arch)
     if None in (given.torch, given.cudnn, given.arch):  # what was not given: this machine's (torch needed)
         from .env import environment
 

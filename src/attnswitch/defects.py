@@ -30,8 +30,9 @@ from importlib import resources
 
 from . import candidate, catalog
 from .kinds import kind_of
+from .options import OptionError
 
-__all__ = ["Defect", "DefectMatch", "Stack", "Met", "Listed", "table", "load", "stack_of", "applies_to",
+__all__ = ["Defect", "DefectMatch", "Stack", "Met", "Listed", "table", "load", "asked", "stack_of", "applies_to",
            "met_calls", "check", "cautions", "describe_when", "version_of", "in_range", "arch_of", "arch_name",
            "listing", "listing_lines", "LEVELS", "DIRECTIONS"]
 
@@ -180,6 +181,19 @@ def arch_of(capability) -> str | None:
         return text.replace("_", "")
     m = re.fullmatch(r"(\d+)\.(\d+)", text)
     return f"sm{m.group(1)}{m.group(2)}" if m else None
+
+
+def asked(torch=None, cudnn=None, arch=None) -> Stack:
+    """The stack a listing is asked for (each None: not given), each given value checked: ``OptionError``
+    naming the parameters that are not a version (``2.13.0``; cuDNN ``9.20`` or ``92000``) or an architecture
+    (``sm90``, ``9.0``)."""
+    stack = Stack(version_of(torch), version_of(cudnn), arch_of(arch))
+    bad = [name for name, given, got in (("torch", torch, stack.torch), ("cudnn", cudnn, stack.cudnn),
+                                         ("arch", arch, stack.arch)) if given is not None and got is None]
+    if bad:
+        raise OptionError(", ".join("{" + b + "}" for b in bad) + ": a version is like 2.13.0 (cuDNN: 9.20 or 92000), "
+                          "an architecture like sm90 or 9.0")
+    return stack
 
 
 def stack_of(environment: Mapping) -> Stack:
