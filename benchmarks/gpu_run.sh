@@ -10,6 +10,10 @@
 #   ranking    the ranking against independent loops: generate compared twice, prefill, train (RANKING narrows)
 #   gensweep   generate sweeps over prompt lengths of the 1B and 0.5B shapes (GENSWEEP narrows, GENSWEEP_LENS)
 #   compiled   every backend compiled against uncompiled (COMPILED_MODELS, COMPILED_WORKLOADS narrow them)
+#   peak       % of peak through attnswitch's profiler path against an independent CUDA-event loop
+#   startup    the command's imports split, and flex's first compile (empty and warm caches)
+#   userloop   every backend's compare step against a user's back-to-back loop (USERLOOP narrows)
+#   kinds      a backend per layer kind: Gemma-3-1B-shaped and encoder-decoder compares (KINDS narrows)
 set -u
 export PYTHONUNBUFFERED=1
 if [ -d .whl ]; then
@@ -94,5 +98,26 @@ if [[ $parts == *compiled* ]]; then
   timeout ${COMPILED_S:-420} python3 benchmarks/compiled.py $S/compiled ${COMPILED_MODELS:+--models=$COMPILED_MODELS} \
     ${COMPILED_WORKLOADS:+--workloads=$COMPILED_WORKLOADS} 2>&1 | tee $S/compiled/log.txt
   pack compiled
+fi
+if [[ $parts == *peak* ]]; then
+  mkdir -p $S/peak
+  timeout ${PEAK_S:-180} python3 -m benchmarks.peak_check $S/peak 2>&1 | tee $S/peak/log.txt
+  pack peak
+fi
+if [[ $parts == *startup* ]]; then
+  mkdir -p $S/startup
+  timeout ${STARTUP_S:-240} python3 benchmarks/startup.py --json $S/startup/startup_h200.json 2>&1 | tee $S/startup/log.txt
+  pack startup
+fi
+if [[ $parts == *userloop* ]]; then
+  mkdir -p $S/userloop
+  timeout ${USERLOOP_S:-540} python3 -m benchmarks.ranking_check $S/userloop --only=${USERLOOP:-user_loop} 2>&1 \
+    | tee $S/userloop/log.txt
+  rm -f $S/userloop/*.json.gz; pack userloop
+fi
+if [[ $parts == *kinds* ]]; then
+  mkdir -p $S/kinds
+  timeout ${KINDS_S:-540} python3 -m benchmarks.layer_kinds $S/kinds ${KINDS:+--only=$KINDS} 2>&1 | tee $S/kinds/log.txt
+  pack kinds
 fi
 ls -la $OUT
