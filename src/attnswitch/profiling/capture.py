@@ -5,7 +5,7 @@ Per backend, on the same inputs and after the same warm-up (``prepare_backend``)
 2. ``warmup`` forwards, then ``iters`` timed forwards (CUDA events on a GPU, wall clock on a CPU),
    host time per forward and per attention call, peak device memory;
 3. ``iters`` profiled forwards: Kineto trace with a range per module, per attention call and per step,
-   parsed and attributed to layers.
+   parsed and attributed to layers; CUPTI let go after it (``cupti_let_go``).
 
 Then every backend's steady step, in interleaved rounds (``timed_rounds``) whose steps are a user's loop's:
 the switch entered once around a turn, nothing of the measurement above alive (no range, hook, clock or
@@ -53,7 +53,7 @@ from .stepstats import mode_fields, prompt_units
 from .summarize import backend_fields
 from .trace import Trace
 
-__all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "frozen_heap", "Target", "Profiled",
+__all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "frozen_heap", "cupti_let_go", "Target", "Profiled",
            "PROGRESS_EVERY_S"]
 
 
@@ -659,10 +659,32 @@ def _timed_on_gpus(target: Target, calls: list, lines: frozenset[int] = frozense
     return [b - a for a, b in zip([0.0, *ends], ends)]
 
 
+#: the first CUDA release on which CUPTI comes back after a teardown with CUDA graphs in the process (before it,
+#: torch's profiler turns the teardown off where graphs are used)
+_TEARDOWN_SAFE_CUDA = (12, 6)
+
+
+def cupti_let_go() -> bool:
+    """Have Kineto detach CUPTI from the process at the end of each trace (``TEARDOWN_CUPTI=1``, which it
+    reads then, and again as its next trace starts, to attach CUPTI anew). By default Kineto leaves CUPTI
+    attached, and every CUDA call made after a trace pays for it for the rest of the process: on an H200
+    (torch 2.11, CUDA 13) a training step's host time went from 34.7 to 42 ms after one profiled step, so the
+    timing rounds, which come after the profiled passes, and a user's own loop after ``compare``, ran slower
+    wherever the host sets the pace; with the teardown, no step slowed. Left alone where the caller set the
+    variable, and before CUDA 12.6. It stays set (unset again, Kineto would start its next trace without the
+    callbacks it puts back only where the variable asks for a teardown). True where it is set."""
+    if "TEARDOWN_CUPTI" not in os.environ:
+        version = tuple(int(x) for x in (torch.version.cuda or "0.0").split(".")[:2])
+        if version >= _TEARDOWN_SAFE_CUDA:
+            os.environ["TEARDOWN_CUPTI"] = "1"
+    return os.environ.get("TEARDOWN_CUPTI") == "1"
+
+
 def _profiled(target: Target, name: str, n: int, trace_dir) -> Profiled:
     acts = [torch.profiler.ProfilerActivity.CPU]
     if target.device.type == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
+        cupti_let_go()
     fn, calls = target.profiled_steps(n)
     warm, calls = calls[0], calls[1:]
     phases = annotate_phases(target.model) if kind_of(target.mode).generates else contextlib.nullcontext()
