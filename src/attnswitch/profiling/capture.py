@@ -8,8 +8,8 @@ Per backend, on the same inputs and after the same warm-up (``prepare_backend``)
    parsed and attributed to layers; CUPTI let go after it (``cupti_let_go``).
 
 Then every backend's steady step, in interleaved rounds (``timed_rounds``) whose steps are a user's loop's:
-the switch entered once around a turn, nothing of the measurement above alive (no range, hook, clock or
-profiler), the steps back to back between CUDA events.
+the switch entered once around a turn, nothing of the measurement above alive (no range, hook or profiler),
+the steps back to back between CUDA events (on a CPU, the wall clock read between them).
 """
 
 from __future__ import annotations
