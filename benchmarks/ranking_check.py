@@ -13,7 +13,10 @@ as fast as it should?
   the forward and backward apart, and the step ``compare`` times (one untimed step after the switch, one
   timed) in the same rounds, per backend;
 - ``train_device_bound``: the same at B4 S4096 (3 rounds), where the GPU, not the host, sets every backend's
-  step.
+  step;
+- ``user_loop`` (only when named): ``benchmarks.user_loop``, the train checks' successor: every backend's
+  ranked step against a user's back-to-back loop, prefill, decode and train at three shapes, each ratio held
+  to 0.97-1.03 (under ``OUT/user_loop``).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from attnswitch.workload import make_workload
 
 from .workloads import independent_generate
 
-__all__ = ["generate_check", "prefill_check", "train_check", "independent_train", "main"]
+__all__ = ["generate_check", "prefill_check", "train_check", "independent_train", "user_loop_check", "main"]
 
 GENERATE_BACKENDS = ["auto", "flash", "cudnn", "naive-inplace", "math", "efficient"]
 TRAIN_BACKENDS = ["flash", "cudnn", "efficient", "math", "naive-inplace"]
@@ -196,13 +199,27 @@ def train_device_bound_check(out: Path) -> dict:
     return train_check(out, batch=4, seq=4096, name="train_device_bound", rounds=3)
 
 
+def user_loop_check(out: Path) -> dict:
+    """``benchmarks.user_loop`` under ``out/user_loop``: its run's record, its verdict as this check's."""
+    from . import user_loop
+
+    rc = user_loop.run(out / "user_loop")
+    run = json.loads((out / "user_loop" / "user_loop_run.json").read_text())
+    if rc:
+        raise RuntimeError(f"user loop check: {len(run['outside_band'])} ratios outside {user_loop.LOW}-"
+                           f"{user_loop.HIGH}, checks not ok: {run['failed_checks']}")
+    return run
+
+
 CHECKS = {"generate": generate_check, "prefill": prefill_check, "train": train_check,
-          "train_device_bound": train_device_bound_check}
+          "train_device_bound": train_device_bound_check, "user_loop": user_loop_check}
+#: what runs when no ``--only`` is given (``user_loop`` takes its own 7 minutes)
+DEFAULT = ["generate", "prefill", "train", "train_device_bound"]
 
 
 def main(argv=None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    only = next((a.split("=", 1)[1].split(",") for a in args if a.startswith("--only=")), list(CHECKS))
+    only = next((a.split("=", 1)[1].split(",") for a in args if a.startswith("--only=")), DEFAULT)
     out = Path(next(a for a in args if not a.startswith("--")))
     out.mkdir(parents=True, exist_ok=True)
     results = {"environment": environment(), "command": "python -m benchmarks.ranking_check " + " ".join(args)}

@@ -102,7 +102,7 @@ class _Noisy:
         self.ran.append(self.cur)
         return t
 
-    def rewarm(self):
+    def rewarm(self, prompt=0, sync=True):
         self.step_ms()
 
     def fn(self, c):

@@ -47,7 +47,7 @@ class _FakeTarget:
         finally:
             self.cur = None
 
-    def rewarm(self):
+    def rewarm(self, prompt=0, sync=True):
         self.fn(None)
 
     def fn(self, c):
@@ -309,7 +309,7 @@ def test_a_generates_noise_is_the_spread_of_prompts_measured_more_than_once():
 class _SteppedTarget(_FakeTarget):
     """A ``_FakeTarget`` whose untimed step after a switch takes as long as a timed one, as a real one does."""
 
-    def rewarm(self):
+    def rewarm(self, prompt=0, sync=True):
         self.fn(None)
         self.now += next(self.turns[self.cur]) / 1e3
 
@@ -353,3 +353,137 @@ def test_more_rounds_end_within_their_time_budget(monkeypatch):
     done = timed_rounds(t, ["a", "b"], iters=2, rounds=2, budget_s=5.0, clock=t.clock)
     assert done.stopped == "budget" and done.rounds > 2
     assert done.seconds - 4.0 <= 5.0, done.seconds  # the more rounds' time, within the budget
+
+
+# -- a turn is a user's loop: inputs made first, one untimed step, timed steps back to back ------------------
+
+class _LoggedTarget(_FakeTarget):
+    """A ``_FakeTarget`` that logs what a turn does, in order: inputs made, the switch entered and left, steps
+    (untimed ones after a switch, ``rewarm``), and waits for the device."""
+
+    def __init__(self, times: dict):
+        super().__init__(times)
+        self.log = []
+
+    def calls(self, n):
+        for _ in range(n):
+            self.log.append("input")
+            yield None
+
+    @contextlib.contextmanager
+    def switched(self, name):
+        self.log.append(f"enter {name}")
+        with super().switched(name):
+            yield
+        self.log.append("leave")
+
+    def rewarm(self, prompt=0, sync=True):
+        self.log.append("untimed")
+        self.fn(None)
+        if sync:
+            self.sync()
+
+    def fn(self, c):
+        self.log.append("step")
+        super().fn(c)
+
+    def sync(self):
+        self.log.append("sync")
+
+
+def test_a_turn_enters_the_switch_once_and_times_its_steps_back_to_back_after_one_untimed_step(monkeypatch):
+    # a user's loop: inputs ready, `with attnswitch.backend(...)` around the steps, one step, then the steps
+    # timed, nothing waiting for the device between them. Only a candidate's first untimed step is clocked
+    # alone (the device waited for), to learn how long its steps take
+    monkeypatch.setattr(capture, "_timed_wall", _fake_wall)
+    t = _LoggedTarget({"a": 10.0, "b": 12.0})
+    timed_rounds(t, ["a", "b"], iters=9, rounds=3, budget_s=0, clock=t.clock)
+    turns, turn = [], []
+    for e in t.log:
+        turn.append(e)
+        if e == "leave":
+            turns.append(turn)
+            turn = []
+    assert len(turns) == 6 and not turn
+    for i, turn in enumerate(turns):
+        first = i < 2  # each candidate's first turn
+        assert turn == ["input"] * 3 + [f"enter {'ab'[i % 2]}", "untimed", "step"] + (["sync"] if first else []) + \
+            ["step"] * 3 + ["leave"], turn
+
+
+class _Device:
+    """A fake GPU: a clock its steps advance, and CUDA events that read it (ms)."""
+
+    def __init__(self):
+        self.now, self.waits = 0.0, 0
+
+
+class _Event:
+    def __init__(self, enable_timing=False):
+        self.at, self.device = None, None
+
+    def record(self, stream=None):
+        self.device = stream
+        self.at = stream.now
+
+    def synchronize(self):
+        self.device.waits += 1
+
+    def elapsed_time(self, end):
+        assert end.device is self.device, "events of two devices subtracted"
+        return end.at - self.at
+
+
+def _gpu_target(monkeypatch, steps: list[list[float]]):
+    """A target on len(steps) fake GPUs whose i-th step takes ``steps[g][i]`` ms on GPU g (each GPU's steps
+    back to back, as a device's queue runs them)."""
+    devices = [_Device() for _ in steps]
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d: devices[d.index])
+    t = _FakeTarget({"a": 1.0})
+    t.devices = [torch.device("cuda", i) for i in range(len(steps))]
+    t.synced, n = 0, iter(range(len(steps[0])))
+
+    def fn(c):
+        i = next(n)
+        for g, d in enumerate(devices):
+            d.now += steps[g][i]
+
+    def sync():
+        t.synced += 1
+        start = max(d.now for d in devices)  # every GPU idle: the next work starts together
+        for d in devices:
+            d.now = start
+
+    t.fn, t.sync = fn, sync
+    return t, devices
+
+
+def test_steps_on_a_gpu_are_timed_by_events_between_them_with_one_wait_at_the_end(monkeypatch):
+    t, (gpu,) = _gpu_target(monkeypatch, [[10.0, 12.0, 11.0]])
+    gpu.now = 5.0  # still busy with the untimed step before: the first timed step starts when it ends
+    assert capture._timed_on_gpus(t, [None] * 3) == [10.0, 12.0, 11.0]
+    assert gpu.waits == 1 and t.synced == 0  # one wait, for the last step's end; none before or between
+
+
+def test_a_step_on_several_gpus_ends_when_its_last_gpu_ends(monkeypatch):
+    # a model spread over two GPUs: each GPU measured from its own start (idle and together at the block's
+    # start), each step ending with the later of the two
+    t, gpus = _gpu_target(monkeypatch, [[3.0, 3.0, 3.0], [5.0, 1.0, 1.0]])
+    gpus[0].now, gpus[1].now = 4.0, 7.0
+    assert capture._timed_on_gpus(t, [None] * 3) == [5.0, 1.0, 3.0]  # ends at 5, 6, 9 after the start
+    assert t.synced == 1  # made idle first, so that their starts coincide
+
+
+def test_a_line_due_inside_a_block_of_long_steps_is_said_between_them(monkeypatch):
+    # steps of 4 s, 3 of them timed in a turn: a line is due inside the block, said between two steps
+    # (where no step is timed) and planned before it, with no clock read for it inside the block
+    monkeypatch.setattr(capture, "_timed_wall", _fake_wall)
+    t = _SteppedTarget({"a": 4000.0, "b": 4000.0})
+    said = []
+    timed_rounds(t, ["a", "b"], iters=6, rounds=2, budget_s=0, clock=t.clock,
+                 progress=lambda line: said.append((t.now, line)))
+    at = [0.0] + [a for a, _ in said] + [t.now]
+    assert max(b - a for a, b in zip(at, at[1:])) <= capture.PROGRESS_EVERY_S, said
+    assert capture._Pace.lines(0.0, 4.0, 3) == {2} and capture._Pace.lines(9.995, 0.01, 100) == {0}
+    assert capture._Pace.lines(0.0, 0.01, 100) == frozenset()  # steps of milliseconds: none

@@ -168,7 +168,7 @@ def test_device_map_forward_time_against_the_wall_clock(spread):
         events, wall = [], []
         for _ in range(10):
             t.sync()
-            events.append(_timed_on_gpus(t, w.kwargs))
+            events.append(_timed_on_gpus(t, [w.kwargs])[0])
             t.sync()
             t0 = time.perf_counter()
             m(**w.kwargs)

@@ -1,5 +1,7 @@
 """Profiler attribution on a real GPU forward: counts add up, the post's findings per layer."""
 
+import os
+
 import pytest
 
 import attnswitch
@@ -9,6 +11,7 @@ from attnswitch.profiling.trace import Trace
 from attnswitch.workload import make_workload
 
 pytestmark = pytest.mark.gpu
+_TEARDOWN_BEFORE = os.environ.get("TEARDOWN_CUPTI")  # as the tests were started
 
 
 @pytest.fixture(scope="module")
@@ -73,3 +76,15 @@ def test_peak_memory_against_a_forward_measured_outside():
         outside = torch.cuda.max_memory_allocated() / 2**20
         assert abs(r[name].peak_mem_mb - outside) <= 0.05 * outside + 2, (name, r[name].peak_mem_mb, outside)
     assert r["naive"].peak_mem_mb > r["flash"].peak_mem_mb + 8  # naive keeps each layer's B·H·S² scores
+
+
+def test_every_backend_is_traced_after_cupti_was_let_go_after_the_one_before(report):
+    # Kineto detaches CUPTI after each trace (attnswitch sets TEARDOWN_CUPTI=1 where nobody did, CUDA 12.6 on)
+    # and attaches it again for the next: each of the six traces holds its steps' kernels
+    import torch
+
+    version = tuple(int(x) for x in (torch.version.cuda or "0.0").split(".")[:2])
+    if version < (12, 6):
+        pytest.skip(f"CUDA {torch.version.cuda}: CUPTI is left attached before 12.6")
+    assert os.environ.get("TEARDOWN_CUPTI") == (_TEARDOWN_BEFORE or "1")  # set by attnswitch where nobody had
+    assert len(report.ok) == 6 and all(b.kernels and b.attn_kernels_per_call for b in report.ok)

@@ -1,11 +1,16 @@
 """Running forwards per backend: unprofiled timing, then one profiled pass with module ranges.
 
-Per backend, on the same inputs and after the same warm-up:
+Per backend, on the same inputs and after the same warm-up (``prepare_backend``):
 1. the cold forward (first at this shape for this backend): host time, and host time per attention call;
 2. ``warmup`` forwards, then ``iters`` timed forwards (CUDA events on a GPU, wall clock on a CPU),
    host time per forward and per attention call, peak device memory;
 3. ``iters`` profiled forwards: Kineto trace with a range per module, per attention call and per step,
-   parsed and attributed to layers; each attention call's shape recorded (``callshapes``).
+   parsed and attributed to layers; each attention call's shape recorded (``callshapes``); CUPTI let go after it
+   (``cupti_let_go``).
+
+Then every backend's steady step, in interleaved rounds (``timed_rounds``) whose steps are a user's loop's:
+the switch entered once around a turn, nothing of the measurement above alive (no range, hook or profiler),
+the steps back to back between CUDA events (on a CPU, the wall clock read between them).
 
 NaN or Inf (``finite``) is looked for in the cold step's output, the warm-up's attention calls and gradients,
 the untimed step opening each turn of the timing rounds and the last timed step's output of each turn (kept past
@@ -54,7 +59,7 @@ from .stepstats import mode_fields, prompt_units
 from .summarize import backend_fields
 from .trace import Trace
 
-__all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "frozen_heap", "Target", "Profiled",
+__all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "frozen_heap", "cupti_let_go", "Target", "Profiled",
            "PROGRESS_EVERY_S"]
 
 
@@ -105,10 +110,10 @@ class Target:
         self.fn, self.calls, self.model, self.device, self.workload = fn, calls, model, device, workload
         #: where a timed step puts its output once its clock has stopped (None: nowhere): the last step of each
         #: turn keeps it, checked for NaN and Inf after the turn, untimed
-        self.kept: list | None = None
         self.compile = compile if model is not None else None  # a torch.compile mode: every step runs compiled
         # every GPU the model's weights are on (several under accelerate's device_map); the inputs go to
         # ``device``, the first one
+        self.kept: list | None = None  # the outputs of the steps timed on the wall clock, where kept
         self.devices = devices_of(model) if model is not None else [device]
         if device not in self.devices:
             self.devices = [device] + self.devices
@@ -180,15 +185,18 @@ class Target:
         """A generate's prompts (one step each in its timing rounds); 1 for the other workloads."""
         return len(self.workload.prompts) if self.kind.generates else 1
 
-    def rewarm(self, prompt: int = 0):
+    def rewarm(self, prompt: int = 0, sync: bool = True):
         """One step after a switch, untimed: for a generate, prompt ``prompt`` with two new tokens (its
         prefill and a decode step, both phases' first calls after the switch; every shape and cache was
-        warmed by the prepared pass, and a whole workload would add seconds per round). Returns its output."""
+        warmed by the prepared pass, and a whole workload would add seconds per round). ``sync=False``: the
+        device left busy, so that timed steps go on from it as a loop's steps go on from the one before.
+        Returns its output."""
         if self.kind.generates:
             out = self.workload.prompt(prompt, new_tokens=2).step()
         else:
             out = self.fn(next(self.calls(1)))
-        self.sync()
+        if sync:
+            self.sync()
         return out
 
     def profiled_steps(self, n: int) -> tuple[Callable, list]:
@@ -401,9 +409,11 @@ _UNKNOWN_STEP_GAP_S = 1.0
 class _Pace:
     """Where the timing rounds are, said through ``progress`` at least every ``PROGRESS_EVERY_S`` seconds
     (on ``clock``): the round, the candidates still timed, and the time left where it is known (the first
-    rounds' from the turns taken so far; the more rounds' from the budget). Before each step it says a line
-    where the step, as long as that candidate's last one, would end too late for one; before a candidate's
-    first step (of unknown length), where a second has passed since the last line."""
+    rounds' from the turns taken so far; the more rounds' from the budget). Lines are planned, not polled:
+    before a turn, from the length of the candidate's last steps, it says a line where the turn's first step
+    would end too late for one, and names the steps of its block after which one is due (none where steps
+    take milliseconds), so that a timed step reads no clock for it. Before a candidate's first step (of
+    unknown length), a line where a second has passed since the last one."""
 
     def __init__(self, progress: Callable[[str], None] | None, clock: Callable[[], float], first: int, n: int,
                  budget_s: float | None):
@@ -411,12 +421,12 @@ class _Pace:
         self.t0 = self.said = clock()
         self.turns, self.first_turns, self.round_started, self.rounds_s = 0, first * n, self.t0, []
         self.round, self.active, self.deadline, self.name = 0, [], None, ""
-        self.step_s: dict[str, float] = {}  # each candidate's last step (a rewarm, a timed step, a prompt)
+        self.step_s: dict[str, float] = {}  # each candidate's last steps (the first untimed one, then timed ones)
         self.turn_s: dict[str, float] = {}  # each candidate's last turn: what the next round will take
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
-        """One step of the candidate whose turn it is."""
+        """One step of the candidate whose turn it is, clocked: how long its steps take."""
         if self.progress is not None:
             gap, last = self.clock() - self.said, self.step_s.get(self.name)
             if gap + (last or 0.0) > PROGRESS_EVERY_S or (last is None and gap >= _UNKNOWN_STEP_GAP_S):
@@ -426,11 +436,45 @@ class _Pace:
         self.step_s[self.name] = self.clock() - t
 
     def timed(self, timed: Callable) -> Callable:
-        """``timed`` (one step, its ms) as one of the candidate's steps."""
+        """``timed`` (one step, its ms) as one of the candidate's clocked steps."""
         def step(target, c):
             with self.step():
                 return timed(target, c)
         return step
+
+    def knows(self, name: str) -> bool:
+        return name in self.step_s
+
+    def ahead(self, name: str, n: int) -> frozenset[int]:
+        """Before a turn of the candidate ``name`` whose steps are known: one untimed step, then ``n`` timed.
+        A line now where the untimed step would end too late for one; the timed steps after which one is
+        due (``_wall_block``, ``_timed_on_gpus``)."""
+        s = self.step_s[name]
+        if self.progress is None:
+            return frozenset()
+        gap = self.clock() - self.said
+        if gap + s > PROGRESS_EVERY_S:
+            self.say()
+            gap = 0.0
+        return self.lines(gap + s, s, n)
+
+    @staticmethod
+    def lines(gap: float, s: float, n: int) -> frozenset[int]:
+        """The steps of a block of ``n`` steps of ``s`` seconds each after which a line is due (0: before the
+        first), ``gap`` seconds after the last one was said."""
+        due = []
+        for i in range(n):
+            if gap + s > PROGRESS_EVERY_S:
+                due.append(i)
+                gap = 0.0
+            gap += s
+        return frozenset(due)
+
+    def block(self, name: str, n: int) -> frozenset[int]:
+        """Before a block of ``n`` timed steps right after a clocked step: the steps after which a line is due."""
+        if self.progress is None:
+            return frozenset()
+        return self.lines(self.clock() - self.said, self.step_s[name], n)
 
     def turn(self, name: str, started: float) -> None:
         self.turns += 1
@@ -474,9 +518,11 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
                  clock: Callable[[], float] = time.perf_counter,
                  progress: Callable[[str], None] | None = None) -> Rounds:
     """Steady time per step (ms) for each backend, unprofiled, in interleaved rounds so that drift (clocks,
-    temperature, other load) falls on every backend alike. On a GPU each step is timed with CUDA events,
-    on a CPU with the wall clock. Garbage is collected before each backend's turn in a round and never
-    inside it (as ``timeit`` does).
+    temperature, other load) falls on every backend alike. A backend's turn in a round is what a user's loop
+    under ``attnswitch.backend(...)`` is: the switch entered once, one untimed step, then its timed steps back
+    to back, their inputs made before (``_one_round``). On a GPU they are timed with CUDA events recorded
+    between the steps, the device synchronized once, after the last; on a CPU with the wall clock. Garbage
+    is collected before each backend's turn in a round and never inside it (as ``timeit`` does).
 
     Every backend runs ``rounds`` rounds (``iters`` steps in all). A generate workload's round is one
     prompt, every backend generating it in turn (in an order that rotates from round to round), so that
@@ -500,12 +546,12 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
     timings = {n: Timing(per_prompt=generate, steps={k: [] for k in STEP_FIGURES} if generate else None)
                for n in names}
     pace = _Pace(progress, clock, first, len(names), budget_s)
-    timed = pace.timed(_timed_on_gpus if target.device.type == "cuda" else _timed_wall)
+    block = _timed_on_gpus if target.device.type == "cuda" else _wall_block
     active, stopped, r = list(names), "fixed", 0
     with target.context():
         while active:
             pace.round, pace.active = r, active
-            _round(target, active, r, prompts, per_round[r] if r < first else max(1, per_round[-1]), timed, timings,
+            _round(target, active, r, prompts, per_round[r] if r < first else max(1, per_round[-1]), block, timings,
                    pace)
             for name in timings.keys() - set(active):
                 timings[name].units.append([])  # sat this round out: round r is every backend's round r
@@ -526,7 +572,7 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
     return Rounds(timings, r, stopped, clock() - pace.t0)
 
 
-def _round(target: Target, active: list[str], r: int, prompts: int, n_calls: int, timed: Callable,
+def _round(target: Target, active: list[str], r: int, prompts: int, n_calls: int, block: Callable,
            timings: dict[str, Timing], pace: _Pace) -> None:
     """Round ``r``: every active candidate's turn; a generate's is prompt ``r``, led by each in turn pass
     after pass."""
@@ -538,30 +584,38 @@ def _round(target: Target, active: list[str], r: int, prompts: int, n_calls: int
     for name in turn:
         started, pace.name = pace.clock(), name
         if target.mode == "generate":
-            _prompt_turn(target, name, r % prompts, prompts, timed, timings[name])
+            _prompt_turn(target, name, r % prompts, prompts, pace.timed(lambda t, p: block(t, [p])[0]),
+                         timings[name])
         else:
-            _one_round(target, name, n_calls, timed, timings[name], pace.step)
+            _one_round(target, name, n_calls, block, timings[name], pace)
         pace.turn(name, started)
 
 
-def _one_round(target: Target, name: str, n_calls: int, timed: Callable, timing: Timing,
-               step: Callable = contextlib.nullcontext) -> None:
-    """One backend's turn in a round: the switch, one untimed step (its attention calls watched for NaN and Inf),
-    ``n_calls`` timed ones, the last one's output checked after the turn (``step``: around the untimed one, as
-    ``timed`` is around each timed one)."""
-    calls = target.calls(n_calls)
+def _one_round(target: Target, name: str, n_calls: int, block: Callable, timing: Timing, pace: _Pace) -> None:
+    """One backend's turn in a round, as a user's loop runs: the switch entered once around the turn, one
+    untimed step (after the other backends ran; its attention calls watched for NaN and Inf), then ``n_calls``
+    timed steps back to back (``block``), their argument sets made before the first (a decode step's copy of its
+    cache each), the last one's output checked after the turn. The timed steps go on from the untimed one
+    without waiting for the device, as a loop's steps go on from the one before, except a candidate's first: it
+    is clocked alone (the device synchronized), which says how long its steps take."""
+    calls = list(target.calls(n_calls))
     gc.collect(0)  # what the previous turn left (no collection ran in it, so all of it is young)
     kept: list = []
     with target.switched(name), _no_gc():
-        with step(), finite.watching("an untimed step of the timing rounds") as watch:
-            watch.output(target.rewarm())  # after the other backends ran
-        try:
-            for i in range(n_calls):
-                target.kept = kept if i == n_calls - 1 else None
-                timing.samples.append(timed(target, next(calls)))
-        finally:
-            target.kept = None
-    timing.units.append([median(timing.samples[-n_calls:])])
+        with finite.watching("an untimed step of the timing rounds") as watch:
+            if pace.knows(name):
+                lines = pace.ahead(name, n_calls)
+                watch.output(target.rewarm(sync=False))
+            else:
+                with pace.step():
+                    watch.output(target.rewarm())
+                lines = pace.block(name, n_calls)
+        if 0 in lines:
+            pace.say()
+        samples = block(target, calls, lines, pace.say, kept)
+    timing.samples.extend(samples)
+    timing.units.append([median(samples)])
+    pace.step_s[name] = median(samples) / 1e3
     timing.nonfinite = timing.nonfinite or watch.first() or finite.first(finite.output_marks(kept),
                                                                          "the last timed step of a round")
 
@@ -598,38 +652,89 @@ def _prompt_turn(target: Target, name: str, p: int, prompts: int, timed: Callabl
 
 
 def _timed_wall(target: Target, c) -> float:
+    """One step on the wall clock (ms); its output appended to ``target.kept`` where that is a list."""
     t0 = time.perf_counter()
     if target.kept is None:
         target.fn(c)
-    else:  # the last step of a turn: its output kept, checked after the turn
+    else:
         target.kept.append(target.fn(c))
     return (time.perf_counter() - t0) * 1e3
 
 
-def _timed_on_gpus(target: Target, c) -> float:
-    """One forward timed with CUDA events (ms). Every GPU of the model gets a start and an end event;
-    all are idle at the start, so their starts coincide and the forward lasts until the last GPU's end.
-    (Events of two devices cannot be subtracted, so each GPU is measured from its own start.)"""
+def _wall_block(target: Target, calls: list, lines: frozenset[int] = frozenset(),
+                say: Callable[[], None] | None = None, kept: list | None = None) -> list[float]:
+    """Steps back to back on the wall clock (a CPU's): each one's ms; a line said after each step in
+    ``lines`` (``_Pace``), outside the steps' time; the last step's output appended to ``kept`` (the finiteness
+    gate reads it after the clock)."""
+    out = []
+    try:
+        for i, c in enumerate(calls, 1):
+            target.kept = kept if i == len(calls) else None
+            out.append(_timed_wall(target, c))
+            if i in lines:
+                say()
+    finally:
+        target.kept = None
+    return out
+
+
+def _timed_on_gpus(target: Target, calls: list, lines: frozenset[int] = frozenset(),
+                   say: Callable[[], None] | None = None, kept: list | None = None) -> list[float]:
+    """Steps back to back timed with CUDA events (ms each): every GPU of the model gets an event before the
+    first step and one after each; nothing runs between the steps but those records (and a line said after
+    each step in ``lines``), and nothing waits for the device until the last step's end, as in a user's loop.
+    Each step lasts from the end of the one before, the first from the events before it, recorded behind
+    whatever the device still had queued. Several GPUs are made idle first, so that their starts coincide, and
+    each step ends when its last GPU's end event fires (events of two devices cannot be subtracted, so each
+    GPU is measured from its own start). The last step's output is appended to ``kept``."""
     streams = [torch.cuda.current_stream(d) for d in target.devices if d.type == "cuda"]
-    starts = [torch.cuda.Event(enable_timing=True) for _ in streams]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in streams]
-    for e, s in zip(starts, streams):
+    last = None
+    marks = [[torch.cuda.Event(enable_timing=True) for _ in streams] for _ in range(len(calls) + 1)]
+    if len(streams) > 1:
+        target.sync()
+    fn = target.fn
+    for e, s in zip(marks[0], streams):
         e.record(s)
-    if target.kept is None:
-        target.fn(c)
-    else:  # the last step of a turn: its output kept, checked after the turn
-        target.kept.append(target.fn(c))
-    for e, s in zip(ends, streams):  # nothing but the records between the forward and its end events
-        e.record(s)
-    for e in ends:
+    for i, c in enumerate(calls, 1):
+        last = fn(c)
+        for e, s in zip(marks[i], streams):
+            e.record(s)
+        if i in lines:
+            say()
+    if kept is not None and calls:
+        kept.append(last)  # the last step's output, read after the clock (the finiteness gate)
+    for e in marks[-1]:
         e.synchronize()
-    return max(a.elapsed_time(b) for a, b in zip(starts, ends))
+    ends = [max(a.elapsed_time(b) for a, b in zip(marks[0], m)) for m in marks[1:]]
+    return [b - a for a, b in zip([0.0, *ends], ends)]
+
+
+#: the first CUDA release on which CUPTI comes back after a teardown with CUDA graphs in the process (before it,
+#: torch's profiler turns the teardown off where graphs are used)
+_TEARDOWN_SAFE_CUDA = (12, 6)
+
+
+def cupti_let_go() -> bool:
+    """Have Kineto detach CUPTI from the process at the end of each trace (``TEARDOWN_CUPTI=1``, which it
+    reads then, and again as its next trace starts, to attach CUPTI anew). By default Kineto leaves CUPTI
+    attached, and every CUDA call made after a trace pays for it for the rest of the process: on an H200
+    (torch 2.11, CUDA 13) a training step's host time went from 34.7 to 42 ms after one profiled step, so the
+    timing rounds, which come after the profiled passes, and a user's own loop after ``compare``, ran slower
+    wherever the host sets the pace; with the teardown, no step slowed. Left alone where the caller set the
+    variable, and before CUDA 12.6. It stays set (unset again, Kineto would start its next trace without the
+    callbacks it puts back only where the variable asks for a teardown). True where it is set."""
+    if "TEARDOWN_CUPTI" not in os.environ:
+        version = tuple(int(x) for x in (torch.version.cuda or "0.0").split(".")[:2])
+        if version >= _TEARDOWN_SAFE_CUDA:
+            os.environ["TEARDOWN_CUPTI"] = "1"
+    return os.environ.get("TEARDOWN_CUPTI") == "1"
 
 
 def _profiled(target: Target, name: str, n: int, trace_dir) -> Profiled:
     acts = [torch.profiler.ProfilerActivity.CPU]
     if target.device.type == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
+        cupti_let_go()
     fn, calls = target.profiled_steps(n)
     warm, calls = calls[0], calls[1:]
     phases = annotate_phases(target.model) if kind_of(target.mode).generates else contextlib.nullcontext()
