@@ -7,9 +7,10 @@ Backends are compared round by round (``stats.paired_margin``): the median of th
 ``stats.EQUIVALENT``). The candidates no other is faster than (or that are, but only through a cycle of such
 wins, which load makes) are the top; the pick is the top candidate that changes least (``catalog.PREFERENCE``:
 ``auto``, then a fused kernel, a user's, an unfused one), then the fastest of those. Every candidate not told
-apart from the pick is tied with it. An alias and the backend it ran (``auto`` that ran flash, and
-``flash``) are one kernel: tied whatever their samples say, and samples that tell them apart are a caution
-(load), never a win.
+apart from the pick is tied with it, and none faster than the pick in its paired rounds is ever called tied
+(but through a cycle, which is said). An alias and the backend it ran (``auto`` that ran flash, and ``flash``)
+are ranked as any two candidates are: the same kernel behind two host paths; where their rounds tell them
+apart, a caution says so.
 """
 
 from __future__ import annotations
@@ -110,14 +111,12 @@ def _aliases(by: dict[str, BackendResult]) -> dict[str, str]:
     return out
 
 
-def _beats(good: list[BackendResult], alias: dict[str, str]) -> dict[str, set[str]]:
-    """For each candidate, those it is decidedly faster than (an alias and its backend never beat each other)."""
-    one = {**alias, **{t: a for a, t in alias.items()}}
+def _beats(good: list[BackendResult]) -> dict[str, set[str]]:
+    """For each candidate, those it is decidedly faster than."""
     out: dict[str, set[str]] = {b.backend: set() for b in good}
     for a in good:
         for b in good:
-            if a is not b and one.get(a.backend) != b.backend and \
-                    told_apart(paired_margin(b.time_rounds_ms, a.time_rounds_ms, a.backend)):
+            if a is not b and told_apart(paired_margin(b.time_rounds_ms, a.time_rounds_ms, a.backend)):
                 out[a.backend].add(b.backend)
     return out
 
@@ -167,7 +166,7 @@ def verdict(results: Iterable[BackendResult], host: Mapping | None = None) -> Ve
     if not cands:
         return Verdict(tuple(b.backend for b in good), (), {}, tuple(cautions))
     alias = _aliases(by)
-    beats = _beats(cands, alias)
+    beats = _beats(cands)
     score = _scores(cands)
     top = _top(cands, beats)
     fastest = min(top, key=lambda b: (score[b.backend], b.time_ms))
@@ -179,12 +178,11 @@ def verdict(results: Iterable[BackendResult], host: Mapping | None = None) -> Ve
     cycled = [b.backend for b in top if pick.backend in beats[b.backend]]
     ties = [n for n in candidates(order) if n == pick.backend or n in cycled or not told_apart(margins.get(n))]
     for a, target in alias.items():
-        if a in ties or target in ties:
-            ties += [n for n in (a, target) if n not in ties and n in candidates(order)]
         m = paired_margin(by[a].time_rounds_ms, by[target].time_rounds_ms, target)
         if m is not None and m.decided and not m.equal:
-            cautions.append(f"`{a}` ran {target}'s kernels, yet measured {m.text()} of `{target}`'s time: the "
-                            "machine's load changed between them (or their host paths differ); they are held tied.")
+            cautions.append(f"`{a}` ran {target}'s kernels, yet measured {m.text()} of `{target}`'s time: the two "
+                            "reach the kernel by different host paths (transformers' sdpa call, attnswitch's own op), "
+                            "or the machine's load changed between them.")
     if cycled:
         names = ", ".join(f"`{n}`" for n in [pick.backend, *cycled])
         cautions.append(f"The paired rounds do not order {names}: each was faster than another in most rounds (their "
