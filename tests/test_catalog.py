@@ -106,3 +106,28 @@ def test_a_tie_prefers_what_changes_least():
                    key=lambda n: parse(n).preference())
     assert order[:2] == ["auto", "flash"] and order.index("my-kernel") < order.index("math")
     assert order.index("flash") < order.index("flash+compile") < order.index("naive")
+
+
+@pytest.mark.parametrize("text", [
+    "sliding_attention=flex/full_attention=flash",
+    "sliding_attention=flex/full_attention.prefill=cudnn/full_attention.decode=flash",
+    "encoder=cudnn/decoder=flash/cross=math+compile",
+    "text:sliding_attention=flex/vision=cudnn",
+])
+def test_a_backend_per_layer_kind_is_read_and_written_both_ways(text):
+    from attnswitch.candidate import Kinds, selection_of
+
+    c = parse(text)
+    assert isinstance(c.selection, Kinds) and str(c) == text and parse(str(c)) == c
+    assert selection_of(c.selection.as_dict()) == c.selection  # its mapping form is the same selection
+
+
+def test_a_phase_is_not_a_kind_and_kinds_do_not_go_inside_a_phase():
+    from attnswitch.candidate import choose, selection_of
+
+    with pytest.raises(ValueError, match="put a policy inside each kind"):
+        selection_of({"prefill": {"sliding_attention": "flex"}, "decode": "flash"})
+    sel = parse("sliding_attention=flex/full_attention.prefill=cudnn/full_attention.decode=flash").selection
+    assert [choose(sel, q, k) for q, k in ((9, "sliding_attention"), (1, "sliding_attention"), (9, "full_attention"),
+                                           (1, "full_attention"), (9, "cross"))] == ["flex", "flex", "cudnn", "flash",
+                                                                                    None]

@@ -1,10 +1,13 @@
 """A candidate: what one row of a comparison runs, as a value. The one module that reads and writes its text.
 
-A candidate is a selection (one backend, or a ``Policy``: a backend per phase) and a ``torch.compile`` mode
-(None: uncompiled). Its text, the name a report gives it, is written by ``str`` and read by ``parse``:
+A candidate is a selection (one backend; a ``Policy``: a backend per phase; or ``Kinds``: a backend, or a
+policy, per layer kind) and a ``torch.compile`` mode (None: uncompiled). Its text, the name a report gives it,
+is written by ``str`` and read by ``parse``:
 
 - ``flash``: one backend;
 - ``prefill=cudnn/decode=flash[/decode_max_query=N]``: a backend per phase (``Policy``);
+- ``sliding_attention=flex/full_attention=flash``: a backend per layer kind (``Kinds``; a kind left out runs
+  the model's own attention), ``full_attention.prefill=cudnn/full_attention.decode=flash`` a policy in a kind;
 - ``flash+compile``, ``cudnn+compile:reduce-overhead``, ``prefill=cudnn/decode=flash+compile``: compiled.
 
 A leaf without torch: the command line reads candidates before torch is imported. Names are taken as
@@ -22,7 +25,8 @@ from . import catalog
 from .compiling import MODES
 from .options import OptionError, backend_key, near
 
-__all__ = ["Candidate", "Policy", "PHASE_KEYS", "parse", "policy_of", "selection_of", "check_backends"]
+__all__ = ["Candidate", "Policy", "Kinds", "Selection", "PHASE_KEYS", "parse", "policy_of", "kinds_of",
+           "selection_of", "check_backends", "choose"]
 
 #: the keys of a policy per phase
 PHASE_KEYS = ("prefill", "decode", "decode_max_query")
@@ -59,11 +63,58 @@ class Policy:
 
 
 @dataclass(frozen=True)
-class Candidate:
-    """One row of a comparison: ``selection`` (a backend's name or a ``Policy``) compiled with ``compile``
-    (a ``torch.compile`` mode; None: uncompiled)."""
+class Kinds:
+    """A backend (or a ``Policy``) per layer kind, in the order given: ``(("sliding_attention", "flex"),
+    ("full_attention", "flash"))``. A call of a kind left out runs the model's own attention."""
 
-    selection: str | Policy
+    by_kind: tuple[tuple[str, str | Policy], ...]
+
+    def __str__(self) -> str:
+        parts = []
+        for kind, sel in self.by_kind:
+            if isinstance(sel, Policy):
+                parts += [f"{kind}.{k}={v}" for k, v in sel.as_dict().items()]
+            else:
+                parts.append(f"{kind}={sel}")
+        return "/".join(parts)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(k for k, _ in self.by_kind)
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The backends it runs, each once, in the order of the kinds."""
+        return tuple(dict.fromkeys(b for _, sel in self.by_kind
+                                   for b in (sel.backends if isinstance(sel, Policy) else (sel,))))
+
+    def of(self, kind: str | None) -> str | Policy | None:
+        """The selection of calls of ``kind`` (None: the model's own attention)."""
+        return next((sel for k, sel in self.by_kind if k == kind), None)
+
+    def as_dict(self) -> dict:
+        return {k: (sel.as_dict() if isinstance(sel, Policy) else sel) for k, sel in self.by_kind}
+
+
+Selection = str | Policy | Kinds
+
+
+def choose(sel: Selection, q_len: int, kind: str | None = None) -> str | None:
+    """The backend a selection runs for a call of ``kind`` with ``q_len`` query tokens (None: the model's own
+    attention, for a kind a ``Kinds`` leaves out)."""
+    if isinstance(sel, Kinds):
+        sel = sel.of(kind)
+    if isinstance(sel, Policy):
+        return sel.decode if q_len <= sel.decode_max_query else sel.prefill
+    return sel
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One row of a comparison: ``selection`` (a backend's name, a ``Policy`` or ``Kinds``) compiled with
+    ``compile`` (a ``torch.compile`` mode; None: uncompiled)."""
+
+    selection: str | Policy | Kinds
     compile: str | None = None
 
     def __str__(self) -> str:
@@ -89,14 +140,18 @@ class Candidate:
         return self.selection if isinstance(self.selection, Policy) else None
 
     @property
+    def kinds(self) -> Kinds | None:
+        return self.selection if isinstance(self.selection, Kinds) else None
+
+    @property
     def backend(self) -> str | None:
-        """The one backend it runs (None: a policy per phase)."""
+        """The one backend it runs (None: a policy per phase, or a backend per layer kind)."""
         return self.selection if isinstance(self.selection, str) else None
 
     @property
     def backends(self) -> tuple[str, ...]:
-        """Every backend it runs: one, or a policy's phases'."""
-        return self.selection.backends if isinstance(self.selection, Policy) else (self.selection,)
+        """Every backend it runs: one, a policy's phases', or each kind's."""
+        return self.selection.backends if not isinstance(self.selection, str) else (self.selection,)
 
     @property
     def forced_families(self) -> tuple[str, ...]:
@@ -105,8 +160,9 @@ class Candidate:
 
     @property
     def borrows(self) -> bool:
-        """Whether it runs kernels that other candidates force: SDPA's own choice, or a policy per phase."""
-        return self.policy is not None or self.selection == "auto"
+        """Whether it runs kernels that other candidates force: SDPA's own choice, a policy per phase, or a
+        backend per layer kind."""
+        return not isinstance(self.selection, str) or self.selection == "auto"
 
     def preference(self) -> int:
         """Where it stands in a tie (``catalog.PREFERENCE``): a policy by its least preferred phase, a compiled
@@ -114,16 +170,47 @@ class Candidate:
         return max(catalog.preference(b) for b in self.backends) * 2 + (self.compile is not None)
 
 
-def _policy_text(text: str, key: Callable[[str], str]) -> Policy:
+def _policy_text(text: str, key: Callable[[str], str]) -> Policy | Kinds:
+    """A policy per phase, or a backend (or policy) per layer kind, from its text."""
     fields: dict = {}
     for part in text.split("/"):
         k, eq, value = part.partition("=")
         if not eq or not k.strip() or not value.strip():
-            raise OptionError("a backend policy is written phase=backend/phase=backend (e.g. prefill=cudnn/"
-                              "decode=flash), not {given!r}", given=text)
+            raise OptionError("a backend per phase or per layer kind is written key=backend/key=backend (e.g. "
+                              "prefill=cudnn/decode=flash, sliding_attention=flex/full_attention=flash), not "
+                              "{given!r}", given=text)
         k, value = k.strip(), value.strip()
-        fields[k] = int(value) if k == "decode_max_query" and value.isdigit() else value
-    return policy_of(fields, key)
+        last = k.rpartition(".")[2]
+        fields[k] = int(value) if last == "decode_max_query" and value.isdigit() else value
+    if set(fields) <= set(PHASE_KEYS):
+        return policy_of(fields, key)
+    nested: dict = {}
+    for k, value in fields.items():
+        kind, dot, phase = k.rpartition(".")
+        if dot and phase in PHASE_KEYS:
+            nested.setdefault(kind, {})[phase] = value
+        else:
+            nested[k] = value
+    return kinds_of(nested, key)
+
+
+def kinds_of(fields: Mapping, key: Callable[[str], str] = str) -> Kinds:
+    """``Kinds`` from its mapping (kind -> a backend, or a policy's mapping), names made canonical by ``key``."""
+    out = []
+    for kind, sel in fields.items():
+        if not isinstance(kind, str) or not kind.strip() or any(c in kind for c in ",=/+"):
+            raise OptionError("a layer kind is a name without ',', '=', '/' or '+' (sliding_attention, encoder, "
+                              "...), not {given!r}", given=kind)
+        if kind in PHASE_KEYS:
+            raise OptionError("{given!r} is a phase: a backend per phase goes inside each layer kind "
+                              "({{kind: {{\"prefill\": ..., \"decode\": ...}}}}, kind.prefill=.../kind.decode=...)",
+                              given=kind)
+        out.append((kind.strip(), policy_of(sel, key) if isinstance(sel, Mapping) else
+                    Policy(key(sel.prefill), key(sel.decode), sel.decode_max_query) if isinstance(sel, Policy) else
+                    key(sel)))
+    if not out:
+        raise OptionError("a backend per layer kind names at least one kind")
+    return Kinds(tuple(out))
 
 
 def policy_of(fields: Mapping, key: Callable[[str], str] = str) -> Policy:
@@ -160,6 +247,14 @@ def _parse(text: str) -> Candidate:
     return Candidate(_policy_text(base, str) if "=" in base else base, mode)
 
 
+def _canonical(sel: Selection, key: Callable[[str], str]) -> Selection:
+    if isinstance(sel, Kinds):
+        return kinds_of(sel.as_dict(), key)
+    if isinstance(sel, Policy):
+        return Policy(key(sel.prefill), key(sel.decode), sel.decode_max_query)
+    return key(sel)
+
+
 def parse(text: str | Candidate, key: Callable[[str], str] | None = None) -> Candidate:
     """The candidate a name stands for (``OptionError`` where it is none); ``key`` makes its backend names
     canonical (an alias to its backend; an unknown name raises there)."""
@@ -168,20 +263,24 @@ def parse(text: str | Candidate, key: Callable[[str], str] | None = None) -> Can
     if not isinstance(text, str):
         raise TypeError(f"a candidate is named by a str, not {type(text).__name__}")
     c = _parse(text.strip())
-    if key is None:
-        return c
-    sel = c.selection
-    sel = Policy(key(sel.prefill), key(sel.decode), sel.decode_max_query) if isinstance(sel, Policy) else key(sel)
-    return Candidate(sel, c.compile)
+    return c if key is None else Candidate(_canonical(c.selection, key), c.compile)
 
 
-def selection_of(value, key: Callable[[str], str] = str) -> str | Policy:
-    """A selection from what a caller or a file gives: a name (or alias, through ``key``), its policy text,
-    a ``Policy`` or a policy's mapping. A compiled candidate's name is not a selection."""
-    if isinstance(value, Policy):
-        return Policy(key(value.prefill), key(value.decode), value.decode_max_query)
+def selection_of(value, key: Callable[[str], str] = str) -> Selection:
+    """A selection from what a caller or a file gives: a name (or alias, through ``key``), a policy's or a
+    per-kind selection's text, a ``Policy``, ``Kinds``, or their mapping (``{"prefill": ..., "decode": ...}``,
+    ``{"sliding_attention": "flex", "full_attention": {"prefill": ..., "decode": ...}}``). A compiled candidate's
+    name is not a selection."""
+    if isinstance(value, (Policy, Kinds)):
+        return _canonical(value, key)
     if isinstance(value, Mapping):
-        return policy_of(value, key)
+        if set(value) <= set(PHASE_KEYS) and not any(isinstance(v, Mapping) for v in value.values()):
+            return policy_of(value, key)
+        if set(value) & {"prefill", "decode"}:
+            raise OptionError("a backend per phase takes backends, and a backend per layer kind takes kinds: "
+                              "put a policy inside each kind ({{kind: {{\"prefill\": ..., \"decode\": ...}}}}), not "
+                              "kinds inside a phase")
+        return kinds_of(value, key)
     if isinstance(value, str) and "=" in value:
         return _policy_text(value.strip(), key)
     return key(value)
