@@ -182,7 +182,7 @@ def _policy_text(text: str, key: Callable[[str], str]) -> Policy | Kinds:
         k, value = k.strip(), value.strip()
         last = k.rpartition(".")[2]
         fields[k] = int(value) if last == "decode_max_query" and value.isdigit() else value
-    if set(fields) <= set(PHASE_KEYS):
+    if set(fields) & set(PHASE_KEYS):  # a policy per phase (and a misspelt phase its error names)
         return policy_of(fields, key)
     nested: dict = {}
     for k, value in fields.items():
