@@ -14,7 +14,7 @@ import torch
 from ..errors import BackendUnavailable
 from ..sites import site_name
 
-__all__ = ["Call", "validate", "unavailable", "describe", "recording_notes", "note", "repeat_kv"]
+__all__ = ["Call", "check", "validate", "unavailable", "describe", "recording_notes", "note", "repeat_kv"]
 
 
 class Call(NamedTuple):
@@ -46,12 +46,13 @@ def unavailable(name: str, call: Call, reasons: list[str]) -> BackendUnavailable
     return BackendUnavailable(name, site_name(call.where), reasons, describe(call))
 
 
-def validate(call: Call) -> None:
-    """Raise what ``F.scaled_dot_product_attention`` raises for inputs no backend takes (a
-    ``RuntimeError``, as SDPA's own checks do): differing or non-float dtypes, devices, q/k head dims,
-    a mask of another dtype or one that does not broadcast to the scores, k/v heads that do not
-    divide q's."""
-    q, k, v, mask = call.q, call.k, call.v, call.mask
+def check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+          enable_gqa: bool = True) -> None:
+    """The one check of an attention call's inputs: raise what ``F.scaled_dot_product_attention`` raises for
+    inputs no backend takes (a ``RuntimeError``, as SDPA's own checks do): q, k, v that are not 4-d
+    ``[batch, heads, seq, dim]``; differing or non-float dtypes, devices, q/k head dims; fewer k/v heads than q
+    heads without ``enable_gqa`` (transformers' calls: always grouped-query), or k/v heads that do not divide
+    q's; a mask of another dtype or one that does not broadcast to the scores."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise RuntimeError(f"expected 4-d q, k, v [batch, heads, seq, dim]; got {q.dim()}, {k.dim()}, {v.dim()} dims")
     if not (q.dtype == k.dtype == v.dtype):
@@ -65,6 +66,9 @@ def validate(call: Call) -> None:
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] or k.shape[1] != v.shape[1]:
         raise RuntimeError(f"q/k head dims and k/v lengths and heads must agree: q {tuple(q.shape)}, "
                            f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[1] != q.shape[1] and not enable_gqa:
+        raise RuntimeError(f"q has {q.shape[1]} heads and k/v {k.shape[1]}: fewer k/v heads than q heads are taken "
+                           "with enable_gqa=True only (grouped-query attention), as in scaled_dot_product_attention")
     if q.shape[1] % k.shape[1]:
         raise RuntimeError(f"Number of heads in key and value ({k.shape[1]}) must divide the number of heads in "
                            f"query ({q.shape[1]})")
@@ -80,6 +84,11 @@ def validate(call: Call) -> None:
         if not ok:
             raise RuntimeError(f"attn_mask of shape {tuple(mask.shape)} does not broadcast to the attention scores "
                                f"{list(scores)}")
+
+
+def validate(call: Call) -> None:
+    """``check`` of a call as transformers makes it (k/v heads fewer than q's: grouped-query attention)."""
+    check(call.q, call.k, call.v, call.mask)
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:

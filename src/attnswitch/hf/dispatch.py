@@ -1,17 +1,17 @@
 """The functions attnswitch writes into transformers' registries and its attention lookup, and the
 per-forward guard.
 
-A forward of a selected model reads its selection once, at its start (``Forward``); each attention
-call of a module that model alone owns takes it from there, while the calling context's selection is
-the one the forward started in. Every other call asks the calling context which backend is selected
-for the calling module (``selection``); with none selected (another thread, another model, outside
-any context) it runs exactly what the model would have run: the registry's original for its key, or its
-own eager function, which transformers' lookup (``get_interface``) passes along. Inside a backward, a
-call no forward is running for is a recompute, and runs its forward's backend (``recompute``). Every
-forward of a selected model counts the attention calls that went through the selected backend: a forward
-that made none, while the model has attention layers, raises ``UnsupportedModel``, and the model's first
-switched forward is watched for attention outside the interface (``observe``): a switch must never
-silently change nothing.
+Every forward of a model, while any switch is active, reads its selection once, at its start (``Forward``),
+and says whose calls run inside it (``selection``: the models its model is part of). Each attention call of a
+module those models own takes the forward's selection from there, while the calling context's selection is
+the one the forward started in; every other call asks the rules, with the forward's models. With none
+selected (another thread, a model no switch names, outside any context) a call runs exactly what the model
+would have run: the registry's original for its key, or its own eager function, which transformers' lookup
+(``get_interface``) passes along. Inside a backward, a call no forward is running for is a recompute, and
+runs its forward's backend (``recompute``). Every forward of a selected model counts the attention calls
+that went through the selected backend: a forward that made none, while the model has attention layers,
+raises ``UnsupportedModel``, and the model's first switched forward is watched for attention outside the
+interface (``observe``): a switch must never silently change nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ..backends.naive import causal_mask
 from ..backends.sdpa import COMMON_OPS, auto_reasons
 from ..errors import BackendUnavailable, UnsupportedModel
 from ..sites import module_path, site_name
-from . import observe, recompute, registries, selection
+from . import observe, owners, recompute, record, registries, selection
 from .interface import attention_modules, expects_attention, model_eager_function
 
 __all__ = ["attention_forward", "mask_forward", "get_interface", "guarded_call", "new_forward", "run_backend",
@@ -38,19 +38,21 @@ __all__ = ["attention_forward", "mask_forward", "get_interface", "guarded_call",
 
 
 class Forward:
-    """A forward of a selected model: the state it started in (None once it has returned: a context
-    copied during it may outlive it), the ids of the modules whose calls take the model's selection (a
-    live set, ``selection.for_forward``), the selection, the backend's common op (None: every call takes
-    the general path), the attention calls that went through the selection so far, and the model (None once
-    returned) with what attnswitch knows of it."""
+    """A forward running while a switch is active: the state it started in (None once it has returned: a
+    context copied during it may outlive it), the models its calls belong to (``selection.call_models``), the
+    ids of the modules whose calls take its selection straight (a live set, ``selection.for_forward``), the
+    selection (None: its model is not selected), the backend's common op (None: every call takes the general
+    path), the attention calls that went through the selection so far, and the model where attnswitch knows
+    it (None once returned) with what it knows of it."""
 
-    __slots__ = ("state", "modules", "sel", "op", "calls", "wrap", "model", "info", "watch")
+    __slots__ = ("state", "models", "modules", "sel", "op", "calls", "wrap", "model", "info", "watch")
 
-    def __init__(self, state, modules: set, sel, op, model=None, info=None):
-        self.state, self.modules, self.sel, self.op, self.calls = state, modules, sel, op, 0
+    def __init__(self, state, sel, models: tuple, modules, op=None, model=None, info=None):
+        self.state, self.sel, self.models, self.modules, self.op, self.calls = state, sel, models, modules, op, 0
         #: whether the lookup hands out more than the entry: the module's own eager function (where a call may run
         #: ``eager`` or ``eager-fp32``), or the entry with the watch off (``observe``)
-        self.wrap = (sel in MODEL_LEVEL) if sel.__class__ is str else bool({sel.prefill, sel.decode} & MODEL_LEVEL)
+        self.wrap = sel is not None and ((sel in MODEL_LEVEL) if sel.__class__ is str
+                                         else not MODEL_LEVEL.isdisjoint(selection.backends_of(sel)))
         self.model, self.info, self.watch = model, info, None
 
 
@@ -146,8 +148,8 @@ def _unselected(module, query, key, value, mask, kwargs):
     fn = registries.original("attention", key_name) if key_name is not None else None
     if fn is None:
         fn = _OWN.get() or model_eager_function(module)
-    if config is not None and key_name != "sdpa" and selection.selected_for_config(config) is not None:
-        # its config is shared with a model selected here, so transformers built that backend's masks for it
+    if config is not None and key_name != "sdpa" and _masks_selection(config) is not None:
+        # transformers built its masks for a selected backend (its forward's, or a model's sharing its config)
         if key_name in (None, "eager"):
             if mask is None or mask.dtype == torch.bool:
                 mask = additive_mask(mask, query, key, _causal(module, query, mask, kwargs.get("is_causal")),
@@ -157,6 +159,15 @@ def _unselected(module, query, key, value, mask, kwargs):
                                f"attention implementation {key_name!r} builds its own masks; give each model its "
                                "own config (copy.deepcopy(config))")
     return fn(module, query, key, value, mask, **kwargs)
+
+
+def _masks_selection(config):
+    """The selection transformers' masks were made for in the calling context: the running forward's (its own
+    masks where its model is not selected), else that of the models sharing ``config``."""
+    fwd = _FORWARD_GET()
+    if fwd is not None and fwd.state is not None:
+        return fwd.sel
+    return selection.selected_for_config(config)
 
 
 #: transformers' arguments that make a call other than the common one (where present and not None)
@@ -179,7 +190,7 @@ def _dispatch(sel, fwd: Forward | None, module, query, key, value, mask, kw: dic
         return _unselected(module, query, key, value, mask, kw)
     if fwd is not None and fwd.state is not None:
         fwd.calls += 1
-    name = sel if sel.__class__ is str else selection.choose(sel, query.shape[2])
+    name = sel if sel.__class__ is str else selection.choose(sel, query.shape[2], module)
     if name in _SPECIAL:
         return _special(name, module, query, key, value, mask, kw)
     # The same reading of transformers' arguments as its sdpa function: causal only without a mask and
@@ -217,8 +228,8 @@ def _adopted(fwd: Forward, module):
     if module in info.strangers:
         return None
     model, fwd.model = fwd.model, None
-    selection.rescan(model, info)
-    sel = selection.selected(module)
+    owners.rescan(model, info)
+    sel = selection.selected(module, fwd.models)
     if sel is None:  # not one of its modules (a module its forward calls, say): not read again for it
         info.strangers.add(module)
     return sel
@@ -251,7 +262,7 @@ def attention_forward(module, query, key, value, attention_mask, **kwargs):
     if _MEASURE() is not None:
         return _measured(module, query, key, value, attention_mask, kwargs)
     if fwd is None or id(module) not in fwd.modules or _STATE_GET() is not fwd.state:
-        return _dispatch(selection.selected(module), fwd, module, query, key, value, attention_mask, kwargs)
+        return _dispatch(_selected(module, fwd), fwd, module, query, key, value, attention_mask, kwargs)
     op = fwd.op
     if op is not None and attention_mask is None and (_RARE.isdisjoint(kwargs) or not _rare(kwargs)):
         qs, ks = query.shape, key.shape
@@ -282,8 +293,13 @@ def _measured(module, query, key, value, mask, kwargs):
         instrument.MEASURE.reset(token)
 
 
+def _selected(module, fwd: Forward | None):
+    """The selection for a call of ``module`` in the calling context, ``fwd`` the forward running there."""
+    return selection.selected(module, None if fwd is None or fwd.state is None else fwd.models)
+
+
 _FORWARD_GET = _FORWARD.get
-_STATE_GET = selection.STATE.get
+_STATE_GET = record.STATE.get
 _MEASURE = instrument.MEASURE.get
 
 
@@ -348,29 +364,33 @@ def mask_forward(*args, config=None, **kwargs):
     mask transformers makes for eager where that backend is ``eager`` (or ``eager-fp32``), else SDPA's
     (boolean, or None where ``is_causal`` suffices: each backend takes that form); otherwise what the
     registry held for the config's key."""
-    sel = selection.selected_for_config(config) if config is not None else None
+    fwd = _FORWARD_GET()
+    if fwd is not None and fwd.state is not None:
+        sel = fwd.sel  # the masks of the model whose forward runs (its own where it is not selected)
+    else:
+        sel = selection.selected_for_config(config) if config is not None else None
     if sel is None:
         fn = registries.original("masks", getattr(config, "_attn_implementation", None) or "sdpa")
     else:
-        name = sel if sel.__class__ is str else selection.choose(sel, kwargs.get("q_length", 2))
+        name = selection.choose(sel, kwargs.get("q_length", 2))
         fn = (name in MODEL_LEVEL and registries.original("masks", "eager")) or registries.original("masks", "sdpa")
     return fn(*args, config=config, **kwargs)
 
 
 # -- the per-forward guard --------------------------------------------------------------------------
 
-def new_forward(model: nn.Module) -> Forward | None:
-    """What a forward of ``model`` starting now in the calling context runs with; None: not selected."""
-    found = selection.for_forward(model)
-    if found is None:
-        return None
-    state, sel, modules, info = found
-    return Forward(state, modules, sel, COMMON_OPS.get(sel) if sel.__class__ is str else None, model, info)
+def new_forward(model: nn.Module) -> Forward:
+    """What a forward of ``model`` starting now in the calling context runs with."""
+    state, sel, models, modules, info = selection.for_forward(model)
+    if sel is None:
+        return Forward(state, None, models, modules)
+    return Forward(state, sel, models, modules, COMMON_OPS.get(sel) if sel.__class__ is str else None,
+                   model if info is not None else None, info)
 
 
 def traced_call(model: nn.Module, args, kwargs):
     """A forward inside ``torch.compile``'s trace (``hf.compiled`` has its twin, the one traced)."""
-    return (registries.original_call() or nn.Module.__call__)(model, *args, **kwargs)
+    return (registries.original_call() or nn.Module._call_impl)(model, *args, **kwargs)
 
 
 _COMPILING = torch.compiler.is_compiling
@@ -380,28 +400,32 @@ TRACED: set[int] = set()
 
 
 def _traced(model: nn.Module) -> bool:
-    info = selection.info_of(model)
+    info = owners.info_of(model)
     return info is not None and info.token in TRACED
 
 
 def guarded_call(self: nn.Module, *args, **kwargs):
-    """``PreTrainedModel.__call__`` while any switch is active: reads the model's selection for the
-    forward, counts the forward's attention calls, watches the model's first one for attention outside the
-    interface, and leaves a record for its recompute in backward (traced: the compiled code's guards read
-    the selection, ``hf.compiled``)."""
+    """``PreTrainedModel._call_impl`` (what a model's call runs) while any switch is active: reads the model's
+    selection for the forward and says whose calls run in it, counts the forward's attention calls, watches the
+    model's first one for attention outside the interface, and leaves a record for its recompute in backward
+    (traced: the compiled code's guards read the selection, ``hf.compiled``)."""
     if _COMPILING():
         return traced_call(self, args, kwargs)
-    call = registries.original_call() or nn.Module.__call__
-    outer = _FORWARD.get()
-    fwd = None if outer is not None and outer.state is not None else new_forward(self)
-    if fwd is None:  # a forward inside a counted one, or not switched
-        if outer is None and recompute.LIVE and _GRAD_ON():
-            return _unswitched_recordable(self, call(self, *args, **kwargs))
-        return call(self, *args, **kwargs)
-    info = fwd.info
-    watch = None if info.observed else observe.Watch(self, info.owned, _INSIDE)  # (not compiling: see above)
-    if watch is not None:
-        fwd.watch, fwd.wrap = watch, True
+    call = registries.original_call() or nn.Module._call_impl
+    outer = _FORWARD_GET()
+    if outer is not None and outer.state is None:
+        outer = None  # (one that has returned, in a context copied during it)
+    if outer is not None and outer.models == owners.owners(self):
+        return call(self, *args, **kwargs)  # a forward inside one of the same models: its calls are that one's
+    fwd = new_forward(self)
+    info = fwd.info if fwd.sel is not None else None
+    watch = None
+    if outer is not None:
+        fwd.watch = outer.watch  # (the outer forward's watch sees this one's calls)
+        fwd.wrap = fwd.wrap or fwd.watch is not None
+    elif info is not None and not info.observed:
+        watch = fwd.watch = observe.Watch(self, info.owned, _INSIDE)  # (not compiling: see above)
+        fwd.wrap = True
     token = _FORWARD.set(fwd)
     try:
         if watch is None:
@@ -412,8 +436,14 @@ def guarded_call(self: nn.Module, *args, **kwargs):
     finally:
         fwd.state = fwd.model = None  # finished, also for a context copied during it
         _FORWARD.reset(token)
+    if outer is not None:
+        outer.calls += fwd.calls
+    if info is None:  # not selected, or a part of a selected model run alone
+        if outer is None and recompute.LIVE and _GRAD_ON():
+            return _unswitched_recordable(self, out)
+        return out
     _check(self, fwd, watch)
-    if info.layers and _GRAD_ON() and info.checkpointing():
+    if outer is None and info.layers and _GRAD_ON() and info.checkpointing():
         recompute.note(info, type(self).__name__, fwd.sel, out)
     return out
 
@@ -421,7 +451,7 @@ def guarded_call(self: nn.Module, *args, **kwargs):
 def _unswitched_recordable(model: nn.Module, out):
     """An unswitched forward of a model whose switched forwards' graphs may still be recomputed: its own graph
     records that it ran unswitched, so that its recompute is never taken for theirs."""
-    info = selection.info_of(model)
+    info = owners.info_of(model)
     if info is not None and info.layers and recompute.live(info.token) and info.checkpointing():
         recompute.note(info, type(model).__name__, None, out)
     return out
