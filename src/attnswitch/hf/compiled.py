@@ -155,9 +155,9 @@ def _selected_for_config(config) -> bool:
 
 # -- the twins --------------------------------------------------------------------------------------
 
-def attention_forward(module, query, key, value, attention_mask, **kwargs):
-    owners, _ = _about(module)
-    return dispatch._dispatch(_selected(owners), None, module, query, key, value, attention_mask, kwargs)
+def attention_forward(module, query, key, value, attention_mask, *, _own=None, **kwargs):
+    models, _ = _about(module)
+    return dispatch._dispatch(_selected(models), None, module, query, key, value, attention_mask, kwargs, _own)
 
 
 def run_backend(name, call):
@@ -166,8 +166,8 @@ def run_backend(name, call):
     return traced.attention(name, call)
 
 
-def _unselected(module, query, key, value, mask, kwargs):
-    return _unselected_with(None, module, query, key, value, mask, kwargs)
+def _unselected(module, query, key, value, mask, kwargs, own=None):
+    return _unselected_with(own, module, query, key, value, mask, kwargs)
 
 
 def _unselected_with(own, module, query, key, value, mask, kwargs):
@@ -192,8 +192,9 @@ def _recomputed(module, sel):
     return sel
 
 
-def _model_level(name, module, query, key, value, mask, kwargs):
-    return dispatch.eager_with(dispatch.model_eager_function(module), name, module, query, key, value, mask, kwargs)
+def _model_level(name, module, query, key, value, mask, kwargs, own=None):
+    return dispatch.eager_with(own or dispatch.model_eager_function(module), name, module, query, key, value, mask,
+                               kwargs)
 
 
 def get_interface(self, attn_implementation, default):

@@ -59,9 +59,6 @@ class Forward:
 #: the forward of a selected model running in this context (None: none)
 _FORWARD: ContextVar[Forward | None] = ContextVar("attnswitch_forward", default=None)
 FORWARD = _FORWARD
-#: the calling module's own eager attention function, as transformers gave it to the module (the default of
-#: its ``get_interface`` lookup), for the call running in this context; None: not known
-_OWN: ContextVar = ContextVar("attnswitch_own_eager", default=None)
 
 
 def run_backend(name: str, call: Call):
@@ -113,10 +110,10 @@ def position_bias_mask(position_bias, mask, is_causal, query, key) -> torch.Tens
 
 # -- the attention entry ----------------------------------------------------------------------------
 
-def _model_level(name, module, query, key, value, mask, kwargs):
+def _model_level(name, module, query, key, value, mask, kwargs, own=None):
     """The model's own eager attention (``eager``) with the mask transformers made for it, or computed in
-    float32 (``eager-fp32``)."""
-    return eager_with(_OWN.get() or model_eager_function(module), name, module, query, key, value, mask, kwargs)
+    float32 (``eager-fp32``); ``own``: the module's own eager function, where its lookup gave it."""
+    return eager_with(own or model_eager_function(module), name, module, query, key, value, mask, kwargs)
 
 
 def eager_with(fn, name, module, query, key, value, mask, kwargs):
@@ -140,14 +137,14 @@ def _auto(module, query, key, value, mask, kwargs):
     return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
 
 
-def _unselected(module, query, key, value, mask, kwargs):
+def _unselected(module, query, key, value, mask, kwargs, own=None):
     """What the model would have run: the registry's original for its config's key, or (``eager``, which
-    has no entry) the module's own function."""
+    has no entry) the module's own function (``own``, where its lookup gave it)."""
     config = getattr(module, "config", None)
     key_name = getattr(config, "_attn_implementation", None) if config is not None else None
     fn = registries.original("attention", key_name) if key_name is not None else None
     if fn is None:
-        fn = _OWN.get() or model_eager_function(module)
+        fn = own or model_eager_function(module)
     if config is not None and key_name != "sdpa" and _masks_selection(config) is not None:
         # transformers built its masks for a selected backend (its forward's, or a model's sharing its config)
         if key_name in (None, "eager"):
@@ -180,19 +177,22 @@ def _rare(kw: dict) -> bool:
             get("sinks") is not None or bool(get("output_attentions")))
 
 
-def _dispatch(sel, fwd: Forward | None, module, query, key, value, mask, kw: dict):
-    """One call with selection ``sel``, counted in ``fwd`` (the forward running in this context)."""
+def _dispatch(sel, fwd: Forward | None, module, query, key, value, mask, kw: dict, own=None):
+    """One call with selection ``sel``, counted in ``fwd`` (the forward running in this context); ``own``: the
+    module's own eager function, where its lookup gave it."""
     if fwd is None:
         sel = _recomputed(module, sel)
     elif sel is None and fwd.model is not None:
         sel = _adopted(fwd, module)
     if sel is None:
-        return _unselected(module, query, key, value, mask, kw)
+        return _unselected(module, query, key, value, mask, kw, own)
     if fwd is not None and fwd.state is not None:
         fwd.calls += 1
     name = sel if sel.__class__ is str else selection.choose(sel, query.shape[2], module)
     if name in _SPECIAL:
-        return _special(name, module, query, key, value, mask, kw)
+        if name == "auto":
+            return _auto(module, query, key, value, mask, kw)
+        return _model_level(name, module, query, key, value, mask, kw, own)
     # The same reading of transformers' arguments as its sdpa function: causal only without a mask and
     # for more than one query; k/v cropped for a prefill into an empty static cache. A sliding window is
     # already in the mask (or needs none: every key is inside the window). ``kw`` as transformers passed
@@ -244,25 +244,20 @@ _GRAPH_TASK = torch._C._current_graph_task_id  # -1 outside a backward
 _SPECIAL = frozenset({"auto", *backends.MODEL_LEVEL})  # run through transformers' functions, with the module
 
 
-def _special(name, module, query, key, value, mask, kwargs):
-    if name == "auto":
-        return _auto(module, query, key, value, mask, kwargs)
-    return _model_level(name, module, query, key, value, mask, kwargs)
-
-
-def attention_forward(module, query, key, value, attention_mask, **kwargs):
+def attention_forward(module, query, key, value, attention_mask, *, _own=None, **kwargs):
     """Entry for ``ALL_ATTENTION_FUNCTIONS``: the selected backend, else what the registry held.
 
     The common call of a forward's own module (no mask, position bias, softcap, sinks or weights wanted;
     k/v heads that divide q's; a head dim that is a multiple of 8) goes straight to the backend's op
     (``COMMON_OPS``), read as ``_dispatch`` reads transformers' arguments; everything else, and any call
     the op's check refuses, goes to ``_dispatch``. This runs per layer per step, and each line costs host
-    time: tensor shapes are read once, and nothing is called that the call does not need."""
+    time: tensor shapes are read once, and nothing is called that the call does not need. ``_own``: the
+    module's own eager function, which the lookup (``get_interface``) binds where a call may run it."""
     fwd = _FORWARD_GET()
     if _MEASURE() is not None:
-        return _measured(module, query, key, value, attention_mask, kwargs)
+        return _measured(module, query, key, value, attention_mask, kwargs, _own)
     if fwd is None or id(module) not in fwd.modules or _STATE_GET() is not fwd.state:
-        return _dispatch(_selected(module, fwd), fwd, module, query, key, value, attention_mask, kwargs)
+        return _dispatch(_selected(module, fwd), fwd, module, query, key, value, attention_mask, kwargs, _own)
     op = fwd.op
     if op is not None and attention_mask is None and (_RARE.isdisjoint(kwargs) or not _rare(kwargs)):
         qs, ks = query.shape, key.shape
@@ -279,16 +274,16 @@ def attention_forward(module, query, key, value, attention_mask, **kwargs):
             if out is not None:
                 fwd.calls += 1
                 return out.transpose(1, 2).contiguous(), None
-    return _dispatch(fwd.sel, fwd, module, query, key, value, attention_mask, kwargs)
+    return _dispatch(fwd.sel, fwd, module, query, key, value, attention_mask, kwargs, _own)
 
 
-def _measured(module, query, key, value, mask, kwargs):
+def _measured(module, query, key, value, mask, kwargs, own):
     """The call as ``attention_forward`` makes it, measured (a profiler range, host time) by the calling
     context's measurement."""
     token = instrument.MEASURE.set(None)
     try:
         return instrument.call(token.old_value, module_path(module), key.shape[2],
-                               lambda: attention_forward(module, query, key, value, mask, **kwargs))
+                               lambda: attention_forward(module, query, key, value, mask, _own=own, **kwargs))
     finally:
         instrument.MEASURE.reset(token)
 
@@ -341,19 +336,14 @@ def _unwatched(watch, entry, *args, **kwargs):
         return entry(*args, **kwargs)
 
 
-_OWN_ENTRIES: dict = {}  # a module's own eager function -> attnswitch's entry that carries it
+_OWN_ENTRIES: dict = {}  # a module's own eager function -> attnswitch's entry bound to it
 
 
 def _own_entry(own):
+    """``attention_forward`` with the module's own eager function bound (a C partial: no frame of its own)."""
     entry = _OWN_ENTRIES.get(own)
     if entry is None:
-        def entry(module, query, key, value, attention_mask, **kwargs):
-            token = _OWN.set(own)
-            try:
-                return attention_forward(module, query, key, value, attention_mask, **kwargs)
-            finally:
-                _OWN.reset(token)
-        _OWN_ENTRIES[own] = entry
+        entry = _OWN_ENTRIES[own] = functools.partial(attention_forward, _own=own)
     return entry
 
 
