@@ -14,10 +14,12 @@ the same kernel run by transformers' own path:
   attention function of transformers' interface (transformers has no such kernel); transformers' ``eager``,
   the closest kernel it has, is shown beside it.
 
-Only the forwards are counted: callgrind's client requests (issued through a few bytes of x86-64 machine
-code called with ctypes, no compiled extension) start counting right before each forward and stop right
-after, so imports, model building, entering and leaving the switch and the cache copies between decode
-steps are left out. Added instructions per attention call = (switched − baseline) / attention calls.
+Only the forwards are counted: callgrind's client requests (issued through a few bytes of x86-64 machine code called
+with ctypes, no compiled extension) start counting right before each forward and stop right after, so imports, model
+building, entering and leaving the switch and the cache copies between decode steps are left out. Entering and
+leaving are counted on their own: a context made, entered and left (``backend("flash")``, ``backend("flash",
+model=m)``, a model's first switch before; ``sdpa_kernel([FLASH])`` beside them), 16 in a row per sample, also timed
+natively. Added instructions per attention call = (switched − baseline) / attention calls.
 They are turned into approximate µs by this machine's instructions per µs for these same forwards: the
 same loop run natively (no valgrind), one thread, each forward timed by the thread's CPU clock (which a
 busy neighbour slows less than the wall clock), divided into callgrind's count per forward.
@@ -308,29 +310,56 @@ def variants_wanted(backends: list[str]) -> list[str]:
 
 
 def _parts(args) -> dict[str, tuple]:
-    """part -> (workload -> (prepare, run one sample), label -> context, attention calls per sample)."""
+    """part -> (workload -> (prepare, run one sample), label -> context, attention calls per sample, workloads)."""
     model = _model(args)
-    parts = {"forward": (_steps(model, args), variants(model, args.backends), args.layers)}
+    parts = {"forward": (_steps(model, args), variants(model, args.backends), args.layers, args.workloads)}
     if args.mode == "count":
         one = _one_layer(args)
-        parts["one-layer"] = (_steps(one, args), variants(one, args.backends), 1)
+        parts["one-layer"] = (_steps(one, args), variants(one, args.backends), 1, args.workloads)
         iso = _isolated(model, args, args.backends)
         steps = {w: (lambda: None, lambda _, w=w: None) for w in iso}
-        parts["isolated"] = (steps, iso, ISOLATED_CALLS)
+        parts["isolated"] = (steps, iso, ISOLATED_CALLS, args.workloads)
+    if args.mode in ("count", "time") and args.enter_exit:
+        ee = _enter_exit(model)
+        parts["enter-exit"] = ({"enter-exit": (lambda: None, lambda _: None)}, ee, ENTER_EXIT, ["enter-exit"])
     return parts
 
 
 ISOLATED_CALLS = 16  # attention calls per isolated sample: a forward's worth
+ENTER_EXIT = 16  # contexts made, entered and left per sample
+ENTER_EXIT_VARIANTS = ("sdpa_kernel([FLASH])", "flash | global", "flash | model-scoped")
+
+
+def _enter_exit(model) -> dict[str, dict[str, tuple]]:
+    """"enter-exit" -> label -> (no context, one context made, entered and left): ``backend()`` global and
+    model-scoped (the model switched once before, as a user's loop has it), and ``sdpa_kernel`` beside them."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import attnswitch
+
+    def once(make):
+        def run():
+            with make():
+                pass
+        return run
+
+    with attnswitch.backend("flash", model=model):  # (registered: the model's first switch is not counted)
+        pass
+    makers = {"sdpa_kernel([FLASH])": lambda: sdpa_kernel([SDPBackend.FLASH_ATTENTION]),
+              "flash | global": lambda: attnswitch.backend("flash"),
+              "flash | model-scoped": lambda: attnswitch.backend("flash", model=model)}
+    return {"enter-exit": {label: (contextlib.nullcontext, once(make)) for label, make in makers.items()}}
 
 
 def _sample_fns(part, steps, table, workload, label):
     prepare, forward = steps[workload]
-    if part != "isolated":
+    if part not in ("isolated", "enter-exit"):
         return table[label], prepare, forward
     ctx, call = table[workload][label]
+    n = ISOLATED_CALLS if part == "isolated" else ENTER_EXIT
 
     def calls(_):
-        for _ in range(ISOLATED_CALLS):
+        for _ in range(n):
             call()
     return ctx, prepare, calls
 
@@ -349,9 +378,9 @@ def worker(args) -> None:
     gc.freeze()  # the imports' and the model's objects: no collection walks them again
     rows = []
     for rep in range(args.reps):
-        for part, (steps, table, calls) in parts.items():
-            for workload in args.workloads:
-                labels = table[workload] if part == "isolated" else table
+        for part, (steps, table, calls, workloads) in parts.items():
+            for workload in workloads:
+                labels = table[workload] if part in ("isolated", "enter-exit") else table
                 for label in labels:
                     tag = f"{part} | {workload} | {label} | {rep}"
                     row = {"part": part, "workload": workload, "variant": label, "rep": rep,
@@ -483,7 +512,8 @@ def _worker_args(args, mode: str, results: str) -> list[str]:
             "--warmup", str(args.warmup), "--reps", str({"count": args.reps, "time": 4, "trace": 1}[mode]),
             "--layers", str(args.layers), "--hidden", str(args.hidden), "--heads", str(args.heads),
             "--kv-heads", str(args.kv_heads), "--q-len", str(args.q_len), "--device", args.device,
-            "--backends", ",".join(args.backends), "--workloads", ",".join(args.workloads), "--src", args.src]
+            "--backends", ",".join(args.backends), "--workloads", ",".join(args.workloads), "--src", args.src,
+            *(["--no-enter-exit"] if not args.enter_exit else [])]
 
 
 def _native(args, out_dir: str, mode: str) -> dict:
@@ -587,6 +617,47 @@ def compare(args, dumps: dict, timing: dict | None, trace: dict | None) -> dict:
                         if trace is not None:
                             row["python_calls_added_per_call"] = _python_added(trace, variant, base, workload)
                     out["rows"].append(row)
+    out["enter_exit"] = enter_exit(totals, ipus, timing)
+    step_figures(out, args.layers)
+    return out
+
+
+def step_figures(res: dict, layers: int) -> None:
+    """Per attention call in a step as a user writes it, a context entered and left around each forward of
+    ``layers`` calls, against ``sdpa_kernel`` entered and left around transformers' forward: the rows' added
+    instructions and their share of the context (entering costs the same whatever the backend's name)."""
+    ee, ipus = res.get("enter_exit") or {}, res.get("instructions_per_us")
+    base = ee.get("sdpa_kernel([FLASH])")
+    for row in res["rows"]:
+        mine = ee.get(f"flash | {row['scope']}")
+        if base and mine:
+            row["step_added_instr_per_call"] = row["added_instr_per_call"] + (mine["instr"] - base["instr"]) / layers
+            row["step_added_us_approx"] = row["step_added_instr_per_call"] / ipus["used"] if ipus else None
+
+
+def enter_exit(totals: dict, ipus: dict | None, timing: dict | None) -> dict:
+    """Per context made, entered and left: instructions (callgrind), ≈µs at the forwards' rate, and the thread's
+    CPU µs natively (the fastest tenth of its samples, and the median), for ``backend()`` global and
+    model-scoped and for ``sdpa_kernel`` beside them."""
+    native = collections.defaultdict(list)
+    for r in (timing or {}).get("rows", ()):
+        if r["part"] == "enter-exit" and "error" not in r:
+            native[r["variant"]] += [us / ENTER_EXIT for us in r["cpu_us"]]
+    out = {}
+    for label in ENTER_EXIT_VARIANTS:
+        counts = totals.get(("enter-exit", "enter-exit", label))
+        if not counts:
+            continue
+        instr = statistics.median(counts) / ENTER_EXIT
+        row = {"instr": instr, "spread_instr": _half_iqr(counts) / ENTER_EXIT,
+               "us_approx": instr / ipus["used"] if ipus else None}
+        if native[label]:
+            xs = sorted(native[label])
+            row.update(cpu_us_p10=xs[int(0.1 * (len(xs) - 1))], cpu_us_median=statistics.median(xs))
+        out[label] = row
+    base = out.get("sdpa_kernel([FLASH])")
+    for row in out.values():
+        row["instr_ratio_vs_sdpa_kernel"] = row["instr"] / base["instr"] if base else None
     return out
 
 
@@ -598,7 +669,7 @@ def _instructions_per_us(per_fwd: dict, timing: dict | None) -> dict | None:
         return None
     cpu = collections.defaultdict(list)
     wall = collections.defaultdict(list)
-    for r in (r for r in timing["rows"] if "error" not in r):
+    for r in (r for r in timing["rows"] if "error" not in r and r["part"] == "forward"):
         cpu[(r["workload"], r["variant"])] += r["cpu_us"]
         wall[(r["workload"], r["variant"])] += r["wall_us"]
 
@@ -684,6 +755,24 @@ def render(res: dict, args) -> str:
                          f"{r['per_forward_instr_per_call']:>9,.0f} {r['per_call_instr']:>8,.0f} "
                          f"{r['isolated_instr_per_call']:>8,.0f} {r['beyond_instr_per_call']:>8,.0f} "
                          f"{r['sample_spread_instr_per_call']:>7,.0f}")
+    if res.get("enter_exit"):
+        lines += ["", f"A context made, entered and left ({ENTER_EXIT} in a row per sample): instructions, ≈µs at the "
+                  "forwards' rate, the thread's CPU µs natively (fastest tenth / median), against sdpa_kernel",
+                  f"{'':<22} {'instr':>9} {'x sdpa_kernel':>13} {'≈µs':>7} {'cpu µs p10':>10} {'median':>7}"]
+        for label, r in res["enter_exit"].items():
+            approx = f"{r['us_approx']:>7.2f}" if r.get("us_approx") is not None else f"{'-':>7}"
+            native = (f"{r['cpu_us_p10']:>10.2f} {r['cpu_us_median']:>7.2f}" if "cpu_us_p10" in r
+                      else f"{'-':>10} {'-':>7}")
+            lines.append(f"{label:<22} {r['instr']:>9,.0f} {r['instr_ratio_vs_sdpa_kernel']:>13.2f} {approx} {native}")
+    step = [r for r in res["rows"] if r["primary"] and "step_added_instr_per_call" in r]
+    if step:
+        lines += ["", f"Per attention call in a step: a context entered and left around each forward ({args.layers} "
+                  "calls), against sdpa_kernel entered and left around transformers' forward",
+                  f"{'workload':<8} {'backend':<14} {'scope':<13} {'+instr':>8} {'≈µs':>6}"]
+        for r in step:
+            us = f"{r['step_added_us_approx']:>6.2f}" if r.get("step_added_us_approx") is not None else f"{'-':>6}"
+            lines.append(f"{r['workload']:<8} {r['backend']:<14} {r['scope']:<13} "
+                         f"{r['step_added_instr_per_call']:>8,.0f} {us}")
     over = [r for r in res["rows"] if r["primary"] and ip and r["added_us_approx"] > TARGET_US]
     lines.append("")
     lines.append(f"over {TARGET_US:g} µs added per call: " + (", ".join(
@@ -729,9 +818,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--timed-forwards", type=int, default=200, help="natively timed forwards per variant")
     p.add_argument("--no-callgrind", action="store_true", help="skip the instruction counts (no valgrind here)")
+    p.add_argument("--no-enter-exit", dest="enter_exit", action="store_false",
+                   help="skip counting entering and leaving the switch")
     p.add_argument("--keep", help="keep callgrind's dumps in this directory")
     p.add_argument("--src", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"),
                    help="the attnswitch source tree to measure (default: this checkout's)")
+    p.add_argument("--render", metavar="JSON", help="print the figures of a result written with --out; nothing else")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mode", choices=("count", "time", "trace"), help=argparse.SUPPRESS)
     p.add_argument("--results", help=argparse.SUPPRESS)
@@ -740,6 +832,17 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    if args.render:
+        with open(args.render) as f:
+            res = json.load(f)
+        saved = argparse.Namespace(**res["config"])
+        if "rows" in res:
+            step_figures(res, saved.layers)
+            print(render(res, saved))
+            print(render_contributors(res))
+        else:
+            print(render_python_level(res, saved))
+        return 0
     args.backends = args.backends or (CUDA_BACKENDS if args.device == "cuda" else BACKENDS)
     if args.worker:
         sys.path.insert(0, os.path.abspath(args.src))

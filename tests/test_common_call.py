@@ -11,7 +11,7 @@ from conftest import batch_for, op_names, spy_on, tiny
 
 import attnswitch
 from attnswitch import instrument
-from attnswitch.hf import selection
+from attnswitch.hf import owners
 
 
 @pytest.fixture
@@ -101,14 +101,14 @@ def test_the_innermost_model_scoped_context_wins_for_a_model_inside_another(spy)
 
 def test_the_modules_one_model_alone_owns_are_tracked_as_they_come_and_go():
     lm = tiny("llama")
-    info = selection.register(lm)
+    info = owners.register(lm)
     attn = lm.model.layers[0].self_attn
     assert id(attn) in info.sole and id(lm) in info.sole and id(attn) in info.owned
-    inner = selection.register(lm.model)  # now two models own the decoder's modules
+    inner = owners.register(lm.model)  # now two models own the decoder's modules
     assert id(attn) not in info.sole and id(attn) not in inner.sole and id(lm.lm_head) in info.sole
     assert id(attn) in info.owned and id(attn) in inner.owned
     solo = tiny("llama")
-    solo_info = selection.register(solo)
+    solo_info = owners.register(solo)
     old = solo.model.layers[0].self_attn
     old_id = id(old)
     assert old_id in solo_info.sole
@@ -162,7 +162,7 @@ def test_a_context_copied_during_a_forward_does_not_keep_its_selection(monkeypat
 def test_a_model_and_its_inner_model_registered_at_once_leave_no_module_in_both_sole_sets(monkeypatch):
     m = tiny("llama")
     attn = m.model.layers[0].self_attn
-    barrier, real = threading.Barrier(2, timeout=2), selection._own
+    barrier, real = threading.Barrier(2, timeout=2), owners._own
 
     def own(module, owners):  # both threads at the same module: the one registering second must see the first
         if module is attn:
@@ -172,14 +172,14 @@ def test_a_model_and_its_inner_model_registered_at_once_leave_no_module_in_both_
                 pass  # (registrations take turns: the other thread waits for this one)
         return real(module, owners)
 
-    monkeypatch.setattr(selection, "_own", own)
-    threads = [threading.Thread(target=selection.register, args=(x,)) for x in (m, m.model)]
+    monkeypatch.setattr(owners, "_own", own)
+    threads = [threading.Thread(target=owners.register, args=(x,)) for x in (m, m.model)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    outer, inner = selection.info_of(m), selection.info_of(m.model)
-    assert sorted(selection._owners(attn)) == sorted((outer.token, inner.token))
+    outer, inner = owners.info_of(m), owners.info_of(m.model)
+    assert sorted(owners._owners(attn)) == sorted((outer.token, inner.token))
     assert id(attn) not in outer.sole and id(attn) not in inner.sole
 
 

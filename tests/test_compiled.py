@@ -118,6 +118,18 @@ def test_another_model_in_the_context_is_not_switched_by_a_compiled_guard():
     assert SDPA_OPS <= ops and "attnswitch::opaque" not in ops
 
 
+def test_a_layer_two_models_share_runs_compiled_the_backend_of_the_model_whose_forward_runs():
+    m, other = tiny("llama"), tiny("llama")
+    other.model.layers[0] = m.model.layers[0]
+    batch = batch_for(m, pad=False)
+    compiled = torch.compile(other, backend="aot_eager", fullgraph=True)
+    with attnswitch.backend("naive-inplace", model=m):
+        ops = op_names(lambda: forward(compiled, batch))  # not named: its own sdpa, the shared layer's too
+    assert SDPA_OPS <= ops and "attnswitch::opaque" not in ops
+    with attnswitch.backend("flash", model=other), attnswitch.backend("naive-inplace", model=m):
+        assert_ran(op_names(lambda: forward(compiled, batch)), "flash")
+
+
 @pytest.mark.slow  # (several compiles: in the slow run, python -m pytest -q -m slow)
 def test_a_patch_and_a_policy_per_phase_are_read_by_the_compiled_code():
     m = tiny("llama")

@@ -107,3 +107,14 @@ def test_callgrind_counts_only_what_runs_between_the_requests(tmp_path):
     loop = one - empty
     assert loop > 5000 * 10  # a Python loop iteration is tens of instructions
     assert abs((two - empty) - 2 * loop) < 0.03 * loop  # twice the loop, twice the count (within allocation noise)
+
+
+def test_a_steps_figures_add_each_call_its_share_of_the_context_over_sdpa_kernels():
+    res = {"rows": [{"scope": "global", "added_instr_per_call": 100.0},
+                    {"scope": "model-scoped", "added_instr_per_call": 50.0}],
+           "enter_exit": {"sdpa_kernel([FLASH])": {"instr": 1000.0}, "flash | global": {"instr": 2600.0},
+                          "flash | model-scoped": {"instr": 1800.0}},
+           "instructions_per_us": {"used": 500.0}}
+    host_cost.step_figures(res, 16)
+    assert [r["step_added_instr_per_call"] for r in res["rows"]] == [200.0, 100.0]
+    assert [r["step_added_us_approx"] for r in res["rows"]] == [0.4, 0.2]

@@ -1,6 +1,7 @@
 """The switch never lies: isolation from other threads, no silent non-switch, selection by model, copies,
 odd exits and interrupts, SDPA's semantics in naive, bounded caches, bad input."""
 
+import contextlib
 import copy
 import gc
 import os
@@ -272,6 +273,49 @@ def test_models_sharing_one_config_are_switched_apart(spy):
         attnswitch.unpatch(m1)
 
 
+def _sharing_a_layer():
+    """Two models of one shape whose first decoder layer is one module."""
+    a, other = tiny("llama"), tiny("llama")
+    other.model.layers[0] = a.model.layers[0]
+    return a, other
+
+
+def test_a_model_no_switch_names_runs_its_own_attention_in_a_layer_it_shares(spy):
+    a, other = _sharing_a_layer()
+    b = batch_for(a)
+    with torch.no_grad():
+        want = output_of(other(**b))
+        with attnswitch.backend("naive", model=a):
+            got = output_of(other(**b))  # not named: not one of its calls switched, the shared layer's neither
+            assert spy.calls == []
+            a(**b)
+        attnswitch.patch(a, "math")
+        try:
+            patched = output_of(other(**b))
+        finally:
+            attnswitch.unpatch(a)
+    assert spy.names == ["naive", "naive"]
+    assert torch.equal(got, want) and torch.equal(patched, want)
+
+
+@pytest.mark.parametrize("order", ["other inside", "other outside", "under a global switch"])
+def test_a_layer_two_models_share_runs_the_backend_of_the_model_whose_forward_runs(order, spy):
+    a, other = _sharing_a_layer()
+    b = batch_for(a)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        if order == "under a global switch":
+            stack.enter_context(attnswitch.backend("math"))
+            stack.enter_context(attnswitch.backend("naive", model=a))
+        else:
+            first, second = (a, other) if order == "other inside" else (other, a)
+            for model in (first, second):
+                stack.enter_context(attnswitch.backend("naive" if model is a else "math", model=model))
+        other(**b)
+        a(**b)
+    assert spy.names == ["math", "math", "naive", "naive"]
+
+
 # -- 4. copies --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("how", ["deepcopy", "pickle"])
@@ -359,13 +403,43 @@ def test_a_context_exited_in_another_thread_names_both_threads_and_ends_its_sele
     assert world(m) == before
 
 
+@pytest.mark.parametrize("how", ["closed", "dropped", "raised in it"])
+@pytest.mark.parametrize("scoped", [True, False])
+def test_a_generator_left_inside_another_context_leaves_that_context_its_backend(how, scoped, spy):
+    m = tiny("llama")
+    b = batch_for(m)
+    before = world(m)
+    model = m if scoped else None
+
+    def steps():
+        with attnswitch.backend("math", model=model):
+            yield
+            raise ValueError("a step failed")
+
+    g = steps()
+    next(g)  # the generator's context is open across its yield
+    with torch.no_grad(), attnswitch.backend("flash", model=model):
+        if how == "closed":
+            g.close()  # its context is left, out of order, while GeneratorExit propagates
+        elif how == "dropped":
+            del g
+            gc.collect()
+        else:
+            with pytest.raises(ValueError, match="a step failed"):
+                next(g)
+        m(**b)  # the rest of the block runs its own backend
+        assert attnswitch.active_backend() == (None if scoped else "flash")
+    assert spy.names == ["flash", "flash"]
+    assert world(m) == before
+
+
 def _injected(fn, n):
     """Run ``fn`` raising KeyboardInterrupt at the ``n``-th line attnswitch's switch runs; True if it
     was raised there."""
     count = [0]
     fired = [False]
     watched = ("attnswitch/switch.py", "attnswitch/hf/install.py", "attnswitch/hf/registries.py",
-               "attnswitch/hf/selection.py")
+               "attnswitch/hf/selection.py", "attnswitch/hf/record.py", "attnswitch/hf/owners.py")
 
     def tracer(frame, event, arg):
         if not frame.f_code.co_filename.replace(os.sep, "/").endswith(watched):
@@ -522,6 +596,32 @@ def test_bare_call_input_errors_are_sdpas_errors_not_refusals(name):
             F.scaled_dot_product_attention(q, k, v)
         assert not isinstance(ours.value, attnswitch.BackendUnavailable), ours.value
         assert type(ours.value) is type(sdpas.value)
+
+
+@pytest.mark.parametrize("name", ["naive", "math", "flash", "auto"])
+def test_shape_errors_of_a_bare_call_are_one_error_eager_and_compiled(name):
+    q = torch.randn(1, 4, 4, 8)
+    bad = [(q, torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8), {}),  # fewer k/v heads without enable_gqa
+           (q, torch.randn(1, 3, 4, 8), torch.randn(1, 3, 4, 8), {"enable_gqa": True}),  # heads that do not divide
+           (q[0], q[0], q[0], {})]  # 3-d
+    compiled = torch.compile(lambda q, k, v, kw: attnswitch.attention(q, k, v, backend=name, **kw),
+                             backend="eager")
+    for q_, k, v, kw in bad:
+        for fn in (lambda *a: attnswitch.attention(*a[:3], backend=name, **a[3]), compiled):
+            with pytest.raises(Exception) as e:
+                fn(q_, k, v, kw)
+            assert type(e.value) is RuntimeError, (kw, e.value)
+            assert "q" in str(e.value) and "k" in str(e.value)
+
+
+def test_a_mask_flash_cannot_take_is_a_refusal_that_says_so():
+    q = torch.randn(1, 2, 3, 8)
+    with pytest.raises(attnswitch.BackendUnavailable, match=r"attn_mask .*\(3,\)") as e:
+        attnswitch.attention(q, q, q, attn_mask=torch.ones(3, dtype=torch.bool), backend="flash")
+    assert e.value.backend == "flash"
+    ref = F.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(1, 3, dtype=torch.bool))
+    torch.testing.assert_close(attnswitch.attention(q, q, q, attn_mask=torch.ones(3, dtype=torch.bool), backend="math"),
+                               ref)
 
 
 def test_check_takes_its_arguments_as_profile_does():

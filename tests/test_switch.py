@@ -63,9 +63,9 @@ def test_bare_attention_gqa_and_masks():
         for mask in (keep, additive):
             out = attnswitch.attention(q, k, v, attn_mask=mask, enable_gqa=True, backend=name)
             torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="enable_gqa"):
+    with pytest.raises(RuntimeError, match="enable_gqa"):  # SDPA's own type: the one input error
         attnswitch.attention(q, k, v)
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(RuntimeError, match="not both"):
         attnswitch.attention(q, q, q, attn_mask=keep, is_causal=True, backend="naive")
 
 

@@ -1,15 +1,16 @@
 """The switch: ``backend()`` context manager, ``patch()``/``unpatch()``, and the bare ``attention()``.
 
-The selection lives in a ``ContextVar`` (``hf.selection``): contexts nest (the inner one wins, the outer
-one comes back), and each thread or asyncio task sees only its own selection. Neither a model, nor its
-configs, nor PyTorch's SDPA flags are written; transformers' registries hold attnswitch's dispatchers
-while any switch is active and are put back exactly when the last one ends.
+The public entry points only: what they select is kept by the switch's record (``hf.record``: the
+calling context's selection in a ``ContextVar``, the patches, what holds transformers' registries), and read
+by the rules (``hf.selection``). Contexts nest (the inner one wins, the outer one comes back), and each thread
+or asyncio task sees only its own selection. Neither a model, nor its configs, nor PyTorch's SDPA flags are
+written; transformers' registries hold attnswitch's dispatchers while any switch is active and are put back
+exactly when the last one ends.
 """
 
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Mapping
 
 import torch
@@ -17,12 +18,11 @@ import torch.nn as nn
 
 from . import backends, instrument
 from .backends import Call
-from .hf import compiled, install, registries, selection
-from .hf.selection import PATCHED, STATE, Policy, Selection, State, resolve_selection
+from .backends.call import check
+from .hf import compiled, install, owners, record, registries
+from .hf.selection import Policy, Selection, choose, resolve_selection
 
 __all__ = ["backend", "patch", "unpatch", "attention", "active_backend", "is_patched"]
-
-_PATCHES: dict[int, tuple[object, weakref.finalize]] = {}  # owner token -> (lease, finalizer)
 
 
 class backend:
@@ -54,69 +54,46 @@ class backend:
         self.model = model
         self._info = None
         if model is not None:
-            self._info = selection.register(model)  # refuses models off the attention interface, once
-        self._state: State | None = None
-        self._parent_state: State | None = None
-        self._how: str | None = None  # how it was left: "in order", "out of order", "elsewhere"
+            self._info = owners.register(model)  # refuses models off the attention interface, once
+        self._entry: record.Entry | None = None
         self._thread: threading.Thread | None = None
-        self._finalizer: weakref.finalize | None = None
+        self._how: str | None = None  # how it was left: "in order", "out of order", "ended", "elsewhere"
 
     def __enter__(self) -> Selection:
-        if self._state is not None:
+        if self._entry is not None:
             raise RuntimeError("this backend() context is already entered; make a new one")
-        keys = self._info.keys() if self._info is not None else frozenset(registries.standard_keys())
-        parent = self._parent_state = selection.current()
-        self._how, self._thread = None, threading.current_thread()
-        lease = self._lease = object()
-        if self._info is None:
-            state = State(self.selection, parent=parent, lease=lease)
-        else:
-            token = self._info.token  # last: the innermost model-scoped context wins for modules two models own
-            per_owner = {t: sel for t, sel in parent.per_owner.items() if t != token} | {token: self.selection}
-            state = State(parent.global_sel, per_owner, parent, lease)
+        info = self._info
+        keys = info.keys() if info is not None else _global_keys()
+        entry = record.Entry(self.selection, None if info is None else info.token, keys, threading.current_thread())
+        self._how, self._entry, self._thread = None, entry, entry.thread
         try:
-            with install.interrupts_deferred():
-                # a context dropped without an exit (an interrupt at the entry of __exit__) still lets go
-                self._finalizer = weakref.finalize(self, install.release_later, lease)
-                install.acquire(lease, keys)
-                STATE.set(state)
-                self._state = state
+            record.enter(entry, self)
             return self.selection
         except BaseException:  # an interrupt too: nothing of this context may stay behind
-            self._state = None
-            with install.interrupts_deferred():
-                install.settle(lambda: (STATE.set(parent), install.drop(lease)))
-                if self._finalizer is not None:
-                    self._finalizer.detach()
+            self._entry = None
+            record.abandon(entry)
             raise
 
-    def _leave(self) -> None:
+    def _leave(self, failing: bool) -> None:
         # idempotent: run again after an interrupt, it does what is left
-        state = self._state
-        if state is None:
+        entry = self._entry
+        if entry is None:
             return
+        how = record.leave(entry, failing)
         if self._how is None:
-            self._how = _how_left(state)
-        if self._how != "in order":
-            selection.close(state)
-        with install.interrupts_deferred():
-            if self._how == "elsewhere":  # this context's selection is not the one to change
-                install.settle(lambda: install.drop(state.lease))
-            else:
-                install.settle(lambda: (STATE.set(state.parent if self._how == "in order" else State()),
-                                        install.drop(state.lease)))
-            self._finalizer.detach()
-        self._state = None
+            self._how = how
+        self._entry = None
 
     def __exit__(self, *exc) -> None:
-        if self._state is None:  # left already (by another thread, say)
+        if self._entry is None:  # left already
             return
+        failing = exc[0] is not None
         try:
-            self._leave()
+            self._leave(failing)
         except BaseException:  # an interrupt while leaving: leave whole, then raise it
-            self._leave()
+            self._leave(failing)
             raise
-        if exc[0] is not None or self._how == "in order":
+        if failing or self._how in ("in order", "ended"):
             return
         if self._how == "elsewhere":
             here, there = threading.current_thread(), self._thread
@@ -125,32 +102,20 @@ class backend:
                      "in another context (an asyncio task or contextvars.Context) than the one that entered it")
             raise RuntimeError(f"an attnswitch.backend context was exited {where}; exit a context where it was "
                                "entered. It is over: the context that entered it no longer selects it")
-        if not selection.closed(self._parent_state):
-            raise RuntimeError("attnswitch.backend contexts exited out of order (an outer one before an inner "
-                               "one); nothing is selected now in this context")
+        raise RuntimeError("attnswitch.backend contexts exited out of order (an outer one before an inner "
+                           "one); nothing is selected now in this context")
 
 
-def _how_left(state: State) -> str:
-    """Whether ``state`` is this context's selection ("in order"), one an open inner context is nested in or
-    one whose outer context was exited before it ("out of order"), or not in this context at all (another
-    thread or task: "elsewhere")."""
-    now = STATE.get()
-    if now is state:
-        return "in order"
-    if selection.closed(state.parent):
-        return "out of order"
-    while now is not None:
-        if now is state:
-            return "out of order"
-        now = now.parent
-    return "elsewhere"
+_KEYS: list = [None, frozenset()]  # (the registries' sizes, their standard keys then)
 
 
-def _drop_patch(token: int) -> None:
-    PATCHED.pop(token, None)
-    entry = _PATCHES.pop(token, None)
-    if entry is not None:
-        install.release_later(entry[0])
+def _global_keys() -> frozenset[str]:
+    """The keys a global switch takes over: every standard key registered now (read again where one was
+    registered or removed)."""
+    sizes = install.sizes()
+    if _KEYS[0] != sizes:
+        _KEYS[:] = [sizes, frozenset(registries.standard_keys())]
+    return _KEYS[1]
 
 
 def patch(model: nn.Module, name: str | Policy | Mapping) -> nn.Module:
@@ -161,48 +126,28 @@ def patch(model: nn.Module, name: str | Policy | Mapping) -> nn.Module:
     patched model that is dropped unpatches itself.
     """
     sel = resolve_selection(name)
-    info = selection.register(model)
-    lease = object()
-
-    def step():  # idempotent: run again after an interrupt, it does what is left
-        if info.token not in _PATCHES:
-            install.LEASES[lease] = info.keys()
-            _PATCHES[info.token] = (lease, weakref.finalize(model, _drop_patch, info.token))
-        PATCHED[info.token] = sel
-
-    with install.interrupts_deferred():
-        install.settle(step)
+    info = owners.register(model)
+    record.patch(info.token, sel, info.keys(), model)
     return model
 
 
 def unpatch(model: nn.Module) -> nn.Module:
     """Undo ``patch``: the model computes attention as before the first patch."""
-    info = selection.info_of(model)
-    if info is None or info.token not in _PATCHES:
+    info = owners.info_of(model)
+    if info is None or not record.unpatch(info.token):
         raise ValueError(f"{type(model).__name__} is not patched by attnswitch")
-
-    def step():  # idempotent; the record that finds the lease goes last
-        entry = _PATCHES.get(info.token)
-        if entry is not None:
-            PATCHED.pop(info.token, None)
-            install.drop(entry[0])
-            entry[1].detach()
-            _PATCHES.pop(info.token, None)
-
-    with install.interrupts_deferred():
-        install.settle(step)
     return model
 
 
 def is_patched(model: nn.Module) -> Selection | None:
     """The backend ``model`` is patched with, or None."""
-    info = selection.info_of(model)
-    return None if info is None else PATCHED.get(info.token)
+    info = owners.info_of(model)
+    return None if info is None else record.patched(info.token)
 
 
 def active_backend() -> Selection | None:
     """The backend selected by the innermost global ``backend()`` context of this thread, or None."""
-    return selection.current().global_sel
+    return record.current().global_sel
 
 
 def attention(
@@ -220,15 +165,8 @@ def attention(
     """``F.scaled_dot_product_attention`` with the active backend (``backend=`` overrides it;
     ``auto``, SDPA's own choice, when none is active). Same arguments and result as SDPA."""
     sel = resolve_selection(backend) if backend is not None else (active_backend() or "auto")
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"expected 4-d q, k, v [batch, heads, seq, dim]; got {q.dim()}, {k.dim()}, {v.dim()} dims")
-    if k.shape[1] != q.shape[1]:
-        if not enable_gqa:
-            raise ValueError(f"q has {q.shape[1]} heads and k {k.shape[1]}: pass enable_gqa=True for grouped "
-                             "query attention")
-        if q.shape[1] % k.shape[1]:
-            raise ValueError(f"q heads ({q.shape[1]}) must be a multiple of k/v heads ({k.shape[1]})")
-    name = selection.choose(sel, q.shape[2])
+    check(q, k, v, attn_mask, enable_gqa)
+    name = choose(sel, q.shape[2])
     call = Call(q, k, v, attn_mask, dropout_p, is_causal, scale)
     m = instrument.current()
     if m is not None:

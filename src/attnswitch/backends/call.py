@@ -14,7 +14,7 @@ import torch
 from ..errors import BackendUnavailable
 from ..sites import site_name
 
-__all__ = ["Call", "validate", "unavailable", "describe", "recording_notes", "note", "repeat_kv"]
+__all__ = ["Call", "check", "validate", "unavailable", "describe", "recording_notes", "note", "repeat_kv"]
 
 
 class Call(NamedTuple):
@@ -46,33 +46,40 @@ def unavailable(name: str, call: Call, reasons: list[str]) -> BackendUnavailable
     return BackendUnavailable(name, site_name(call.where), reasons, describe(call))
 
 
-def validate(call: Call) -> None:
-    """Raise what ``F.scaled_dot_product_attention`` raises for inputs no backend takes (a
-    ``RuntimeError``, as SDPA's own checks do): differing or non-float dtypes, devices, q/k head dims,
-    a mask of another dtype or one that does not broadcast to the scores, k/v heads that do not
-    divide q's."""
-    q, k, v, mask = call.q, call.k, call.v, call.mask
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise RuntimeError(f"expected 4-d q, k, v [batch, heads, seq, dim]; got {q.dim()}, {k.dim()}, {v.dim()} dims")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise RuntimeError(f"Expected query, key, and value to have the same dtype, but got query.dtype: {q.dtype} "
+def check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+          enable_gqa: bool = True) -> None:
+    """The one check of an attention call's inputs: raise what ``F.scaled_dot_product_attention`` raises for
+    inputs no backend takes (a ``RuntimeError``, as SDPA's own checks do): q, k, v that are not 4-d
+    ``[batch, heads, seq, dim]``; differing or non-float dtypes, devices, q/k head dims; fewer k/v heads than q
+    heads without ``enable_gqa`` (transformers' calls: always grouped-query), or k/v heads that do not divide
+    q's; a mask of another dtype or one that does not broadcast to the scores."""
+    qs, ks, vs = q.shape, k.shape, v.shape  # (each ``.shape`` makes a new object: read once, as this runs per call)
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
+        raise RuntimeError(f"expected 4-d q, k, v [batch, heads, seq, dim]; got {len(qs)}, {len(ks)}, {len(vs)} dims")
+    dtype = q.dtype
+    if k.dtype is not dtype or v.dtype is not dtype:
+        raise RuntimeError(f"Expected query, key, and value to have the same dtype, but got query.dtype: {dtype} "
                            f"key.dtype: {k.dtype} and value.dtype: {v.dtype} instead.")
-    if not q.is_floating_point():
-        raise RuntimeError(f"expected floating point query, key and value, got {q.dtype}")
-    if not (q.device == k.device == v.device):
-        raise RuntimeError(f"Expected query, key, and value to have the same device, got {q.device}, {k.device}, "
+    if not dtype.is_floating_point:
+        raise RuntimeError(f"expected floating point query, key and value, got {dtype}")
+    device = q.device
+    if k.device != device or v.device != device:
+        raise RuntimeError(f"Expected query, key, and value to have the same device, got {device}, {k.device}, "
                            f"{v.device}")
-    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] or k.shape[1] != v.shape[1]:
-        raise RuntimeError(f"q/k head dims and k/v lengths and heads must agree: q {tuple(q.shape)}, "
-                           f"k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if q.shape[1] % k.shape[1]:
-        raise RuntimeError(f"Number of heads in key and value ({k.shape[1]}) must divide the number of heads in "
-                           f"query ({q.shape[1]})")
+    if qs[3] != ks[3] or ks[2] != vs[2] or ks[1] != vs[1]:
+        raise RuntimeError(f"q/k head dims and k/v lengths and heads must agree: q {tuple(qs)}, k {tuple(ks)}, "
+                           f"v {tuple(vs)}")
+    if ks[1] != qs[1] and not enable_gqa:
+        raise RuntimeError(f"q has {qs[1]} heads and k/v {ks[1]}: fewer k/v heads than q heads are taken "
+                           "with enable_gqa=True only (grouped-query attention), as in scaled_dot_product_attention")
+    if qs[1] % ks[1]:
+        raise RuntimeError(f"Number of heads in key and value ({ks[1]}) must divide the number of heads in "
+                           f"query ({qs[1]})")
     if mask is not None:
-        if mask.dtype not in (torch.bool, torch.float32, q.dtype):
+        if mask.dtype not in (torch.bool, torch.float32, dtype):
             raise RuntimeError(f"Expected attn_mask dtype to be bool or float or to match query dtype, but got "
-                               f"attn_mask.dtype: {mask.dtype} and  query.dtype: {q.dtype} instead.")
-        scores = (max(q.shape[0], k.shape[0]), q.shape[1], q.shape[2], k.shape[2])
+                               f"attn_mask.dtype: {mask.dtype} and  query.dtype: {dtype} instead.")
+        scores = (max(qs[0], ks[0]), qs[1], qs[2], ks[2])
         try:
             ok = torch.broadcast_shapes(tuple(mask.shape), scores) == scores
         except RuntimeError:
@@ -80,6 +87,11 @@ def validate(call: Call) -> None:
         if not ok:
             raise RuntimeError(f"attn_mask of shape {tuple(mask.shape)} does not broadcast to the attention scores "
                                f"{list(scores)}")
+
+
+def validate(call: Call) -> None:
+    """``check`` of a call as transformers makes it (k/v heads fewer than q's: grouped-query attention)."""
+    check(call.q, call.k, call.v, call.mask)
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:

@@ -71,7 +71,7 @@ def _hide(call: Call, dtype: torch.dtype):
     mask = call.mask
     if call.causal:
         if mask is not None:
-            raise ValueError("pass either attn_mask or is_causal=True, not both (as SDPA's math backend)")
+            raise RuntimeError("pass either attn_mask or is_causal=True, not both (as SDPA's math backend)")
         return causal_mask(call.q.shape[-2], call.k.shape[-2], call.q.device), None, None
     if mask is None:
         return None, None, None

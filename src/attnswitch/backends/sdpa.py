@@ -119,7 +119,7 @@ def _cpu_mask_reasons(call: Call) -> list[str]:
         return []
     if m.requires_grad:
         return ["the CPU flash kernel takes no attn_mask that requires grad"]
-    ok = m.shape[-2] in (q.shape[2], 1) and m.shape[-1] in (k.shape[2], 1) and (
+    ok = m.dim() >= 2 and m.shape[-2] in (q.shape[2], 1) and m.shape[-1] in (k.shape[2], 1) and (
         m.dim() == 2 or (m.dim() == 4 and m.shape[0] in (1, q.shape[0]) and m.shape[1] in (1, q.shape[1])))
     return [] if ok else ["the CPU flash kernel takes attn_mask shapes 2d - ({Q_seq_len, 1} x {KV_seq_len, 1}) or "
                           "4d - ({Batch, 1} x {Num_heads, 1} x {Q_seq_len, 1} x {KV_seq_len, 1}); got "
@@ -155,7 +155,7 @@ def _fused_choice(call: Call, gqa: bool) -> int:
     try:
         return torch._fused_sdp_choice(call.q, call.k, call.v, call.mask, call.dropout, call.causal,
                                        scale=call.scale, enable_gqa=gqa)
-    except RuntimeError:
+    except (RuntimeError, IndexError):  # (its CPU check indexes a mask's second-last dim: IndexError for 1-d)
         return -1
 
 

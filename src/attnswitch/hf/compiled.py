@@ -4,16 +4,18 @@ The eager entries (``dispatch``) read ``ContextVar``s on every call, which Dynam
 traceable twin here, registered with ``torch.compiler.substitute_in_graph``: Dynamo inlines the twin
 wherever it meets the entry, and eager calls never see it (they cost exactly what they cost before).
 
-- **Which backend.** The calling context's ``selection.STATE`` is read through ``_NOW.state``, a
-  property whose getter is ``ContextVar.get`` itself (a C function): Dynamo calls it while tracing and
-  guards on the values the trace read from the state (the global backend, the model's own selection, a
-  patch), the way it guards pybind properties. The guard calls the getter again at every call of the
-  compiled code, in the calling thread or task: another backend, or leaving the switch, fails the guard,
-  and the code is compiled again for what is selected now; equal selections in new contexts pass it. Under
-  CUDA graphs (``mode="reduce-overhead"``) the guards run before every replay, so a graph recorded for
-  one backend is never replayed for another. (A value set for the duration of a forward, global or per
-  thread, would need the eager ``PreTrainedModel.__call__`` around every compiled region, which
-  ``torch.compile(model)`` made before a switch does not have, and a global one a lock across threads.)
+- **Which backend.** The rules are the eager entries' own (``selection.rule``), over the calling context's state
+  (``record.STATE``) read through ``_NOW.state``, a property whose getter is ``ContextVar.get`` itself (a C
+  function): Dynamo calls it while tracing and guards on the values the trace read from the state (the global
+  backend, the model's own selection, a patch), the way it guards pybind properties. Whose call it is
+  (``selection.call_models``) is known while tracing: the models of the innermost forward traced around it
+  (a model's call in the same trace), else every model owning the module. The guard calls the getter
+  again at every call of the compiled code, in the calling thread or task: another backend, or leaving the switch,
+  fails the guard, and the code is compiled again for what is selected now; equal selections in new contexts pass
+  it. Under CUDA graphs (``mode="reduce-overhead"``) the guards run before every replay, so a graph recorded for one
+  backend is never replayed for another. (A value set for the duration of a forward, global or per thread, would
+  need the eager per-forward guard around every compiled region, which ``torch.compile(model)`` made
+  before a switch does not have, and a global one a lock across threads.)
 - **What runs.** A forced backend is an op of ``backends.traced``: its body is the backend's own ``run``
   on the trace's fake tensors, so the graph holds the backend's own ATen op (or the hand-written
   attention's, as one opaque op) and an ineligible call is refused with ``BackendUnavailable`` when the
@@ -22,7 +24,7 @@ wherever it meets the entry, and eager calls never see it (they cost exactly wha
 - **No silent non-switch.** A compiled forward of a selected model that traced no attention call
   through attnswitch raises ``UnsupportedModel`` while tracing, as an eager one does when it returns.
 
-Only the first entry of a compiled region is eager Python: the rest, ``PreTrainedModel.__call__``
+Only the first entry of a compiled region is eager Python: the rest, the per-forward guard
 included, is traced, so ``torch.compile(model)`` made before a switch is switched too.
 """
 
@@ -35,16 +37,17 @@ import types
 
 import torch
 import torch.nn as nn
+from torch._guards import TracingContext
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ..backends import MODEL_LEVEL, Call, naive, traced
-from ..backends.call import describe
-from ..backends.policy import choose, resolve_selection
+from ..backends.call import check, describe
 from ..backends.sdpa import auto_reasons, sdpa_auto
 from ..errors import UnsupportedModel
 from ..sites import module_path
-from . import dispatch, registries, selection
+from . import dispatch, owners, record, registries, selection
 from .interface import attention_modules, expects_attention
+from .selection import choose, resolve_selection
 
 __all__ = ["installed", "traced_calls", "bare_attention", "twin"]
 
@@ -55,11 +58,13 @@ class _Now:
 
     global_sel = None
     per_owner = types.MappingProxyType({})
-    state = property(selection.STATE.get)
+    state = property(record.STATE.get)
 
 
 _NOW = _Now()
 _COUNT = threading.local()  # attention calls traced so far in this thread (trace time only)
+#: (the trace, the models) of the forwards being traced in this thread, innermost last (trace time only)
+_RUNNING = threading.local()
 
 
 def _alive(key: int):
@@ -75,13 +80,45 @@ def _about(module) -> tuple[tuple[int, ...], str]:
 
 @torch._dynamo.assume_constant_result
 def _about_id(key: int) -> tuple[tuple[int, ...], str]:
-    """At trace time: the module's owner tokens and its path; counts the traced attention call, and
-    remembers its owners as models whose forwards may run compiled attention (``dispatch.TRACED``)."""
+    """At trace time: the models the module's call belongs to (``selection.call_models``) and its path; counts
+    the traced attention call, and remembers the module's owners as models whose forwards may run compiled
+    attention (``dispatch.TRACED``)."""
     module = _alive(key)
     _COUNT.n = getattr(_COUNT, "n", 0) + 1
-    owners = selection._owners(module)
-    dispatch.TRACED.update(owners)
-    return owners, module_path(module)
+    mine = owners.owners(module)
+    dispatch.TRACED.update(mine)
+    return selection.call_models(mine, _running()), module_path(module)
+
+
+def _forwards() -> list:
+    """This thread's forwards being traced in the trace under way (those of a trace that failed are dropped)."""
+    trace = TracingContext.try_get()
+    return [f for f in getattr(_RUNNING, "stack", ()) if f[0] is trace]
+
+
+def _running() -> tuple[int, ...] | None:
+    stack = _forwards()
+    return stack[-1][1] if stack else None
+
+
+def _forward_began(model) -> int:
+    return _forward_began_id(id(model))
+
+
+@torch._dynamo.assume_constant_result
+def _forward_began_id(key: int) -> int:
+    """At trace time: a forward of the model ``key`` begins in the trace; its calls are its models'."""
+    stack = _forwards()
+    stack.append((TracingContext.try_get(), owners.owners(_alive(key))))
+    _RUNNING.stack = stack
+    return len(stack)
+
+
+@torch._dynamo.assume_constant_result
+def _forward_ended(depth: int) -> bool:
+    """At trace time: the forward ``_forward_began`` answered ``depth`` for has returned."""
+    _RUNNING.stack = _forwards()[:depth - 1]
+    return True
 
 
 def _site(module) -> str:
@@ -98,26 +135,9 @@ def traced_calls() -> int:
     return getattr(_COUNT, "n", 0)
 
 
-def _selected(owners: tuple[int, ...]):
-    """``selection.selected`` as traced code reads it, each read a guard."""
-    st = _NOW.state
-    per_owner = st.per_owner
-    sel = None
-    if len(owners) == 1:
-        sel = per_owner.get(owners[0])
-    elif owners:  # a module of a model inside another: the innermost context first
-        for t in reversed(tuple(per_owner)):
-            if t in owners:
-                sel = per_owner[t]
-                break
-    if sel is None:
-        sel = st.global_sel
-    if sel is None:
-        for t in owners:
-            sel = selection.PATCHED.get(t)
-            if sel is not None:
-                break
-    return sel
+def _selected(models: tuple[int, ...]):
+    """``selection.selected`` as traced code reads it, for a call of models ``models`` (``_about``)."""
+    return selection.rule(_NOW.state, models, record.PATCHED)
 
 
 def _config_tokens(config) -> tuple[int, ...]:
@@ -126,24 +146,18 @@ def _config_tokens(config) -> tuple[int, ...]:
 
 @torch._dynamo.assume_constant_result
 def _config_tokens_id(cid: int) -> tuple[int, ...]:
-    return tuple(t for t, info in list(selection._BY_TOKEN.items()) if cid in info.config_ids)
+    return owners.models_with_config(_alive(cid))
 
 
 def _selected_for_config(config) -> bool:
-    st = _NOW.state
-    if st.global_sel is not None:
-        return True
-    for t in _config_tokens(config):
-        if st.per_owner.get(t) is not None or selection.PATCHED.get(t) is not None:
-            return True
-    return False
+    return selection.rule(_NOW.state, _config_tokens(config), record.PATCHED) is not None
 
 
 # -- the twins --------------------------------------------------------------------------------------
 
-def attention_forward(module, query, key, value, attention_mask, **kwargs):
-    owners, _ = _about(module)
-    return dispatch._dispatch(_selected(owners), None, module, query, key, value, attention_mask, kwargs)
+def attention_forward(module, query, key, value, attention_mask, *, _own=None, **kwargs):
+    models, _ = _about(module)
+    return dispatch._dispatch(_selected(models), None, module, query, key, value, attention_mask, kwargs, _own)
 
 
 def run_backend(name, call):
@@ -152,8 +166,8 @@ def run_backend(name, call):
     return traced.attention(name, call)
 
 
-def _unselected(module, query, key, value, mask, kwargs):
-    return _unselected_with(None, module, query, key, value, mask, kwargs)
+def _unselected(module, query, key, value, mask, kwargs, own=None):
+    return _unselected_with(own, module, query, key, value, mask, kwargs)
 
 
 def _unselected_with(own, module, query, key, value, mask, kwargs):
@@ -178,8 +192,9 @@ def _recomputed(module, sel):
     return sel
 
 
-def _model_level(name, module, query, key, value, mask, kwargs):
-    return dispatch.eager_with(dispatch.model_eager_function(module), name, module, query, key, value, mask, kwargs)
+def _model_level(name, module, query, key, value, mask, kwargs, own=None):
+    return dispatch.eager_with(own or dispatch.model_eager_function(module), name, module, query, key, value, mask,
+                               kwargs)
 
 
 def get_interface(self, attn_implementation, default):
@@ -202,7 +217,7 @@ def _own_attention(own, module, query, key, value, attention_mask, **kwargs):
     sel = _selected(owners)
     if sel is None:
         return _unselected_with(own, module, query, key, value, attention_mask, kwargs)
-    name = sel if isinstance(sel, str) else choose(sel, query.shape[2])
+    name = choose(sel, query.shape[2], module)
     if name in MODEL_LEVEL:
         return dispatch.eager_with(own, name, module, query, key, value, attention_mask, kwargs)
     return dispatch._dispatch(sel, None, module, query, key, value, attention_mask, kwargs)
@@ -222,9 +237,7 @@ def bare_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scal
                    backend=None):
     """``switch.attention`` traced: the calling context's global backend, through the guard."""
     sel = resolve_selection(backend) if backend is not None else (_NOW.state.global_sel or "auto")
-    if k.shape[1] != q.shape[1] and not enable_gqa:
-        raise ValueError(f"q has {q.shape[1]} heads and k {k.shape[1]}: pass enable_gqa=True for grouped query "
-                         "attention")
+    check(q, k, v, attn_mask, enable_gqa)
     name = choose(sel, q.shape[2])
     call = Call(q, k, v, attn_mask, dropout_p, is_causal, scale)
     return sdpa_auto(call)[0] if name == "auto" else traced.attention(name, call)[0]
@@ -266,7 +279,9 @@ def _counted() -> int:
 
 def traced_call(model, args, kwargs):
     before = _counted()
-    out = (registries.original_call() or nn.Module.__call__)(model, *args, **kwargs)
+    depth = _forward_began(model)
+    out = (registries.original_call() or nn.Module._call_impl)(model, *args, **kwargs)
+    _forward_ended(depth)
     _check_counted(model, before)
     return out
 

@@ -10,9 +10,8 @@ a ``with`` exit does not span), and the SIGINT handler it swaps in raises nothin
 from __future__ import annotations
 
 import _signal  # the C module under ``signal``: the same calls without the enum conversions (~10 µs each)
-import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 __all__ = ["settle", "try_locked", "interrupts_deferred", "one_registration_at_a_time"]
 
@@ -53,18 +52,25 @@ def try_locked(change: Callable[[], None]) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def interrupts_deferred() -> Iterator[None]:
-    """Hold a SIGINT back for the block (main thread, Python's own handler only), then raise it."""
-    if threading.current_thread() is not threading.main_thread() or \
-            _signal.getsignal(_signal.SIGINT) is not _signal.default_int_handler:
-        yield
-        return
-    caught: list = []
-    previous = _signal.signal(_signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        _signal.signal(_signal.SIGINT, previous)
-        if caught:
+class interrupts_deferred:
+    """Hold a SIGINT back for the block (main thread, Python's own handler only), then raise it. (A class, not a
+    generator: it runs twice per switch entered and left.)"""
+
+    __slots__ = ("_previous", "_caught")
+
+    def __enter__(self) -> None:
+        self._previous = None
+        if _get_ident() != _main_thread().ident or _signal.getsignal(_signal.SIGINT) is not _signal.default_int_handler:
+            return
+        caught = self._caught = []
+        self._previous = _signal.signal(_signal.SIGINT, lambda signum, frame: caught.append(signum))
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is None:
+            return
+        _signal.signal(_signal.SIGINT, self._previous)
+        if self._caught:
             raise KeyboardInterrupt
+
+
+_get_ident, _main_thread = threading.get_ident, threading.main_thread

@@ -1,17 +1,17 @@
 """The functions attnswitch writes into transformers' registries and its attention lookup, and the
 per-forward guard.
 
-A forward of a selected model reads its selection once, at its start (``Forward``); each attention
-call of a module that model alone owns takes it from there, while the calling context's selection is
-the one the forward started in. Every other call asks the calling context which backend is selected
-for the calling module (``selection``); with none selected (another thread, another model, outside
-any context) it runs exactly what the model would have run: the registry's original for its key, or its
-own eager function, which transformers' lookup (``get_interface``) passes along. Inside a backward, a
-call no forward is running for is a recompute, and runs its forward's backend (``recompute``). Every
-forward of a selected model counts the attention calls that went through the selected backend: a forward
-that made none, while the model has attention layers, raises ``UnsupportedModel``, and the model's first
-switched forward is watched for attention outside the interface (``observe``): a switch must never
-silently change nothing.
+Every forward of a model, while any switch is active, reads its selection once, at its start (``Forward``),
+and says whose calls run inside it (``selection``: the models its model is part of). Each attention call of a
+module those models own takes the forward's selection from there, while the calling context's selection is
+the one the forward started in; every other call asks the rules, with the forward's models. With none
+selected (another thread, a model no switch names, outside any context) a call runs exactly what the model
+would have run: the registry's original for its key, or its own eager function, which transformers' lookup
+(``get_interface``) passes along. Inside a backward, a call no forward is running for is a recompute, and
+runs its forward's backend (``recompute``). Every forward of a selected model counts the attention calls
+that went through the selected backend: a forward that made none, while the model has attention layers,
+raises ``UnsupportedModel``, and the model's first switched forward is watched for attention outside the
+interface (``observe``): a switch must never silently change nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ..backends.naive import causal_mask
 from ..backends.sdpa import COMMON_OPS, auto_reasons
 from ..errors import BackendUnavailable, UnsupportedModel
 from ..sites import module_path, site_name
-from . import observe, recompute, registries, selection
+from . import observe, owners, recompute, record, registries, selection
 from .interface import attention_modules, expects_attention, model_eager_function
 
 __all__ = ["attention_forward", "mask_forward", "get_interface", "guarded_call", "new_forward", "run_backend",
@@ -38,28 +38,27 @@ __all__ = ["attention_forward", "mask_forward", "get_interface", "guarded_call",
 
 
 class Forward:
-    """A forward of a selected model: the state it started in (None once it has returned: a context
-    copied during it may outlive it), the ids of the modules whose calls take the model's selection (a
-    live set, ``selection.for_forward``), the selection, the backend's common op (None: every call takes
-    the general path), the attention calls that went through the selection so far, and the model (None once
-    returned) with what attnswitch knows of it."""
+    """A forward running while a switch is active: the state it started in (None once it has returned: a
+    context copied during it may outlive it), the models its calls belong to (``selection.call_models``), the
+    ids of the modules whose calls take its selection straight (a live set, ``selection.for_forward``), the
+    selection (None: its model is not selected), the backend's common op (None: every call takes the general
+    path), the attention calls that went through the selection so far, and the model where attnswitch knows
+    it (None once returned) with what it knows of it."""
 
-    __slots__ = ("state", "modules", "sel", "op", "calls", "wrap", "model", "info", "watch")
+    __slots__ = ("state", "models", "modules", "sel", "op", "calls", "wrap", "model", "info", "watch")
 
-    def __init__(self, state, modules: set, sel, op, model=None, info=None):
-        self.state, self.modules, self.sel, self.op, self.calls = state, modules, sel, op, 0
+    def __init__(self, state, sel, models: tuple, modules, op=None, model=None, info=None):
+        self.state, self.sel, self.models, self.modules, self.op, self.calls = state, sel, models, modules, op, 0
         #: whether the lookup hands out more than the entry: the module's own eager function (where a call may run
         #: ``eager`` or ``eager-fp32``), or the entry with the watch off (``observe``)
-        self.wrap = (sel in MODEL_LEVEL) if sel.__class__ is str else bool({sel.prefill, sel.decode} & MODEL_LEVEL)
+        self.wrap = sel is not None and ((sel in MODEL_LEVEL) if sel.__class__ is str
+                                         else not MODEL_LEVEL.isdisjoint(selection.backends_of(sel)))
         self.model, self.info, self.watch = model, info, None
 
 
 #: the forward of a selected model running in this context (None: none)
 _FORWARD: ContextVar[Forward | None] = ContextVar("attnswitch_forward", default=None)
 FORWARD = _FORWARD
-#: the calling module's own eager attention function, as transformers gave it to the module (the default of
-#: its ``get_interface`` lookup), for the call running in this context; None: not known
-_OWN: ContextVar = ContextVar("attnswitch_own_eager", default=None)
 
 
 def run_backend(name: str, call: Call):
@@ -111,10 +110,10 @@ def position_bias_mask(position_bias, mask, is_causal, query, key) -> torch.Tens
 
 # -- the attention entry ----------------------------------------------------------------------------
 
-def _model_level(name, module, query, key, value, mask, kwargs):
+def _model_level(name, module, query, key, value, mask, kwargs, own=None):
     """The model's own eager attention (``eager``) with the mask transformers made for it, or computed in
-    float32 (``eager-fp32``)."""
-    return eager_with(_OWN.get() or model_eager_function(module), name, module, query, key, value, mask, kwargs)
+    float32 (``eager-fp32``); ``own``: the module's own eager function, where its lookup gave it."""
+    return eager_with(own or model_eager_function(module), name, module, query, key, value, mask, kwargs)
 
 
 def eager_with(fn, name, module, query, key, value, mask, kwargs):
@@ -138,16 +137,16 @@ def _auto(module, query, key, value, mask, kwargs):
     return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
 
 
-def _unselected(module, query, key, value, mask, kwargs):
+def _unselected(module, query, key, value, mask, kwargs, own=None):
     """What the model would have run: the registry's original for its config's key, or (``eager``, which
-    has no entry) the module's own function."""
+    has no entry) the module's own function (``own``, where its lookup gave it)."""
     config = getattr(module, "config", None)
     key_name = getattr(config, "_attn_implementation", None) if config is not None else None
     fn = registries.original("attention", key_name) if key_name is not None else None
     if fn is None:
-        fn = _OWN.get() or model_eager_function(module)
-    if config is not None and key_name != "sdpa" and selection.selected_for_config(config) is not None:
-        # its config is shared with a model selected here, so transformers built that backend's masks for it
+        fn = own or model_eager_function(module)
+    if config is not None and key_name != "sdpa" and _masks_selection(config) is not None:
+        # transformers built its masks for a selected backend (its forward's, or a model's sharing its config)
         if key_name in (None, "eager"):
             if mask is None or mask.dtype == torch.bool:
                 mask = additive_mask(mask, query, key, _causal(module, query, mask, kwargs.get("is_causal")),
@@ -157,6 +156,15 @@ def _unselected(module, query, key, value, mask, kwargs):
                                f"attention implementation {key_name!r} builds its own masks; give each model its "
                                "own config (copy.deepcopy(config))")
     return fn(module, query, key, value, mask, **kwargs)
+
+
+def _masks_selection(config):
+    """The selection transformers' masks were made for in the calling context: the running forward's (its own
+    masks where its model is not selected), else that of the models sharing ``config``."""
+    fwd = _FORWARD_GET()
+    if fwd is not None and fwd.state is not None:
+        return fwd.sel
+    return selection.selected_for_config(config)
 
 
 #: transformers' arguments that make a call other than the common one (where present and not None)
@@ -169,19 +177,22 @@ def _rare(kw: dict) -> bool:
             get("sinks") is not None or bool(get("output_attentions")))
 
 
-def _dispatch(sel, fwd: Forward | None, module, query, key, value, mask, kw: dict):
-    """One call with selection ``sel``, counted in ``fwd`` (the forward running in this context)."""
+def _dispatch(sel, fwd: Forward | None, module, query, key, value, mask, kw: dict, own=None):
+    """One call with selection ``sel``, counted in ``fwd`` (the forward running in this context); ``own``: the
+    module's own eager function, where its lookup gave it."""
     if fwd is None:
         sel = _recomputed(module, sel)
     elif sel is None and fwd.model is not None:
         sel = _adopted(fwd, module)
     if sel is None:
-        return _unselected(module, query, key, value, mask, kw)
+        return _unselected(module, query, key, value, mask, kw, own)
     if fwd is not None and fwd.state is not None:
         fwd.calls += 1
-    name = sel if sel.__class__ is str else selection.choose(sel, query.shape[2])
+    name = sel if sel.__class__ is str else selection.choose(sel, query.shape[2], module)
     if name in _SPECIAL:
-        return _special(name, module, query, key, value, mask, kw)
+        if name == "auto":
+            return _auto(module, query, key, value, mask, kw)
+        return _model_level(name, module, query, key, value, mask, kw, own)
     # The same reading of transformers' arguments as its sdpa function: causal only without a mask and
     # for more than one query; k/v cropped for a prefill into an empty static cache. A sliding window is
     # already in the mask (or needs none: every key is inside the window). ``kw`` as transformers passed
@@ -217,8 +228,8 @@ def _adopted(fwd: Forward, module):
     if module in info.strangers:
         return None
     model, fwd.model = fwd.model, None
-    selection.rescan(model, info)
-    sel = selection.selected(module)
+    owners.rescan(model, info)
+    sel = selection.selected(module, fwd.models)
     if sel is None:  # not one of its modules (a module its forward calls, say): not read again for it
         info.strangers.add(module)
     return sel
@@ -233,25 +244,20 @@ _GRAPH_TASK = torch._C._current_graph_task_id  # -1 outside a backward
 _SPECIAL = frozenset({"auto", *backends.MODEL_LEVEL})  # run through transformers' functions, with the module
 
 
-def _special(name, module, query, key, value, mask, kwargs):
-    if name == "auto":
-        return _auto(module, query, key, value, mask, kwargs)
-    return _model_level(name, module, query, key, value, mask, kwargs)
-
-
-def attention_forward(module, query, key, value, attention_mask, **kwargs):
+def attention_forward(module, query, key, value, attention_mask, *, _own=None, **kwargs):
     """Entry for ``ALL_ATTENTION_FUNCTIONS``: the selected backend, else what the registry held.
 
     The common call of a forward's own module (no mask, position bias, softcap, sinks or weights wanted;
     k/v heads that divide q's; a head dim that is a multiple of 8) goes straight to the backend's op
     (``COMMON_OPS``), read as ``_dispatch`` reads transformers' arguments; everything else, and any call
     the op's check refuses, goes to ``_dispatch``. This runs per layer per step, and each line costs host
-    time: tensor shapes are read once, and nothing is called that the call does not need."""
+    time: tensor shapes are read once, and nothing is called that the call does not need. ``_own``: the
+    module's own eager function, which the lookup (``get_interface``) binds where a call may run it."""
     fwd = _FORWARD_GET()
     if _MEASURE() is not None:
-        return _measured(module, query, key, value, attention_mask, kwargs)
+        return _measured(module, query, key, value, attention_mask, kwargs, _own)
     if fwd is None or id(module) not in fwd.modules or _STATE_GET() is not fwd.state:
-        return _dispatch(selection.selected(module), fwd, module, query, key, value, attention_mask, kwargs)
+        return _dispatch(_selected(module, fwd), fwd, module, query, key, value, attention_mask, kwargs, _own)
     op = fwd.op
     if op is not None and attention_mask is None and (_RARE.isdisjoint(kwargs) or not _rare(kwargs)):
         qs, ks = query.shape, key.shape
@@ -268,17 +274,17 @@ def attention_forward(module, query, key, value, attention_mask, **kwargs):
             if out is not None:
                 fwd.calls += 1
                 return out.transpose(1, 2).contiguous(), None
-    return _dispatch(fwd.sel, fwd, module, query, key, value, attention_mask, kwargs)
+    return _dispatch(fwd.sel, fwd, module, query, key, value, attention_mask, kwargs, _own)
 
 
-def _measured(module, query, key, value, mask, kwargs):
+def _measured(module, query, key, value, mask, kwargs, own):
     """The call as ``attention_forward`` makes it, measured (a profiler range, host time) by the calling
     context's measurement."""
     token = instrument.MEASURE.set(None)
     m, where = token.old_value, module_path(module)
     try:
         out = instrument.call(m, where, key.shape[2], lambda: attention_forward(module, query, key, value, mask,
-                                                                                **kwargs))
+                                                                                _own=own, **kwargs))
     finally:
         instrument.MEASURE.reset(token)
     if m.observers:  # (untimed passes only)
@@ -288,8 +294,13 @@ def _measured(module, query, key, value, mask, kwargs):
     return out
 
 
+def _selected(module, fwd: Forward | None):
+    """The selection for a call of ``module`` in the calling context, ``fwd`` the forward running there."""
+    return selection.selected(module, None if fwd is None or fwd.state is None else fwd.models)
+
+
 _FORWARD_GET = _FORWARD.get
-_STATE_GET = selection.STATE.get
+_STATE_GET = record.STATE.get
 _MEASURE = instrument.MEASURE.get
 
 
@@ -331,19 +342,14 @@ def _unwatched(watch, entry, *args, **kwargs):
         return entry(*args, **kwargs)
 
 
-_OWN_ENTRIES: dict = {}  # a module's own eager function -> attnswitch's entry that carries it
+_OWN_ENTRIES: dict = {}  # a module's own eager function -> attnswitch's entry bound to it
 
 
 def _own_entry(own):
+    """``attention_forward`` with the module's own eager function bound (a C partial: no frame of its own)."""
     entry = _OWN_ENTRIES.get(own)
     if entry is None:
-        def entry(module, query, key, value, attention_mask, **kwargs):
-            token = _OWN.set(own)
-            try:
-                return attention_forward(module, query, key, value, attention_mask, **kwargs)
-            finally:
-                _OWN.reset(token)
-        _OWN_ENTRIES[own] = entry
+        entry = _OWN_ENTRIES[own] = functools.partial(attention_forward, _own=own)
     return entry
 
 
@@ -354,29 +360,33 @@ def mask_forward(*args, config=None, **kwargs):
     mask transformers makes for eager where that backend is ``eager`` (or ``eager-fp32``), else SDPA's
     (boolean, or None where ``is_causal`` suffices: each backend takes that form); otherwise what the
     registry held for the config's key."""
-    sel = selection.selected_for_config(config) if config is not None else None
+    fwd = _FORWARD_GET()
+    if fwd is not None and fwd.state is not None:
+        sel = fwd.sel  # the masks of the model whose forward runs (its own where it is not selected)
+    else:
+        sel = selection.selected_for_config(config) if config is not None else None
     if sel is None:
         fn = registries.original("masks", getattr(config, "_attn_implementation", None) or "sdpa")
     else:
-        name = sel if sel.__class__ is str else selection.choose(sel, kwargs.get("q_length", 2))
+        name = selection.choose(sel, kwargs.get("q_length", 2))
         fn = (name in MODEL_LEVEL and registries.original("masks", "eager")) or registries.original("masks", "sdpa")
     return fn(*args, config=config, **kwargs)
 
 
 # -- the per-forward guard --------------------------------------------------------------------------
 
-def new_forward(model: nn.Module) -> Forward | None:
-    """What a forward of ``model`` starting now in the calling context runs with; None: not selected."""
-    found = selection.for_forward(model)
-    if found is None:
-        return None
-    state, sel, modules, info = found
-    return Forward(state, modules, sel, COMMON_OPS.get(sel) if sel.__class__ is str else None, model, info)
+def new_forward(model: nn.Module) -> Forward:
+    """What a forward of ``model`` starting now in the calling context runs with."""
+    state, sel, models, modules, info = selection.for_forward(model)
+    if sel is None:
+        return Forward(state, None, models, modules)
+    return Forward(state, sel, models, modules, COMMON_OPS.get(sel) if sel.__class__ is str else None,
+                   model if info is not None else None, info)
 
 
 def traced_call(model: nn.Module, args, kwargs):
     """A forward inside ``torch.compile``'s trace (``hf.compiled`` has its twin, the one traced)."""
-    return (registries.original_call() or nn.Module.__call__)(model, *args, **kwargs)
+    return (registries.original_call() or nn.Module._call_impl)(model, *args, **kwargs)
 
 
 _COMPILING = torch.compiler.is_compiling
@@ -386,28 +396,32 @@ TRACED: set[int] = set()
 
 
 def _traced(model: nn.Module) -> bool:
-    info = selection.info_of(model)
+    info = owners.info_of(model)
     return info is not None and info.token in TRACED
 
 
 def guarded_call(self: nn.Module, *args, **kwargs):
-    """``PreTrainedModel.__call__`` while any switch is active: reads the model's selection for the
-    forward, counts the forward's attention calls, watches the model's first one for attention outside the
-    interface, and leaves a record for its recompute in backward (traced: the compiled code's guards read
-    the selection, ``hf.compiled``)."""
+    """``PreTrainedModel._call_impl`` (what a model's call runs) while any switch is active: reads the model's
+    selection for the forward and says whose calls run in it, counts the forward's attention calls, watches the
+    model's first one for attention outside the interface, and leaves a record for its recompute in backward
+    (traced: the compiled code's guards read the selection, ``hf.compiled``)."""
     if _COMPILING():
         return traced_call(self, args, kwargs)
-    call = registries.original_call() or nn.Module.__call__
-    outer = _FORWARD.get()
-    fwd = None if outer is not None and outer.state is not None else new_forward(self)
-    if fwd is None:  # a forward inside a counted one, or not switched
-        if outer is None and recompute.LIVE and _GRAD_ON():
-            return _unswitched_recordable(self, call(self, *args, **kwargs))
-        return call(self, *args, **kwargs)
-    info = fwd.info
-    watch = None if info.observed else observe.Watch(self, info.owned, _INSIDE)  # (not compiling: see above)
-    if watch is not None:
-        fwd.watch, fwd.wrap = watch, True
+    call = registries.original_call() or nn.Module._call_impl
+    outer = _FORWARD_GET()
+    if outer is not None and outer.state is None:
+        outer = None  # (one that has returned, in a context copied during it)
+    if outer is not None and outer.models == owners.owners(self):
+        return call(self, *args, **kwargs)  # a forward inside one of the same models: its calls are that one's
+    fwd = new_forward(self)
+    info = fwd.info if fwd.sel is not None else None
+    watch = None
+    if outer is not None:
+        fwd.watch = outer.watch  # (the outer forward's watch sees this one's calls)
+        fwd.wrap = fwd.wrap or fwd.watch is not None
+    elif info is not None and not info.observed:
+        watch = fwd.watch = observe.Watch(self, info.owned, _INSIDE)  # (not compiling: see above)
+        fwd.wrap = True
     token = _FORWARD.set(fwd)
     try:
         if watch is None:
@@ -418,8 +432,14 @@ def guarded_call(self: nn.Module, *args, **kwargs):
     finally:
         fwd.state = fwd.model = None  # finished, also for a context copied during it
         _FORWARD.reset(token)
+    if outer is not None:
+        outer.calls += fwd.calls
+    if info is None:  # not selected, or a part of a selected model run alone
+        if outer is None and recompute.LIVE and _GRAD_ON():
+            return _unswitched_recordable(self, out)
+        return out
     _check(self, fwd, watch)
-    if info.layers and _GRAD_ON() and info.checkpointing():
+    if outer is None and info.layers and _GRAD_ON() and info.checkpointing():
         recompute.note(info, type(self).__name__, fwd.sel, out)
     return out
 
@@ -427,7 +447,7 @@ def guarded_call(self: nn.Module, *args, **kwargs):
 def _unswitched_recordable(model: nn.Module, out):
     """An unswitched forward of a model whose switched forwards' graphs may still be recomputed: its own graph
     records that it ran unswitched, so that its recompute is never taken for theirs."""
-    info = selection.info_of(model)
+    info = owners.info_of(model)
     if info is not None and info.layers and recompute.live(info.token) and info.checkpointing():
         recompute.note(info, type(model).__name__, None, out)
     return out

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import threading
 
-from . import dispatch, registries, selection
+from . import dispatch, owners, record, registries
 
 __all__ = ["ForwardThread", "replicate_for_data_parallel"]
 
 #: what a thread torch starts for a forward carries of the starting thread's context
-_CARRIED = (selection.STATE, dispatch.FORWARD)
+_CARRIED = (record.STATE, dispatch.FORWARD)
 
 
 class ForwardThread(threading.Thread):
@@ -46,7 +46,7 @@ class _Threading:
 def replicate_for_data_parallel(self):
     """``Module._replicate_for_data_parallel``: the replica, owned as ``self`` is."""
     replica = registries.original_attr(registries.REPLICATE)(self)
-    selection.own_replica(self, replica)
+    owners.own_replica(self, replica)
     return replica
 
 

@@ -1,15 +1,15 @@
 """Backward recomputation of a switched forward (gradient checkpointing) runs the forward's backend, on
 whatever thread autograd runs it.
 
-A checkpointed layer's forward runs again in backward: on the CUDA autograd engine's device thread (on CPUs,
-the thread that called backward), which sees none of the caller's contexts, and possibly after the block the
-forward ran in has ended. A forward of a switched model run under grad, whose layers checkpoint, leaves a
-record held by its graph (its outputs' ``grad_fn`` metadata): the model, the selection, the thread, and a lease
-that keeps attnswitch's entries installed while the graph may still be recomputed. An attention call inside a
-backward with no forward running in its context takes its model's record: the one of the thread that called
-backward (autograd carries ATen's thread-local state, where each thread leaves its id, to the device thread),
-else the one live record of any thread. Live records of one model with different selections, none of which
-the calling context selects, are an error that says so: attnswitch cannot tell which forward is recomputed.
+A checkpointed layer's forward runs again in backward: on the CUDA autograd engine's device thread (on CPUs, the
+thread that called backward), which sees none of the caller's contexts, and possibly after the block the forward ran
+in has ended. A forward of a switched model run under grad, whose layers checkpoint, leaves a record held by its
+graph (its outputs' ``grad_fn`` metadata): the model, the selection, the thread; the switch's record
+(``record.hold``) keeps attnswitch's entries installed while the graph may still be recomputed. An attention call
+inside a backward with no forward running in its context takes its model's record: the one of the thread that called
+backward (autograd carries ATen's thread-local state, where each thread leaves its id, to the device thread), else
+the one live record of any thread. Live records of one model with different selections, none of which the calling
+context selects, are an error that says so: attnswitch cannot tell which forward is recomputed.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import torch
 
 from ..sites import site_name
-from . import install, selection
+from . import owners, record
 
 __all__ = ["note", "chosen", "live", "LIVE"]
 
@@ -36,10 +36,10 @@ _LOCK = threading.Lock()
 class _Record:
     """What a recomputed forward ran with; alive while a graph of it is (the graph holds it)."""
 
-    __slots__ = ("token", "model", "sel", "thread", "lease", "__weakref__")
+    __slots__ = ("token", "model", "sel", "thread", "__weakref__")
 
     def __init__(self, token: int, model: str, sel, thread: int):
-        self.token, self.model, self.sel, self.thread, self.lease = token, model, sel, thread, object()
+        self.token, self.model, self.sel, self.thread = token, model, sel, thread
 
 
 #: owner token -> records of its forwards whose graphs may still be recomputed (weakly); a record's selection
@@ -98,8 +98,7 @@ def note(info, model: str, sel, out) -> None:
     rec = next((r for r in live(info.token) if r.thread == thread and r.sel == sel), None)
     if rec is None:
         rec = _Record(info.token, model, sel, thread)
-        weakref.finalize(rec, install.release_later, rec.lease)  # first: a record always lets go
-        install.acquire(rec.lease, info.keys())
+        record.hold(rec, info.keys())  # attnswitch's entries stay while the record (its graphs) lives
         with _LOCK:
             _LIVE.setdefault(info.token, []).append(weakref.ref(rec))
     for node in nodes:
@@ -111,7 +110,7 @@ def chosen(module, sel):
     context (a recompute): its model's forward's, else ``sel`` (the calling context's)."""
     if not _LIVE:
         return sel
-    for token in selection.owners(module):
+    for token in owners.owners(module):
         recs = live(token)
         if not recs:
             continue

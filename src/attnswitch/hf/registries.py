@@ -3,7 +3,9 @@ touches them: which entries, what they held, putting it back.
 
 ``ALL_ATTENTION_FUNCTIONS`` and ``ALL_MASK_ATTENTION_FUNCTIONS`` each have a class-wide mapping and the
 shared instance's own (``registry["sdpa"] = fn`` writes the latter, which wins). Besides: the per-forward
-guard (``PreTrainedModel.__call__``), the attention lookup every module makes
+guard (``PreTrainedModel._call_impl``, what ``nn.Module.__call__`` runs: a plain method, whose writing costs what
+a dict write costs, where writing ``__call__`` makes CPython update the call slot of every model class loaded, 34
+µs per switch entered and left with 20 architectures imported), the attention lookup every module makes
 (``AttentionInterface.get_interface``), and what makes torch's threads and replicas part of a forward
 (the ``threading`` that ``torch.nn.parallel.parallel_apply`` starts its threads with,
 ``Module._replicate_for_data_parallel``). An entry is overridden
@@ -25,8 +27,8 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
 __all__ = ["ATTENTION", "MASKS", "MISSING", "FNS", "CALL", "GET_INTERFACE", "REPLICATE", "PARALLEL_APPLY",
-           "standard_keys", "override", "restore", "installed_entries", "original", "original_call", "original_attr",
-           "snapshot"]
+           "standard_keys", "override", "restore", "installed_entries", "hold_only", "original", "original_call",
+           "original_attr", "snapshot"]
 
 ATTENTION = ALL_ATTENTION_FUNCTIONS
 MASKS = ALL_MASK_ATTENTION_FUNCTIONS
@@ -35,7 +37,7 @@ MISSING: Any = type("Missing", (), {"__repr__": lambda self: "<missing>"})()
 #: attributes attnswitch takes over while any switch is active, as ("attr", owner, name)
 _ATTR_OWNERS = {"PreTrainedModel": PreTrainedModel, "AttentionInterface": AttentionInterface, "Module": nn.Module,
                 "torch.nn.parallel.parallel_apply": sys.modules["torch.nn.parallel.parallel_apply"]}
-CALL = ("attr", "PreTrainedModel", "__call__")  # the per-forward guard
+CALL = ("attr", "PreTrainedModel", "_call_impl")  # the per-forward guard
 GET_INTERFACE = ("attr", "AttentionInterface", "get_interface")  # every module's attention lookup
 REPLICATE = ("attr", "Module", "_replicate_for_data_parallel")  # a replica is its original's
 PARALLEL_APPLY = ("attr", "torch.nn.parallel.parallel_apply", "threading")  # the threads it starts
@@ -61,25 +63,39 @@ def standard_keys() -> set[str]:
     return {k for k in keys if not k.startswith("paged")}
 
 
+#: entry -> (the dict it is in, or what has it as an attribute; its key; whether an attribute; attnswitch's function)
+_PLACES: dict[tuple[str, str, str], tuple[Any, str, bool, Any]] = {}
+
+
+def _place(entry: tuple[str, str, str]) -> tuple[Any, str, bool, Any]:
+    place = _PLACES.get(entry)
+    if place is None:
+        fn = FNS.get(entry if entry[0] == "attr" else entry[0])
+        if entry[0] == "attr":
+            place = (_ATTR_OWNERS[entry[1]], entry[2], True, fn)
+        else:
+            place = (_mapping(entry[0], entry[1]), entry[2], False, fn)
+        if fn is not None:  # (known once the module that defines it is imported)
+            _PLACES[entry] = place
+    return place
+
+
 def _read(entry: tuple[str, str, str]):
-    if entry[0] == "attr":
-        return vars(_ATTR_OWNERS[entry[1]]).get(entry[2], MISSING)
-    return _mapping(entry[0], entry[1]).get(entry[2], MISSING)
+    where, key, attr, _ = _place(entry)
+    return (vars(where) if attr else where).get(key, MISSING)
 
 
 def _write(entry: tuple[str, str, str], value) -> None:
-    if entry[0] == "attr":
-        owner = _ATTR_OWNERS[entry[1]]
+    where, key, attr, _ = _place(entry)
+    if attr:
         if value is not MISSING:
-            setattr(owner, entry[2], value)
-        elif entry[2] in vars(owner):
-            delattr(owner, entry[2])
-        return
-    m = _mapping(entry[0], entry[1])
-    if value is MISSING:
-        m.pop(entry[2], None)
+            setattr(where, key, value)
+        elif key in vars(where):
+            delattr(where, key)
+    elif value is MISSING:
+        where.pop(key, None)
     else:
-        m[entry[2]] = value
+        where[key] = value
 
 
 def override(entry: tuple[str, str, str], fn: Callable) -> None:
@@ -98,6 +114,39 @@ def restore(entry: tuple[str, str, str], fn: Callable) -> None:
     if _read(entry) is fn:
         _write(entry, _SAVED[entry])
     _SAVED.pop(entry, None)
+
+
+def hold_only(wanted: dict[tuple[str, str, str], Callable]) -> None:
+    """Make the entries of ``wanted`` hold attnswitch's functions (``override``), and put back every other entry
+    attnswitch holds (``restore``): ``override`` and ``restore`` written out, one dict operation (or attribute
+    write) per step, since this runs as every switch is entered and left."""
+    saved, missing = _SAVED, MISSING
+    if len(saved) > len(wanted) or (saved and not wanted.keys() >= saved.keys()):
+        for entry in [e for e in saved if e not in wanted]:
+            where, key, attr, fn = _place(entry)
+            if attr:
+                if where.__dict__.get(key, missing) is fn:
+                    value = saved[entry]
+                    if value is missing:
+                        delattr(where, key)
+                    else:
+                        setattr(where, key, value)
+            elif where.get(key, missing) is fn:
+                value = saved[entry]
+                if value is missing:
+                    where.pop(key, None)
+                else:
+                    where[key] = value
+            saved.pop(entry, None)
+    for entry in wanted:
+        where, key, attr, fn = _place(entry)
+        current = (where.__dict__ if attr else where).get(key, missing)
+        if current is not fn:
+            saved[entry] = current
+            if attr:
+                setattr(where, key, fn)
+            else:
+                where[key] = fn
 
 
 def installed_entries() -> list[tuple[str, str, str]]:
@@ -127,8 +176,8 @@ def original_attr(entry: tuple[str, str, str]):
 
 
 def original_call():
-    """``PreTrainedModel.__call__`` without the guard; None where PreTrainedModel defines none (then
-    ``nn.Module.__call__`` applies)."""
+    """``PreTrainedModel._call_impl`` without the guard; None where PreTrainedModel defines none (then
+    ``nn.Module._call_impl`` applies)."""
     value = _held(CALL)
     return None if value is MISSING else value
 

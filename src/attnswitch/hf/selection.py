@@ -1,327 +1,128 @@
-"""Which backend each attention call runs: the selection of the calling context, per model.
+"""Which backend each attention call runs: the rules, read by the eager entries (``dispatch``) and traced by
+``torch.compile`` (``compiled``) alike, over the switch's record (``record``) and the models' modules
+(``owners``).
 
-The selection lives in a ``ContextVar`` as a frozen ``State``: a global backend and per-model ones.
-Contexts nest (the inner one wins, the outer one comes back), and each thread or asyncio task sees only
-its own. A model is selected by itself, never by its config: every module of a switched model is
-remembered (weakly) as owned by that model, so two models sharing one config are switched apart, and a
-copy of a model (``copy.deepcopy``, pickling) is a model attnswitch has never switched. Nothing is
-written on the model or its configs.
+- **Whose call.** A call belongs to the models whose forward is running in its context, among those owning
+  the calling module: the running forward's model and every model it is part of (a submodel run alone, as
+  ``generate`` runs an encoder, is its model's). Outside any forward, to every model owning the module. So a
+  layer two models share runs, in each model's forward, that model's backend, and a model no switch names
+  runs its own attention in it.
+- **Which backend.** Of those models: the innermost model-scoped context of one of them, else the innermost
+  global context, else a patch of one of them (``rule``). A forward reads it once, when it starts.
+- **Per call**, the selection gives the call's backend (``choose``: a policy per phase, by query length).
 """
 
 from __future__ import annotations
 
-import itertools
-import types
-import weakref
-from collections.abc import Mapping
-from contextvars import ContextVar
-from dataclasses import dataclass, field
+from ..backends.policy import Policy, Selection, resolve_selection
+from ..backends.policy import choose as _choose_phase
+from . import owners, record
+from .record import PATCHED, STATE
 
-import torch.nn as nn
-from torch.nn.modules.module import register_module_module_registration_hook
-
-from ..backends.policy import Policy, Selection, choose, resolve_selection
-from ..sites import remember_paths
-from . import critical
-from .interface import configs_of, require_interface
-from .leases import DEAD, LEASES, held
-
-__all__ = ["Policy", "Selection", "State", "STATE", "current", "ModelInfo", "register", "rescan", "own_replica",
-           "info_of", "selected", "for_forward", "selected_for_config", "resolve_selection", "choose", "PATCHED",
-           "closed", "close", "owners"]
+__all__ = ["Policy", "Selection", "resolve_selection", "rule", "choose", "backends_of", "call_models", "selected",
+           "for_forward", "selected_for_config", "STATE", "PATCHED"]
 
 
-@dataclass(frozen=True, eq=False)
-class State:
-    """The calling context's selection: a global backend and per-model (owner token) ones."""
-
-    global_sel: Selection | None = None
-    #: owner token -> selection, the innermost context's last
-    per_owner: Mapping[int, Selection] = field(default_factory=lambda: types.MappingProxyType({}))
-    parent: State | None = None
-    lease: object = None  # the lease of the context that set it (None for the empty state)
-
-
-STATE: ContextVar[State] = ContextVar("attnswitch_state", default=State())  # noqa: B039 (immutable)
-_CLOSED: weakref.WeakSet = weakref.WeakSet()  # states whose context was exited out of order
-
-
-def current() -> State:
-    """The calling context's state; one whose context is gone without an exit (its lease released by
-    the context's finalizer) is replaced by the closest live one it was nested in."""
-    st = STATE.get()
-    if st.lease is None or held(st.lease):
-        return st
-    while st.lease is not None and not held(st.lease):
-        st = st.parent or State()
-    STATE.set(st)
-    return st
-
-
-def close(state: State) -> None:
-    _CLOSED.add(state)
-
-
-def closed(state: State | None) -> bool:
-    """Whether ``state`` or a context it is nested in was exited out of order."""
-    while state is not None:
-        if state in _CLOSED:
-            return True
-        state = state.parent
-    return False
-
-
-@dataclass(eq=False)
-class ModelInfo:
-    """What attnswitch remembers of a model: its owner token, its configs, the modules it owns (no reference to
-    the model)."""
-
-    token: int
-    config_ids: frozenset[int]
-    configs: tuple  # the configs themselves (owned by the model; they hold no reference back)
-    #: ids of the live modules it owns, and of those it alone owns (both shed a module's id as it is freed;
-    #: a module another model comes to own too leaves ``sole``, and stays out of it)
-    owned: set[int] = field(default_factory=set, repr=False)
-    sole: set[int] = field(default_factory=set, repr=False)
-    #: a module was added to one it owns since its modules were last read (torch's registration hook)
-    dirty: bool = False
-    #: a switched forward of it was watched for attention outside the interface, and had none (``observe``)
-    observed: bool = False
-    #: its layers that transformers can checkpoint (weakly: ``gradient_checkpointing`` read per forward)
-    layers: tuple = ()
-    #: modules its forwards call that are not its own (weakly; forgotten when its modules are read again)
-    strangers: weakref.WeakSet = field(default_factory=weakref.WeakSet, repr=False)
-
-    def keys(self) -> frozenset[str]:
-        """The attention implementations its configs name now."""
-        return frozenset(k for c in self.configs if (k := c._attn_implementation_internal) is not None)
-
-    def checkpointing(self) -> bool:
-        """Whether a forward now may be recomputed in backward (a layer checkpoints, in training mode)."""
-        for ref in self.layers:
-            layer = ref()
-            if layer is not None and layer.gradient_checkpointing and layer.training:
-                return True
-        return False
-
-
-_TOKENS = itertools.count(1)
-_MODELS: weakref.WeakKeyDictionary[nn.Module, ModelInfo] = weakref.WeakKeyDictionary()
-_BY_TOKEN: weakref.WeakValueDictionary[int, ModelInfo] = weakref.WeakValueDictionary()
-#: id(module) -> (a weak reference to it, its owner tokens); a plain dict, read once per attention call (a
-#: WeakKeyDictionary's get makes a weak reference per read). The entry goes when the module does.
-_OWNERS: dict[int, tuple[weakref.ref, tuple[int, ...]]] = {}
-#: owner token -> selection of a patched model (``patch``), seen by every thread
-PATCHED: dict[int, Selection] = {}
-
-
-def _owners(module) -> tuple[int, ...]:
-    entry = _OWNERS.get(id(module))
-    return entry[1] if entry is not None and entry[0]() is module else ()
-
-
-owners = _owners  # the owner tokens of a module (none: no switched model has it)
-
-
-def _forget(key: int, ref: weakref.ref) -> None:
-    # a weak reference's callback runs as the module is freed, before its id can be reused
-    entry = _OWNERS.get(key)
-    if entry is not None and entry[0] is ref:
-        del _OWNERS[key]
-        for t in entry[1]:
-            info = _BY_TOKEN.get(t)
-            if info is not None:
-                info.owned.discard(key)
-                info.sole.discard(key)
-
-
-def _own(module: nn.Module, owners: tuple[int, ...]) -> None:
-    """Record ``owners`` (those still alive: a registration that was interrupted leaves a dead token) as
-    the module's, and whether one model alone owns it."""
-    key = id(module)
-    infos = [info for t in owners if (info := _BY_TOKEN.get(t)) is not None]
-    _OWNERS[key] = (weakref.ref(module, lambda ref, key=key: _forget(key, ref)), tuple(i.token for i in infos))
-    for info in infos:
-        info.owned.add(key)
-        if len(infos) == 1:
-            info.sole.add(key)
-        else:
-            info.sole.discard(key)
-
-
-def _module(model) -> nn.Module:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module (a transformers model), not {type(model).__name__}")
-    return model
-
-
-def info_of(model: nn.Module) -> ModelInfo | None:
-    return _MODELS.get(_module(model))
-
-
-def register(model: nn.Module) -> ModelInfo:
-    """Remember ``model`` (its modules' owner and paths, its configs) once it is known to use the
-    attention interface (``UnsupportedModel`` otherwise); read again where its modules changed since.
-    Interrupted, it leaves nothing a later call does not complete: the model is recorded last."""
-    info = _MODELS.get(_module(model))
-    if info is not None:
-        if info.dirty and not vars(model).get("_is_replica", False):
-            rescan(model, info)
-        return info
-    require_interface(model)
-    return critical.one_registration_at_a_time(lambda: _register(model))
-
-
-def _register(model: nn.Module) -> ModelInfo:
-    info = _MODELS.get(model)
-    if info is not None:
-        return info
-    info = ModelInfo(next(_TOKENS), frozenset(), ())
-    _BY_TOKEN[info.token] = info  # (weakly: dropped with info if interrupted before the end)
-    _read_modules(model, info)
-    return _MODELS.setdefault(model, info)
-
-
-def _read_modules(model: nn.Module, info: ModelInfo) -> None:
-    """Own every module ``model`` has now as ``info``'s, let go of those it no longer has (not of a replica,
-    which is its original's), and read its configs, paths and checkpointing layers again. Interrupted, it
-    leaves the model to be read again."""
-    info.dirty = False  # (first: a module added meanwhile marks it again)
-    try:
-        _read(model, info)
-    except BaseException:
-        info.dirty = True
-        raise
-
-
-def _read(model: nn.Module, info: ModelInfo) -> None:
-    info.strangers.clear()
-    present = set()
-    layers = []
-    for m in model.modules():
-        present.add(id(m))
-        owners = _owners(m)
-        if info.token not in owners:
-            _own(m, owners + (info.token,))
-        if getattr(type(m), "gradient_checkpointing", None) is not None or "gradient_checkpointing" in vars(m):
-            layers.append(weakref.ref(m))
-    for key in [k for k in list(info.owned) if k not in present]:  # (a copy first: modules are freed meanwhile)
-        entry = _OWNERS.get(key)
-        module = entry[0]() if entry is not None else None
-        if module is not None and not vars(module).get("_is_replica", False):
-            _own(module, tuple(t for t in entry[1] if t != info.token))
-            info.owned.discard(key)
-            info.sole.discard(key)
-    configs = tuple(configs_of(model))
-    info.configs, info.config_ids, info.layers = configs, frozenset(id(c) for c in configs), tuple(layers)
-    remember_paths(model)
-
-
-def rescan(model: nn.Module, info: ModelInfo | None = None) -> None:
-    """Read ``model``'s modules again (a module added, replaced or removed since), and watch its next switched
-    forward again (``observe``)."""
-    info = info or _MODELS.get(model)
-    if info is not None and not vars(model).get("_is_replica", False):
-        critical.one_registration_at_a_time(lambda: _read_modules(model, info))
-        info.observed = False
-
-
-
-
-def _registered(parent, name, submodule):
-    """torch's global module registration hook (``setattr``, ``add_module``, ``ModuleList.append``): a module
-    added to one a model owns makes that model's modules read again at its next switch or forward."""
-    entry = _OWNERS.get(id(parent))
-    if entry is not None and entry[0]() is parent and not vars(parent).get("_is_replica", False):
-        for t in entry[1]:
-            info = _BY_TOKEN.get(t)
-            if info is not None:
-                info.dirty = True
-
-
-# torch's registration hook, installed once with this module (a graph torch.compile made before it was installed
-# guards on there being none, and compiles once more after): it only marks switched models whose modules change
-_HOOK = register_module_module_registration_hook(_registered)
-
-
-def own_replica(original: nn.Module, replica: nn.Module) -> None:
-    """``replica`` (``Module._replicate_for_data_parallel``: DataParallel's copy of ``original`` for another
-    device) is owned as ``original`` is, and is its model where ``original`` is one, for as long as it lives."""
-    owners = _owners(original)
-    if owners:
-        _own(replica, owners)
-        info = _MODELS.get(original)
-        if info is not None:
-            _MODELS[replica] = info
-
-
-def selected(module) -> Selection | None:
-    """The selection for an attention call of ``module`` in the calling context: the innermost
-    model-scoped context of a model owning the module, else the innermost global context, else a patch.
-    (Read once per attention call, so ``current``, ``held`` and ``_owners`` are written out here.)"""
-    st = STATE.get()
-    lease = st.lease
-    if lease is not None and (lease not in LEASES or lease in DEAD):
-        st = current()
+def rule(st, tokens: tuple[int, ...], patched) -> Selection | None:
+    """The selection for models ``tokens`` (owner tokens) in state ``st``: the innermost model-scoped context
+    of one of them, else the global one, else a patch of one of them (``patched``: token -> selection). Traced
+    by Dynamo as it is (``hf.compiled``): each read becomes a guard."""
     per_owner = st.per_owner
-    if not per_owner:
-        if st.global_sel is not None or not PATCHED:
-            return st.global_sel
-    entry = _OWNERS.get(id(module))
-    if entry is None or entry[0]() is not module:
-        return st.global_sel
-    owners = entry[1]
     if per_owner:
-        if len(owners) == 1:
-            sel = per_owner.get(owners[0])
+        if len(tokens) == 1:
+            sel = per_owner.get(tokens[0])
             if sel is not None:
                 return sel
-        else:  # a module of a model inside another: the innermost context (the last entered) first
-            for t in reversed(per_owner):
-                if t in owners:
+        elif tokens:  # a module of a model inside another: the innermost context (the last entered) first
+            for t in reversed(tuple(per_owner)):
+                if t in tokens:
                     return per_owner[t]
-    if st.global_sel is not None:
-        return st.global_sel
-    for t in owners:
-        sel = PATCHED.get(t)
+    sel = st.global_sel
+    if sel is not None:
+        return sel
+    for t in tokens:
+        sel = patched.get(t)
         if sel is not None:
             return sel
     return None
 
 
-def for_forward(model: nn.Module) -> tuple[State, Selection, set[int], ModelInfo] | None:
-    """For a forward of ``model`` starting in the calling context: the state, the model's selection, the
-    ids of the modules whose calls ``selected`` answers with it in this state (a live set): every module the
-    model owns where no other model has a selection of its own here (a model-scoped context or a patch),
-    else those it alone owns; and the model's info. None where the model is not selected. A model first run
-    under a global switch is registered here, one whose modules changed is read again."""
-    st = current()
-    info = _MODELS.get(model)
-    sel = None
-    if info is not None:
-        sel = st.per_owner.get(info.token)
+def call_models(module_owners: tuple[int, ...], running: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The models a call of a module owned by ``module_owners`` belongs to, with the models ``running`` whose
+    forward is running in its context (None: no forward is)."""
+    if running is None or module_owners == running:
+        return module_owners
+    return tuple(t for t in module_owners if t in running)
+
+
+def choose(sel: Selection, q_len: int, module=None) -> str:
+    """The backend selection ``sel`` runs for one call (``q_len`` query tokens, of ``module``): the one place a
+    selection is resolved per call (a selection per layer kind would read the module's here)."""
+    return sel if sel.__class__ is str else _choose_phase(sel, q_len)
+
+
+def backends_of(sel: Selection) -> frozenset[str]:
+    """Every backend selection ``sel`` may run (``choose``'s answers)."""
+    return frozenset((sel,)) if sel.__class__ is str else frozenset((sel.prefill, sel.decode))
+
+
+_OWNERS = owners.OWNERS
+_ENDINGS = record.ENDINGS
+_STATE_GET = STATE.get
+
+
+def selected(module, running: tuple[int, ...] | None = None) -> Selection | None:
+    """The selection for an attention call of ``module`` in the calling context, ``running`` the models whose
+    forward is running there (``for_forward``; None: none). Read per attention call off a forward's own path,
+    so ``record.current`` and ``owners.owners`` are written out here."""
+    st = _STATE_GET()
+    if st.checked != _ENDINGS[0] and st.entry is not None:
+        st = record.current()
+    if not st.per_owner and (st.global_sel is not None or not PATCHED):
+        return st.global_sel
+    entry = _OWNERS.get(id(module))
+    mine = entry[1] if entry is not None and entry[0]() is module else ()
+    return rule(st, call_models(mine, running), PATCHED)
+
+
+def for_forward(model) -> tuple:
+    """For a forward of ``model`` starting in the calling context: ``(state, selection, models, modules,
+    info)``: the models its calls belong to (``call_models``' ``running``), the ids of the modules whose calls
+    take the selection straight (a live set), and ``model``'s info where it is a model attnswitch knows. A model
+    first run under a global switch is registered here, one whose modules changed is read again."""
+    st = record.current()
+    tokens = owners.owners(model)
+    sel = rule(st, tokens, PATCHED)
+    info = owners.known(model)
     if sel is None:
-        sel = st.global_sel
-    if sel is None and info is not None:
-        sel = PATCHED.get(info.token)
-    if sel is None:
-        return None
-    if info is None or info.dirty:
-        info = register(model)  # (read again where its modules changed; a replica's are its original's)
-    token = info.token
-    others = any(t != token for t in st.per_owner) or any(t != token for t in PATCHED)
-    return st, sel, (info.sole if others else info.owned), info
+        return st, None, tokens, frozenset(), info
+    if (info is None and not any(t in st.per_owner for t in tokens) and st.global_sel is not None) or \
+            (info is not None and info.dirty):
+        info = owners.register(model)  # (read again where its modules changed; a replica's are its original's)
+        tokens = owners.owners(model)
+    deciding = _deciding(st, tokens, info)
+    if deciding is None:
+        return st, sel, tokens, frozenset(), info
+    # one model (or one with a selection of its own): every module it owns runs ``sel``; else its own modules
+    own = sum(1 for t in tokens if t in st.per_owner or t in PATCHED)
+    return st, sel, tokens, (deciding.sole if len(tokens) > 1 and own > 1 else deciding.owned), info
+
+
+def _deciding(st, tokens: tuple[int, ...], info):
+    """The info of the model whose selection a forward of models ``tokens`` takes (the model's own for a global
+    one)."""
+    per_owner = st.per_owner
+    for t in reversed(tuple(per_owner)):
+        if t in tokens:
+            return owners.by_token(t)
+    if st.global_sel is None:
+        for t in tokens:
+            if t in PATCHED:
+                return owners.by_token(t)
+    return info
 
 
 def selected_for_config(config) -> Selection | None:
-    """The selection that applies to models built on ``config`` in the calling context (for masks, which
-    transformers builds from the config alone)."""
-    st = current()
-    if st.global_sel is not None:
-        return st.global_sel
-    cid = id(config)
-    for t, sel in list(st.per_owner.items()) + list(PATCHED.items()):
-        info = _BY_TOKEN.get(t)
-        if info is not None and cid in info.config_ids:
-            return sel
-    return None
+    """The selection that applies to models built on ``config`` in the calling context (for masks made outside
+    any forward, which transformers builds from the config alone)."""
+    return rule(record.current(), owners.models_with_config(config), PATCHED)

@@ -1,0 +1,268 @@
+"""The switch's record, kept here alone: every holder of attnswitch's entries, what it selects, and what lets
+go of it.
+
+A holder is an ``Entry``: a ``backend()`` context, a patch, or a forward's graph that may be recomputed in
+backward (``recompute``). It carries its selection, the model it names (its owner token; None: every model),
+the attention keys its models name, and a weak reference to what holds it, whose callback lets go of it when
+that is dropped without letting go (a context never exited, a patched model freed, a graph freed). While any
+entry is held, transformers' registries hold attnswitch's functions (``install``); the last one to go puts
+back what was there.
+
+- **Contexts.** The calling context's ``State`` (a ``ContextVar``: each thread and asyncio task has its own) is the
+  chain of the contexts entered in it, innermost first, with what they select together: the innermost global backend
+  and one per model for the model-scoped contexts entered inside it (the innermost last). A context ends in order
+  (innermost), out of order, or elsewhere (another thread or task): out of order with an exception propagating
+  through it (a generator closed or failing inside another context, a task cancelled) it ends its own selection
+  only; with none, the code is wrong, and every selection of this context ends (the caller raises). A state holding
+  a context that ended elsewhere, or was dropped, is rebuilt without it when next read.
+- **Patches**: owner token -> entry, seen by every thread (``PATCHED``: token -> selection, as the rules
+  read it).
+
+Every change is one ``_change``: idempotent steps and ``install.apply`` under one lock, run again until they
+complete, with SIGINT held back in the main thread (``critical``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+from ..backends.policy import Selection
+from . import critical, install
+
+__all__ = ["Entry", "State", "EMPTY", "STATE", "ENDINGS", "PATCHED", "current", "enter", "abandon", "leave", "patch",
+           "unpatch", "patched", "hold", "held"]
+
+
+class Entry:
+    """One holder of attnswitch's entries. ``ended``: its selection is over (it was left, or dropped)."""
+
+    __slots__ = ("sel", "token", "keys", "thread", "ended", "ref", "__weakref__")
+
+    def __init__(self, sel: Selection | None, token: int | None, keys: frozenset[str], thread=None):
+        self.sel, self.token, self.keys, self.thread = sel, token, keys, thread
+        self.ended = False
+        self.ref: weakref.ref | None = None  # to what holds it; its callback lets go of it
+
+    def __repr__(self) -> str:
+        return f"Entry({self.sel!r}, token={self.token}, keys={sorted(self.keys)})"
+
+
+@dataclass(frozen=True, eq=False)
+class State:
+    """The calling context's selection: a global backend and per-model (owner token) ones, and the chain of the
+    contexts that made it (``entry``, the innermost; ``parent``, the state it was entered in)."""
+
+    global_sel: Selection | None = None
+    #: owner token -> selection, the innermost context's last (a plain dict, never written once made: Dynamo
+    #: guards a dict's items, and graph-breaks on a mapping proxy read after any dict was written in the trace)
+    per_owner: Mapping[int, Selection] = field(default_factory=dict)
+    parent: State | None = None
+    entry: Entry | None = None
+    #: ``ENDINGS[0]`` when every entry of the chain was last seen live (a cache: written after the state is made)
+    checked: int = field(default=0, compare=False)
+
+
+EMPTY = State()
+STATE: ContextVar[State] = ContextVar("attnswitch_state", default=EMPTY)
+#: how many entries have ended: a state last checked at another count is checked again before it is read
+ENDINGS = [0]
+#: owner token -> selection of a patched model, seen by every thread (written here only)
+PATCHED: dict[int, Selection] = {}
+_PATCHES: dict[int, Entry] = {}  # owner token -> the patch's entry
+_HELD: dict[Entry, None] = {}  # the entries that hold attnswitch's functions installed, in order
+_DROPPED: list[Entry] = []  # let go of by a callback while the lock was held (forgotten at the next change)
+
+
+# -- the calling context's state --------------------------------------------------------------------
+
+def _chain(st: State) -> list[Entry]:
+    out = []
+    while st is not None and st.entry is not None:
+        out.append(st.entry)
+        st = st.parent
+    return out
+
+
+def _push(parent: State, entry: Entry) -> State:
+    if entry.token is None:  # a global context wins over every model-scoped one it is nested in
+        return State(entry.sel, {}, parent, entry, parent.checked)
+    per = {t: s for t, s in parent.per_owner.items() if t != entry.token}
+    per[entry.token] = entry.sel  # last: the innermost
+    return State(parent.global_sel, per, parent, entry, parent.checked)
+
+
+def _rebuilt(entries, count: int) -> State:
+    """The state of ``entries`` (innermost first) entered in order, checked at ``count``."""
+    st = State(checked=count)
+    for e in reversed(entries):
+        st = _push(st, e)
+    return st
+
+
+def current() -> State:
+    """The calling context's state; one holding a context that has ended (elsewhere, or dropped without an exit)
+    is replaced, here, by the state of the contexts still live in it."""
+    st = STATE.get()
+    count = ENDINGS[0]
+    if st.checked == count or st.entry is None:
+        return st
+    chain = _chain(st)
+    live = [e for e in chain if not e.ended]
+    if len(live) == len(chain):
+        object.__setattr__(st, "checked", count)  # (the count read before the chain: an ending since is seen next)
+        return st
+    st = _rebuilt(live, count)
+    STATE.set(st)
+    return st
+
+
+def _held_keys() -> frozenset[str]:
+    while _DROPPED:
+        _HELD.pop(_DROPPED.pop(), None)
+    return frozenset().union(*(e.keys for e in _HELD)) if _HELD else frozenset()
+
+
+def _change(step) -> None:
+    """``step`` (idempotent) and the registries made to hold what the held entries ask, as one change that
+    completes whatever interrupts it."""
+    with critical.interrupts_deferred():
+        critical.settle(lambda: (step(), install.apply(_held_keys())))
+
+
+def _release(entry: Entry) -> None:
+    """Let go of ``entry`` from a weak reference's callback, which may run inside a change (garbage collection):
+    now if the lock is free, else at the next change."""
+    entry.ended = True
+    ENDINGS[0] += 1
+    try:
+        if critical.try_locked(lambda: (_HELD.pop(entry, None), install.apply(_held_keys()))):
+            return
+    except BaseException:  # a callback cannot raise; the next change completes it
+        pass
+    _DROPPED.append(entry)
+
+
+def _end(entry: Entry) -> None:
+    entry.ended = True
+    _HELD.pop(entry, None)
+    entry.ref = None
+    ENDINGS[0] += 1
+
+
+# -- contexts ---------------------------------------------------------------------------------------
+
+def enter(entry: Entry, holder: object) -> State:
+    """Hold ``entry`` (a context's, made by ``holder``) and select it in the calling context, innermost. Dropped
+    without ``leave``, ``holder`` lets go of it."""
+    parent = current()
+    state = _push(parent, entry)
+
+    def step():
+        if entry.ref is None:
+            entry.ref = weakref.ref(holder, lambda _, entry=entry: _release(entry))
+        _HELD[entry] = None
+        STATE.set(state)
+    _change(step)
+    return state
+
+
+def abandon(entry: Entry) -> None:
+    """Undo an ``enter`` that did not complete (an interrupt): nothing of ``entry`` stays."""
+    def step():
+        st = STATE.get()
+        if st.entry is entry:
+            STATE.set(st.parent or EMPTY)
+        _end(entry)
+    _change(step)
+
+
+def leave(entry: Entry, failing: bool) -> str:
+    """End ``entry``'s selection in the calling context and let go of it; how it was left:
+
+    - ``"in order"``: it was the innermost;
+    - ``"out of order"``: a context entered after it is still open. With an exception propagating through it
+      (``failing``) that context keeps its selection; with none, every selection of this context ends;
+    - ``"ended"``: an out-of-order exit in its context ended it before (nothing more changes here);
+    - ``"elsewhere"``: this context does not hold it (another thread or task): it ends where it was entered.
+    """
+    st = current()
+    if entry.ended:
+        how = "ended"
+    elif st.entry is entry:
+        how = "in order"
+    else:
+        how = "out of order" if entry in _chain(st) else "elsewhere"
+
+    def step():
+        if how == "in order":
+            STATE.set(st.parent or EMPTY)
+        elif how == "out of order" and failing:
+            STATE.set(_rebuilt([e for e in _chain(st) if e is not entry], ENDINGS[0]))
+        elif how == "out of order":
+            for e in _chain(st):
+                e.ended = True  # (their contexts are left quietly: the error is raised once)
+            STATE.set(EMPTY)
+        _end(entry)
+    _change(step)
+    return how
+
+
+# -- patches ----------------------------------------------------------------------------------------
+
+def patch(token: int, sel: Selection, keys: frozenset[str], model: object) -> None:
+    """Select ``sel`` for model ``token`` in every thread until ``unpatch``; the model, freed, unpatches itself."""
+    def step():
+        entry = _PATCHES.get(token)
+        if entry is None:
+            entry = Entry(sel, token, keys)
+            entry.ref = weakref.ref(model, lambda _, token=token: _dropped_patch(token))
+            _HELD[entry] = None
+            _PATCHES[token] = entry
+        entry.sel = sel
+        PATCHED[token] = sel
+    _change(step)
+
+
+def _dropped_patch(token: int) -> None:
+    PATCHED.pop(token, None)
+    entry = _PATCHES.pop(token, None)
+    if entry is not None:
+        _release(entry)
+
+
+def unpatch(token: int) -> bool:
+    """Undo ``patch`` for model ``token``; False where it is not patched."""
+    if token not in _PATCHES:
+        return False
+
+    def step():  # the record that finds the entry goes last
+        entry = _PATCHES.get(token)
+        if entry is not None:
+            PATCHED.pop(token, None)
+            _end(entry)
+            _PATCHES.pop(token, None)
+    _change(step)
+    return True
+
+
+def patched(token: int) -> Selection | None:
+    return PATCHED.get(token)
+
+
+# -- graphs ------------------------------------------------------------------------------------------
+
+def hold(holder: object, keys: frozenset[str]) -> Entry:
+    """Hold attnswitch's functions installed for ``keys`` while ``holder`` lives (a recomputable graph's record)."""
+    entry = Entry(None, None, keys)
+    entry.ref = weakref.ref(holder, lambda _, entry=entry: _release(entry))  # first: it always lets go
+    _change(lambda: _HELD.__setitem__(entry, None))
+    return entry
+
+
+def held() -> dict[Entry, frozenset[str]]:
+    """The entries held now and the keys each needs (for tests that check nothing was left behind)."""
+    return {e: e.keys for e in _HELD if e not in _DROPPED}
+
