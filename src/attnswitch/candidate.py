@@ -274,9 +274,10 @@ def selection_of(value, key: Callable[[str], str] = str) -> Selection:
     if isinstance(value, (Policy, Kinds)):
         return _canonical(value, key)
     if isinstance(value, Mapping):
-        if set(value) <= set(PHASE_KEYS) and not any(isinstance(v, Mapping) for v in value.values()):
+        nested = any(isinstance(v, Mapping) for v in value.values())
+        if set(value) & set(PHASE_KEYS) and not nested:  # a policy per phase (a misspelt phase: its error)
             return policy_of(value, key)
-        if set(value) & {"prefill", "decode"}:
+        if set(value) & set(PHASE_KEYS):
             raise OptionError("a backend per phase takes backends, and a backend per layer kind takes kinds: "
                               "put a policy inside each kind ({{kind: {{\"prefill\": ..., \"decode\": ...}}}}), not "
                               "kinds inside a phase")
