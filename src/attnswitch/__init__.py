@@ -29,7 +29,7 @@ _EXPORTS = {
     "profile": "profiling",
     "BackendResult": "results", "Report": "results",
     "active_backend": "switch", "attention": "switch", "backend": "switch", "is_patched": "switch",
-    "patch": "switch", "unpatch": "switch",
+    "patch": "switch", "unpatch": "switch", "layer_kinds": "switch",
 }
 
 __all__ = sorted(_EXPORTS)

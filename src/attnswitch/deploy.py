@@ -54,8 +54,11 @@ def _attnswitch_snippet(sel, mode: str | None, kind: Kind) -> str:
 
 def _plain_equivalent(sel, kind: Kind) -> tuple[str | None, list[str]]:
     """PyTorch's and transformers' own way to run the same kernels, and what it loses; None where none."""
-    if isinstance(sel, dict):
+    if isinstance(sel, dict) and set(sel) & {"prefill", "decode"}:
         return None, ["a backend per phase: transformers and PyTorch choose one kernel for every call"]
+    if isinstance(sel, dict):
+        return None, ["a backend per layer kind: transformers takes one attention implementation per model (or per "
+                      "sub-model's config), and PyTorch's flags one kernel for every call"]
     row = catalog.row(sel)
     if row is not None and row.sdp_backend:
         code = ("import torch\nfrom torch.nn.attention import SDPBackend, sdpa_kernel\n\n"
@@ -102,7 +105,7 @@ def deploy_info(pick: str, environment: Mapping, workload: Mapping, *, sweep=(),
     nothing needs to change."""
     c = candidate.parse(pick)  # a compiled candidate: its backend, then torch.compile as it was measured
     mode, kind = c.compile, kind_of(workload)
-    sel = c.policy.as_dict() if c.policy is not None else c.selection
+    sel = c.selection if isinstance(c.selection, str) else c.selection.as_dict()
     plain, loses = _plain_equivalent(sel, kind)
     if mode is not None and plain is not None:
         plain = f"# compiled as measured (torch.compile, mode {mode!r}) before the calls below\n{plain}"
@@ -119,7 +122,7 @@ def _selection_and_mode(selection, mode: str | None):
     if mode is None and isinstance(selection, str):
         c = candidate.parse(selection)
         if c.compile is not None:
-            return (c.policy.as_dict() if c.policy is not None else c.selection), c.compile
+            return (c.selection if isinstance(c.selection, str) else c.selection.as_dict()), c.compile
     return selection, mode
 
 

@@ -35,8 +35,8 @@ __all__ = ["SCHEMA_VERSION", "Margin", "LayerStats", "DeviceStats", "TransferSta
 #: recompiles, the attention kernel seen in the graph); 5 the decision as one value (answer, pick, tie, rule,
 #: deploy, cautions) in place of the recommendation's text, ties, cautions and deploy; 6 the attention calls'
 #: shapes, % of peak, known defects and non-finite values per backend; older versions still load
-SCHEMA_VERSION = 6
-_READABLE = (1, 2, 3, 4, 5, 6)
+SCHEMA_VERSION = 7
+_READABLE = (1, 2, 3, 4, 5, 6, 7)
 #: what a report answers: a backend to use, a tie (and which of it to deploy), keep the model's own attention,
 #: none that ran acceptably, or a model whose forward made no attention call through the switch
 ANSWERS = ("use", "tie", "keep", "none", "no-attention")
@@ -234,6 +234,7 @@ class BackendResult:
     attn_shapes: tuple[AttnShape, ...] = ()  # the attention calls as they ran, per call site (profiled pass)
     attn_peak: tuple[PeakFigure, ...] = ()  # the attention calls against the GPU's peak, per phase
     defects: tuple[DefectMatch, ...] = ()  # known defects (``defects.json``) that bear on it here
+    attn_by_kind: tuple[tuple[str, float], ...] = ()  # attention µs per profiled step by layer kind (GPU: device)
     nonfinite: NonFinite | None = None  # where it gave NaN or Inf (it is then ``failed``)
 
     @property

@@ -19,17 +19,23 @@ import torch.nn as nn
 from . import backends, instrument
 from .backends import Call
 from .backends.call import check
-from .hf import compiled, install, owners, record, registries
+from .candidate import Kinds
+from .hf import compiled, install, layerkinds, owners, record, registries
 from .hf.selection import Policy, Selection, choose, resolve_selection
+from .options import OptionError
 
-__all__ = ["backend", "patch", "unpatch", "attention", "active_backend", "is_patched"]
+__all__ = ["backend", "patch", "unpatch", "attention", "active_backend", "is_patched", "layer_kinds"]
+
+layer_kinds = layerkinds.layer_kinds
 
 
 class backend:
     r"""Compute attention with backend ``name`` inside the block.
 
-    ``name`` is a backend name (or alias), or a policy per phase: ``{"prefill": "cudnn", "decode":
-    "flash"}`` (decode: calls with one query token; ``"decode_max_query"`` sets another limit).
+    ``name`` is a backend name (or alias), a policy per phase: ``{"prefill": "cudnn", "decode":
+    "flash"}`` (decode: calls with one query token; ``"decode_max_query"`` sets another limit), or, with
+    ``model``, a backend (or a policy) per layer kind: ``{"sliding_attention": "flex", "full_attention":
+    "flash"}`` (``layer_kinds(model)`` names the kinds; a kind left out runs the model's own attention).
     Without ``model`` every transformers model on the attention interface that runs in this thread (or
     task) inside the block is switched; with ``model`` only that model, never another sharing its
     config. On exit, normal or by exception, transformers' registries are as found; models, configs and
@@ -55,6 +61,7 @@ class backend:
         self._info = None
         if model is not None:
             self._info = owners.register(model)  # refuses models off the attention interface, once
+        _bind(self.selection, model)
         self._entry: record.Entry | None = None
         self._thread: threading.Thread | None = None
         self._how: str | None = None  # how it was left: "in order", "out of order", "ended", "elsewhere"
@@ -127,8 +134,18 @@ def patch(model: nn.Module, name: str | Policy | Mapping) -> nn.Module:
     """
     sel = resolve_selection(name)
     info = owners.register(model)
+    _bind(sel, model)
     record.patch(info.token, sel, info.keys(), model)
     return model
+
+
+def _bind(sel: Selection, model: nn.Module | None) -> None:
+    """A selection per layer kind: for one model, whose kinds it names (``hf.layerkinds``)."""
+    if not isinstance(sel, Kinds):
+        return
+    if model is None:
+        raise OptionError("a backend per layer kind ({given}) is for one model's layers: pass model=", given=str(sel))
+    layerkinds.bind(model, sel.kinds)
 
 
 def unpatch(model: nn.Module) -> nn.Module:

@@ -14,7 +14,8 @@ import torch
 from ..errors import BackendUnavailable
 from ..sites import site_name
 
-__all__ = ["Call", "check", "validate", "unavailable", "describe", "recording_notes", "note", "repeat_kv"]
+__all__ = ["Call", "check", "validate", "unavailable", "describe", "recording_notes", "note", "noting", "note_kernel",
+           "repeat_kv"]
 
 
 class Call(NamedTuple):
@@ -124,3 +125,15 @@ def note(backend: str, call: Call, text: str) -> None:
     notes = _NOTES.get()
     if notes is not None:
         notes.append((backend, site_name(call.where), text))
+
+
+def noting() -> bool:
+    """Whether notes are being recorded in this context (a kernel may then work out what it notes)."""
+    return _NOTES.get() is not None
+
+
+def note_kernel(backend: str, text: str) -> None:
+    """A note a kernel makes about itself (no call site at hand)."""
+    notes = _NOTES.get()
+    if notes is not None:
+        notes.append((backend, "", text))

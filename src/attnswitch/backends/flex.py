@@ -39,6 +39,7 @@ from collections.abc import Callable
 import torch
 
 from ..errors import Refused
+from .call import note_kernel, noting
 
 try:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -262,6 +263,8 @@ def flex_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torc
     if dropout_p:
         raise ValueError(f"flex_attention has no dropout (dropout_p={dropout_p})")
     kind, block_mask, score_mod = _mods(q, k, attn_mask, is_causal, softcap, cached)
+    if block_mask is not None and cached and noting():  # (untimed steps only: it reads the block mask)
+        _note_blocks(kind[0], block_mask, q.shape[2], k.shape[2])
     if not compiled:
         return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
@@ -275,6 +278,15 @@ def flex_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torc
         first = (str(e).strip().splitlines() or [""])[0][:300]
         raise Refused(f"torch.compile built no FlexAttention kernel for these inputs ({type(e).__name__}: {first})") \
             from e
+
+
+def _note_blocks(kind: str, block_mask, q_len: int, kv_len: int) -> None:
+    """How much of the score square a block mask has FlexAttention compute: the blocks outside a causal mask, a
+    sliding window or padding are skipped."""
+    computed = 100.0 - float(block_mask.sparsity())
+    what = "a causal mask" if kind == "causal" else "the mask transformers made (a sliding window, padding)"
+    note_kernel("flex", f"its block mask of {what} at {q_len}x{kv_len} computes {computed:.0f} % of the score "
+                        "blocks and skips the rest")
 
 
 def cache_info() -> dict[str, int]:

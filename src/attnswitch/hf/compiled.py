@@ -218,6 +218,8 @@ def _own_attention(own, module, query, key, value, attention_mask, **kwargs):
     if sel is None:
         return _unselected_with(own, module, query, key, value, attention_mask, kwargs)
     name = choose(sel, query.shape[2], module)
+    if name is None:  # a layer kind the selection leaves out: the model's own attention
+        return _unselected_with(own, module, query, key, value, attention_mask, kwargs)
     if name in MODEL_LEVEL:
         return dispatch.eager_with(own, name, module, query, key, value, attention_mask, kwargs)
     return dispatch._dispatch(sel, None, module, query, key, value, attention_mask, kwargs)

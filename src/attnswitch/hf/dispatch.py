@@ -189,6 +189,8 @@ def _dispatch(sel, fwd: Forward | None, module, query, key, value, mask, kw: dic
     if fwd is not None and fwd.state is not None:
         fwd.calls += 1
     name = sel if sel.__class__ is str else selection.choose(sel, query.shape[2], module)
+    if name is None:  # a layer kind the selection leaves out: the model's own attention
+        return _unselected(module, query, key, value, mask, kw, own)
     if name in _SPECIAL:
         if name == "auto":
             return _auto(module, query, key, value, mask, kw)

@@ -21,7 +21,7 @@ import weakref
 
 import torch.nn as nn
 
-__all__ = ["layer_kinds", "kind_map", "ALL", "CROSS_NAMES"]
+__all__ = ["layer_kinds", "kind_map", "bind", "module_kind", "ALL", "CROSS_NAMES"]
 
 #: the one kind of a model with no distinct ones
 ALL = "all"
@@ -29,6 +29,9 @@ ALL = "all"
 CROSS_NAMES = frozenset({"encoder_attn", "EncDecAttention", "crossattention", "cross_attn", "cross_attention"})
 _CALLS: dict[type, bool] = {}
 _MAPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: id(attention module) -> its kind, for the models a selection per kind was given for (``bind``); an id is
+#: let go when its module dies (a plain dict by id: read per call, and traced by torch.compile as it is)
+_KIND_OF: dict[int, str] = {}
 
 
 def _calls_interface(cls: type) -> bool:
@@ -98,3 +101,28 @@ def layer_kinds(model: nn.Module) -> dict[str, tuple[str, ...]]:
     for path, kind in kind_map(model).items():
         out.setdefault(kind, []).append(path)
     return {k: tuple(v) for k, v in out.items()}
+
+
+def bind(model: nn.Module, kinds) -> None:
+    """Make ``model``'s attention modules known by kind to ``module_kind``, after checking that every kind of
+    ``kinds`` (a selection's) is one of the model's: ``OptionError`` naming the model's kinds otherwise."""
+    from ..options import OptionError, near
+
+    found = layer_kinds(model)
+    unknown = [k for k in kinds if k not in found]
+    if unknown:
+        known = ", ".join(f"{k} ({len(v)} attention module{'s' if len(v) != 1 else ''})" for k, v in found.items())
+        raise OptionError("{given} names layer kinds {model} does not have ({unknown}{hint}); its kinds: {known}",
+                          given="; ".join(kinds), model=type(model).__name__, unknown=", ".join(unknown),
+                          hint=near(unknown[0], found), known=known)
+    by_path = kind_map(model)
+    for path, module in model.named_modules():
+        kind = by_path.get(path)
+        if kind is not None and id(module) not in _KIND_OF:
+            _KIND_OF[id(module)] = kind
+            weakref.finalize(module, _KIND_OF.pop, id(module), None)
+
+
+def module_kind(module) -> str | None:
+    """The layer kind of an attention module of a model ``bind`` was given (None: not one of those)."""
+    return _KIND_OF.get(id(module))

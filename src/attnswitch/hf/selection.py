@@ -9,14 +9,17 @@
   runs its own attention in it.
 - **Which backend.** Of those models: the innermost model-scoped context of one of them, else the innermost
   global context, else a patch of one of them (``rule``). A forward reads it once, when it starts.
-- **Per call**, the selection gives the call's backend (``choose``: a policy per phase, by query length).
+- **Per call**, the selection gives the call's backend (``choose``: a policy per phase, by query length; a
+  backend per layer kind, by the calling module's kind, None for a kind it leaves out: the model's own).
 """
 
 from __future__ import annotations
 
 from ..backends.policy import Policy, Selection, resolve_selection
 from ..backends.policy import choose as _choose_phase
-from . import owners, record
+from ..candidate import Kinds
+from ..candidate import choose as _choose
+from . import layerkinds, owners, record
 from .record import PATCHED, STATE
 
 __all__ = ["Policy", "Selection", "resolve_selection", "rule", "choose", "backends_of", "call_models", "selected",
@@ -55,15 +58,20 @@ def call_models(module_owners: tuple[int, ...], running: tuple[int, ...] | None)
     return tuple(t for t in module_owners if t in running)
 
 
-def choose(sel: Selection, q_len: int, module=None) -> str:
+def choose(sel: Selection, q_len: int, module=None) -> str | None:
     """The backend selection ``sel`` runs for one call (``q_len`` query tokens, of ``module``): the one place a
-    selection is resolved per call (a selection per layer kind would read the module's here)."""
-    return sel if sel.__class__ is str else _choose_phase(sel, q_len)
+    selection is resolved per call. None: the model's own attention (a layer kind a ``Kinds`` leaves out, or a
+    call of no module of the model it was given for)."""
+    if sel.__class__ is str:
+        return sel
+    if sel.__class__ is Kinds:
+        return _choose(sel, q_len, layerkinds.module_kind(module) if module is not None else None)
+    return _choose_phase(sel, q_len)
 
 
 def backends_of(sel: Selection) -> frozenset[str]:
-    """Every backend selection ``sel`` may run (``choose``'s answers)."""
-    return frozenset((sel,)) if sel.__class__ is str else frozenset((sel.prefill, sel.decode))
+    """Every backend selection ``sel`` may run (``choose``'s answers, but the model's own)."""
+    return frozenset((sel,)) if sel.__class__ is str else frozenset(sel.backends)
 
 
 _OWNERS = owners.OWNERS

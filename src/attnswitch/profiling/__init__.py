@@ -23,10 +23,12 @@ from ..defects import check as check_defects
 from ..dist import world
 from ..env import environment
 from ..hf import require_interface
+from ..hf.layerkinds import kind_map
 from ..peak import figures
 from ..request import Request, Steps
 from ..results import Report
 from ..switch import backend as use_backend
+from . import perkind
 from .capture import Target, frozen_heap, prepare_backend, timed_rounds
 from .ceiling import measure as measure_ceiling
 from .compiled import merged_modes, paid_back
@@ -127,9 +129,29 @@ def _prepared(t: Target, names: list[str], progress, spent: dict, **kw) -> list:
     pair = policy_candidate(results) if t.kind.generates else None
     if pair is not None and pair not in names:  # the best prefill and the best decode backend, together
         prepare(pair)
+    results = _per_kind(t, results, names, prepare)
     results = [_warmed(r, results[:i]) for i, r in enumerate(results)]
     given = {n: i for i, n in enumerate(names)}  # reported in the order asked for
     return sorted(results, key=lambda r: given.get(r.backend, len(names)))
+
+
+def _per_kind(t: Target, results: list, names: list[str], prepare) -> list:
+    """A model of several layer kinds: each result's attention time per kind; each backend refused at one kind
+    tried on the others; then the candidate of each kind's fastest backend, where that is none asked for."""
+    kind_of_path = kind_map(t.model) if t.model is not None else {}
+    kinds = list(dict.fromkeys(kind_of_path.values()))
+    if len(kinds) < 2:
+        return results
+    gpu = t.device.type == "cuda"
+    for tried in perkind.probes(results, kind_of_path):
+        if tried not in names:
+            prepare(tried)
+    results[:] = [perkind.with_kinds(r, kind_of_path, gpu) for r in results]
+    best = perkind.composed(results, kinds)
+    if best is not None and best not in {r.backend for r in results}:
+        prepare(best)
+        results[-1] = perkind.with_kinds(results[-1], kind_of_path, gpu)
+    return results
 
 
 def _warmed(r, before: list):

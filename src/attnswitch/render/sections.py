@@ -340,6 +340,25 @@ def _defects(report, opts: Options) -> Section | None:
     return defects_section(report)
 
 
+def _per_kind(report, opts: Options) -> Section | None:
+    """Each backend's attention time per layer kind (a model of several kinds), and what a candidate of a
+    backend per kind runs."""
+    ran = [b for b in ordered(report) if b.ok and len(b.attn_by_kind) > 1]
+    if not ran:
+        return None
+    kinds = list(dict.fromkeys(k for b in ran for k, _ in b.attn_by_kind))
+    gpu = report.environment.get("device") == "cuda"
+    rows = tuple((b.backend, *(_ms(dict(b.attn_by_kind)[k] / 1e3) if k in dict(b.attn_by_kind) else "-"
+                               for k in kinds)) for b in ran)
+    per = kind_of(report.workload).counted[1]
+    table = Table("Attention per layer kind", ("backend", *(f"{k} ms" for k in kinds)), rows, frozenset({"backend"}))
+    note = (f"{'Device' if gpu else 'Host'} time of each kind's attention calls, {per} (the profiled pass). A "
+            "candidate named kind=backend/kind=backend runs each kind with its backend and the kinds it leaves out "
+            "with the model's own attention; the one of each kind's fastest backend is measured in the same rounds "
+            "as every other.")
+    return Section("Layer kinds", (table, Text(note, "note")), key="layer-kinds")
+
+
 def _plots(report, opts: Options) -> Section | None:
     if not any(b.ok for b in report.backends):
         return None
@@ -565,9 +584,10 @@ def _own_time(report, opts: Options) -> Section | None:
 
 
 #: the sections of a report, in reading order
-BUILDERS: tuple[Callable[..., Section | None], ...] = (_recommendation, _deploy, _summary, _defects, _peak, _compiled,
-                                                       _generate, _train, _sweep, _plots, _layers, _not_run, _notes,
-                                                       _environment, _traces, _own_time, _reproduce)
+BUILDERS: tuple[Callable[..., Section | None], ...] = (_recommendation, _deploy, _summary, _per_kind, _defects,
+                                                       _peak, _compiled, _generate, _train, _sweep, _plots, _layers,
+                                                       _not_run, _notes, _environment, _traces, _own_time,
+                                                       _reproduce)
 
 
 def sections(report, layers: bool = True, fold_layers: bool = True) -> list[Block]:
