@@ -105,7 +105,7 @@ def test_report_round_trips_through_json_csv_markdown(tiny_compare, tmp_path):
     assert back["naive"].numerics == r["naive"].numerics
     assert back["naive"].layers == r["naive"].layers
     data = json.loads((tmp_path / "r.json").read_text())
-    assert data["schema_version"] == SCHEMA_VERSION == 6 and data["environment"]["torch"] == torch.__version__
+    assert data["schema_version"] == SCHEMA_VERSION == 7 and data["environment"]["torch"] == torch.__version__
     csv = r.to_csv()
     assert csv.splitlines()[0].startswith("backend,rank,status") and len(csv.splitlines()) == 6
     ranked = {row["rank"]: row["backend"] for row in DictReader(csv.splitlines()) if row["rank"]}
