@@ -16,6 +16,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _device_events(fn):
+    torch.cuda.synchronize()  # nothing of the step before in flight when the trace starts
     with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                              torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
