@@ -260,3 +260,12 @@ def test_a_per_kind_pick_deploys_as_its_snippet_and_its_policy_file(tmp_path, sp
         assert str(attnswitch.is_patched(m)) == pick
     finally:
         attnswitch.unpatch(m)
+
+
+def test_a_kind_the_model_lacks_is_bad_input_before_any_work(capsys):
+    from attnswitch import cli
+
+    code = cli.main(["compare", "tiny-llama", "--device", "cpu", "--backends", "naive,sliding_attention=math",
+                     "--seq", "16", "--num-layers", "1", "--iters", "1", "--warmup", "0"])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_BAD_INPUT and "its kinds: all (1 attention module)" in err and "Traceback" not in err

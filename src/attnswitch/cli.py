@@ -119,7 +119,8 @@ def _model_options(p: argparse.ArgumentParser) -> None:
                    help="tensor parallelism over the ranks of torchrun (tp_plan='auto'): "
                         "torchrun --nproc-per-node N -m attnswitch compare MODEL --tp")
     p.add_argument("--backends", default="all",
-                   help="comma-separated backends or policies per phase (prefill=cudnn/decode=flash), or 'all'")
+                   help="comma-separated backends, policies per phase (prefill=cudnn/decode=flash) or backends per "
+                        "layer kind (sliding_attention=flex/full_attention=cudnn), or 'all'")
 
 
 def _profile_options(iters: int) -> Callable[[argparse.ArgumentParser], None]:

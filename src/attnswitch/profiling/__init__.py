@@ -23,7 +23,9 @@ from ..defects import check as check_defects
 from ..dist import world
 from ..env import environment
 from ..hf import require_interface
+from ..hf.layerkinds import bind as check_kinds
 from ..hf.layerkinds import kind_map
+from ..options import OptionError
 from ..peak import figures
 from ..request import Request, Steps
 from ..results import Report
@@ -154,6 +156,22 @@ def _per_kind(t: Target, results: list, names: list[str], prepare) -> list:
     return results
 
 
+def _checked_names(t: Target, backends) -> list[str]:
+    """The candidates asked for, checked before any work: the model on transformers' attention interface, and
+    a backend per layer kind naming the model's kinds (bad input where it does not)."""
+    if t.model is not None:
+        require_interface(t.model)
+    names = parse_backends(backends, t.device)
+    for name in names:
+        c = candidate.parse(name)
+        if c.kinds is not None:
+            if t.model is None:
+                raise OptionError("{backends} {given}: a backend per layer kind is for a model's layers, not a "
+                                  "callable", given=name)
+            check_kinds(t.model, c.kinds.kinds)
+    return names
+
+
 def _warmed(r, before: list):
     """``r``, with a note where a candidate measured before it ran its kernel: its cold step and new-length
     figures met that kernel's caches warm (a deployment of it alone pays what that one paid)."""
@@ -244,9 +262,7 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     placed, steps = distribution_of(t.model), Steps(warmup, iters, rounds, time_budget_s, host_iters, profile_steps)
     modes = _request(t, placed, backends, compile, steps).compile
     warmup, iters, rounds, time_budget_s, host_iters, profile_steps = dataclasses.astuple(_counts(t, steps))
-    if t.model is not None:
-        require_interface(t.model)
-    names = parse_backends(backends, t.device)
+    names = _checked_names(t, backends)
     progress = progress or (lambda step: None)
     t0 = time.perf_counter()
     with frozen_heap():
