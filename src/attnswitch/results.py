@@ -388,30 +388,20 @@ class Report:
     def ok(self) -> list[BackendResult]:
         return [b for b in self.backends if b.ok]
 
-    @property
-    def pick(self) -> str | None:
-        """What the report deploys (``decision.pick``; None: nothing, or a profile, which decides nothing)."""
-        return self.decision.pick if self.decision is not None else None
+    def _decided(self, name: str, default=None):
+        """The decision's field ``name`` (``default`` for a report without a decision: a profile's)."""
+        return getattr(self.decision, name) if self.decision is not None else default
 
-    @property
-    def ties(self) -> tuple[str, ...]:
-        """The pick and the candidates its intervals do not tell apart from the fastest."""
-        return self.decision.ties if self.decision is not None else ()
-
-    @property
-    def recommendation(self) -> str | None:
-        """The answer's text: its first line, then its reasons."""
-        return self.decision.text if self.decision is not None else None
-
-    @property
-    def cautions(self) -> tuple[str, ...]:
-        """What makes the timings less trustworthy (a busy machine, ...)."""
-        return self.decision.cautions if self.decision is not None else ()
-
-    @property
-    def deploy(self) -> Deploy | None:
-        """How to run the pick (None: nothing to deploy)."""
-        return self.decision.deploy if self.decision is not None else None
+    #: what the report deploys (``decision.pick``; None: nothing, or a profile, which decides nothing)
+    pick = property(lambda self: self._decided("pick"))
+    #: the pick and the candidates its intervals do not tell apart from the fastest
+    ties = property(lambda self: self._decided("ties", ()))
+    #: the answer's text: its first line, then its reasons
+    recommendation = property(lambda self: self._decided("text"))
+    #: what makes the timings less trustworthy (a busy machine, ...)
+    cautions = property(lambda self: self._decided("cautions", ()))
+    #: how to run the pick (None: nothing to deploy)
+    deploy = property(lambda self: self._decided("deploy"))
 
     # -- files -----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
