@@ -393,7 +393,6 @@ def _report(s: Session, run: Callable, sweep: Callable | None, trace_dir: Path |
     """The model loaded, measured, and the report with the command line and the command's own time. What
     the model or a kernel raises here is raised as it is (a failure to show whole); bad input found only now
     (positions of a loaded model, say) is an ``OptionError`` all the same."""
-    import dataclasses
 
     t0 = time.perf_counter()
     importing = t0 - s.started if s.started else 0.0  # the subcommand's imports (torch, transformers)
@@ -402,13 +401,10 @@ def _report(s: Session, run: Callable, sweep: Callable | None, trace_dir: Path |
     backends = None if s.args.backends == "all" else s.args.backends
     with _progress(s.err) as progress:
         kw = dict(backends=backends, trace_dir=trace_dir, progress=progress, model_name=spec, compile=s.args.compile,
+                  command=_command_line(s), time_before={"imports": importing, "loading the model": loading},
                   **_steps(s.request, s.request.generate))
-        report = sweep(model, work, mode=s.args.mode, padding=s.args.padding, **work.kw, **kw) \
+        return sweep(model, work, mode=s.args.mode, padding=s.args.padding, **work.kw, **kw) \
             if isinstance(work, Shapes) else run(model, work, **kw)
-    spent = {"imports": round(importing, 3), "loading the model": round(loading, 3),
-             **report.settings.get("time_s", {})}
-    spent["total"] = round(spent.get("total", 0) + importing + loading, 3)
-    return dataclasses.replace(report, command=_command_line(s), settings={**report.settings, "time_s": spent})
 
 
 def _profile(s: Session) -> int:

@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import numbers
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +98,7 @@ def compare(model: nn.Module, batch: Workload | dict[str, Any], *, backends: Ite
             model_name: str = "", check_numerics: bool = True, command: str | None = None,
             rounds: int | None = None, profile_steps: int = 1, host_iters: int | None = None,
             time_budget_s: float | None = None, compile: str | Iterable[str | None] | None = None,
-            deployed: Iterable[int] = ()) -> Report:
+            deployed: Iterable[int] = (), time_before: Mapping[str, float] | None = None) -> Report:
     """Profile every backend on the same workload (``profile``: its ``iters``, ``rounds`` and
     ``time_budget_s`` say how long each is timed), check numerics, rank by steady time per step with
     each backend's margin against the pick (``ranking.verdict``), and recommend one, or the tie.
@@ -106,12 +106,15 @@ def compare(model: nn.Module, batch: Workload | dict[str, Any], *, backends: Ite
     a dict of forward arguments. ``compile``: ``torch.compile`` modes, as in ``profile``
     (``"default,none"``: every backend compiled and uncompiled, side by side, and the recommendation says
     whether compiling changes the pick). ``deployed``: lengths a deployment meets besides the measured one, at
-    which the known defects are checked too (``defects``: a backend they make wrong there is never recommended)."""
+    which the known defects are checked too (``defects``: a backend they make wrong there is never recommended).
+    ``command``: the command line the report reproduces; ``time_before``: seconds spent on it before this call
+    (imports, loading the model), in the report's account of its own time."""
     if isinstance(batch, dict):
         batch = Workload.of(model, batch)
     report = profile(model, batch, backends=backends, warmup=warmup, iters=iters, trace_dir=trace_dir,
                      progress=progress, model_name=model_name, rounds=rounds, profile_steps=profile_steps,
-                     host_iters=host_iters, time_budget_s=time_budget_s, compile=compile, deployed=deployed)
+                     host_iters=host_iters, time_budget_s=time_budget_s, compile=compile, deployed=deployed,
+                     time_before=time_before)
     results = list(report.backends)
     settings = dict(report.settings)
     if check_numerics:
@@ -171,10 +174,10 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
     works = [make_workload(model, batch=b, seq=s, mode=mode, padding=padding,
                            **({"new_tokens": n, "cache": cache} if KINDS[mode].generates else {}))
              for b, s, n in shapes3]
-    trace_dir = kw.pop("trace_dir", None)
+    trace_dir, before = kw.pop("trace_dir", None), kw.pop("time_before", None) or {}
     # every length the deployment meets: each shape's, and every length of the mix (not only those measured)
     deployed = sorted({s for _, s, _ in shapes3} | set(lengths.lengths if lengths is not None else ()))
-    points, last, spent, said, verdicts = [], None, {}, [], []
+    points, last, spent, said, verdicts = [], None, {k: round(v, 3) for k, v in before.items()}, [], []
     for (batch, seq, new), work in zip(shapes3, works):
         if progress:
             progress(f"batch {batch}, {'prompt' if new else 'seq'} {seq}" + (f", {new} new tokens" if new else ""))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -225,7 +225,8 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
             trace_dir: str | Path | None = None, progress: Callable[[str], None] | None = None,
             model_name: str = "", rounds: int | None = None, profile_steps: int = 1, host_iters: int | None = None,
             time_budget_s: float | None = None, compile: str | Iterable[str | None] | None = None,
-            deployed: Iterable[int] = ()) -> Report:
+            deployed: Iterable[int] = (), time_before: Mapping[str, float] | None = None,
+            command: str | None = None) -> Report:
     """Profile forwards of ``target`` under each backend; returns a ``Report``.
 
     ``target`` is a model (with ``batch``, a dict of forward arguments or a ``Workload``) or any
@@ -255,16 +256,15 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     the graphs it compiled and recompiled, and the attention kernel its graph ran (``attn_seen``, with
     ``attn_mismatch`` where that is not the backend selected). Each backend's attention calls are set against the
     GPU's peak (``attn_peak``; ``settings["ceiling"]``) and the known defects (``defects``; also at every
-    ``deployed`` length); NaN or Inf fails it (``nonfinite``, ``finite``).
-    """
-    t_start, spent, host = time.perf_counter(), {}, {}
+    ``deployed`` length); NaN or Inf fails it (``nonfinite``, ``finite``). ``time_before``: seconds spent
+    before this call (a command's imports, loading the model), counted in ``settings["time_s"]``; ``command``:
+    the command line the report reproduces."""
+    t_start, spent, host = time.perf_counter() - sum((time_before or {}).values()), dict(time_before or {}), {}
     t = Target.of(target, batch)
     placed, steps = distribution_of(t.model), Steps(warmup, iters, rounds, time_budget_s, host_iters, profile_steps)
     modes = _request(t, placed, backends, compile, steps).compile
     warmup, iters, rounds, time_budget_s, host_iters, profile_steps = dataclasses.astuple(_counts(t, steps))
-    names = _checked_names(t, backends)
-    progress = progress or (lambda step: None)
-    t0 = time.perf_counter()
+    names, progress, t0 = _checked_names(t, backends), progress or (lambda step: None), time.perf_counter()
     with frozen_heap():
         spent["collecting garbage"] = time.perf_counter() - t0  # once, before everything alive is frozen
         runs = _prepared_modes(t, modes, names, progress, spent, warmup=warmup, iters=host_iters, trace_dir=trace_dir,
@@ -277,11 +277,12 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     spent["total"] = time.perf_counter() - t_start
     settings = dict(warmup=warmup, iters=iters, rounds=rounds, host_iters=host_iters, profile_steps=profile_steps,
                     time_budget_s=time_budget_s, host=host, time_s={k: round(v, 3) for k, v in spent.items()})
-    return _report(t, results, settings, modes, backends, ceiling, deployed, _name(model_name, t, target), placed)
+    return _report(t, results, settings, modes, backends, ceiling, deployed,
+                   dict(model=_name(model_name, t, target), distribution=placed, command=command))
 
 
 def _report(t: Target, results: list, settings: dict, modes, backends, ceiling: dict | None, deployed,
-            name: str, placed: dict | None) -> Report:
+            about: dict) -> Report:
     """The report: each result judged (``_judged``); the compile modes, what "all" left out and the ceiling among
     the settings."""
     if modes != (None,):
@@ -291,8 +292,7 @@ def _report(t: Target, results: list, settings: dict, modes, backends, ceiling: 
     if ceiling is not None:
         settings["ceiling"] = ceiling
     env, work = environment(t.device), _workload_info(t)
-    return Report(tuple(_judged(results, env, work, ceiling, deployed)), env, work, settings, model=name,
-                  distribution=placed)
+    return Report(tuple(_judged(results, env, work, ceiling, deployed)), env, work, settings, **about)
 
 
 def _name(model_name: str, t: Target, target) -> str:
