@@ -130,6 +130,19 @@ def test_eager_decidedly_faster_than_every_forced_candidate_keeps_the_models_own
     assert r.decision.answer == "keep" and r.deploy.keep, r.recommendation.splitlines()[0]
 
 
+def test_a_sweeps_pick_that_failed_at_the_last_shape_is_first_of_its_ties_and_not_said_to_cover_it():
+    def failed(name):
+        return BackendResult(name, "failed", reasons=("boom",))
+
+    r = sweep_report([(64, [fixed("flash", [1.0] * 6), failed("math")]),
+                      (128, [failed("flash"), fixed("math", [2.0] * 6)])])
+    first = r.recommendation.splitlines()[0]
+    # printed: "Use `flash` over seq 64–128: ..." with decision.ties == ('math',), and a summary whose `math` is
+    # "≈ 1.00 [1.00–1.00]" against itself while `flash`, the pick, failed there
+    assert r.ties and r.ties[0] == r.pick, (r.pick, r.ties)
+    assert "64–128" not in first, first
+
+
 # -- the decision: the words ---------------------------------------------------------------------------------
 
 def test_the_first_line_states_the_rule_applied_even_where_the_tie_is_long():
