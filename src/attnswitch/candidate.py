@@ -88,6 +88,10 @@ class Kinds:
         return tuple(dict.fromkeys(b for _, sel in self.by_kind
                                    for b in (sel.backends if isinstance(sel, Policy) else (sel,))))
 
+    def kind_of(self, module) -> str | None:
+        """The layer kind of a calling module: known only to a selection bound to its model (None here)."""
+        return None
+
     def of(self, kind: str | None) -> str | Policy | None:
         """The selection of calls of ``kind`` (None: the model's own attention)."""
         return next((sel for k, sel in self.by_kind if k == kind), None)
@@ -180,6 +184,8 @@ def _policy_text(text: str, key: Callable[[str], str]) -> Policy | Kinds:
                               "prefill=cudnn/decode=flash, sliding_attention=flex/full_attention=flash), not "
                               "{given!r}", given=text)
         k, value = k.strip(), value.strip()
+        if k in fields:
+            raise OptionError("{given!r} gives {key!r} twice", given=text, key=k)
         last = k.rpartition(".")[2]
         fields[k] = int(value) if last == "decode_max_query" and value.isdigit() else value
     if set(fields) & set(PHASE_KEYS):  # a policy per phase (and a misspelt phase its error names)
@@ -187,10 +193,14 @@ def _policy_text(text: str, key: Callable[[str], str]) -> Policy | Kinds:
     nested: dict = {}
     for k, value in fields.items():
         kind, dot, phase = k.rpartition(".")
-        if dot and phase in PHASE_KEYS:
+        kind, phased = (kind, True) if dot and phase in PHASE_KEYS else (k, False)
+        if kind in nested and phased != isinstance(nested[kind], dict):
+            raise OptionError("{given!r} gives layer kind {kind!r} both a backend and a backend per phase; give "
+                              "one: {kind}=backend, or {kind}.prefill=.../{kind}.decode=...", given=text, kind=kind)
+        if phased:
             nested.setdefault(kind, {})[phase] = value
         else:
-            nested[k] = value
+            nested[kind] = value
     return kinds_of(nested, key)
 
 

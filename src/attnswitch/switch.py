@@ -61,7 +61,7 @@ class backend:
         self._info = None
         if model is not None:
             self._info = owners.register(model)  # refuses models off the attention interface, once
-        _bind(self.selection, model)
+        self.selection = _bind(self.selection, model)
         self._entry: record.Entry | None = None
         self._thread: threading.Thread | None = None
         self._how: str | None = None  # how it was left: "in order", "out of order", "ended", "elsewhere"
@@ -134,18 +134,18 @@ def patch(model: nn.Module, name: str | Policy | Mapping) -> nn.Module:
     """
     sel = resolve_selection(name)
     info = owners.register(model)
-    _bind(sel, model)
+    sel = _bind(sel, model)
     record.patch(info.token, sel, info.keys(), model)
     return model
 
 
-def _bind(sel: Selection, model: nn.Module | None) -> None:
-    """A selection per layer kind: for one model, whose kinds it names (``hf.layerkinds``)."""
+def _bind(sel: Selection, model: nn.Module | None) -> Selection:
+    """A selection per layer kind bound to its one model, whose kinds it names (``hf.layerkinds``)."""
     if not isinstance(sel, Kinds):
-        return
+        return sel
     if model is None:
         raise OptionError("a backend per layer kind ({given}) is for one model's layers: pass model=", given=str(sel))
-    layerkinds.bind(model, sel.kinds)
+    return layerkinds.bind(model, sel)
 
 
 def unpatch(model: nn.Module) -> nn.Module:
@@ -182,6 +182,9 @@ def attention(
     """``F.scaled_dot_product_attention`` with the active backend (``backend=`` overrides it;
     ``auto``, SDPA's own choice, when none is active). Same arguments and result as SDPA."""
     sel = resolve_selection(backend) if backend is not None else (active_backend() or "auto")
+    if isinstance(sel, Kinds):
+        raise OptionError("a backend per layer kind ({given}) is for a model's layers: a bare attention call has no "
+                          "layer kind; name one backend, or a backend per phase", given=str(sel))
     check(q, k, v, attn_mask, enable_gqa)
     name = choose(sel, q.shape[2])
     call = Call(q, k, v, attn_mask, dropout_p, is_causal, scale)

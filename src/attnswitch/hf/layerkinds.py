@@ -10,28 +10,27 @@
 - one kind, ``all``, otherwise.
 
 The attention modules are those whose forward calls transformers' attention interface (its source names
-``ALL_ATTENTION_FUNCTIONS``). A selection per kind (``candidate.Kinds``) is resolved per call by the module
-that makes it (``kind_of_module``).
+``ALL_ATTENTION_FUNCTIONS``). A selection per kind (``candidate.Kinds``) is bound to its model (``bind``) and
+resolved per call by the module that makes it (``BoundKinds.kind_of``).
 """
 
 from __future__ import annotations
 
 import inspect
 import weakref
+from dataclasses import dataclass, field
 
 import torch.nn as nn
 
-__all__ = ["layer_kinds", "kind_map", "bind", "module_kind", "ALL", "CROSS_NAMES"]
+from ..candidate import Kinds
+
+__all__ = ["layer_kinds", "kind_map", "bind", "BoundKinds", "ALL", "CROSS_NAMES"]
 
 #: the one kind of a model with no distinct ones
 ALL = "all"
 #: module names of cross-attention in transformers' encoder-decoder models
 CROSS_NAMES = frozenset({"encoder_attn", "EncDecAttention", "crossattention", "cross_attn", "cross_attention"})
 _CALLS: dict[type, bool] = {}
-_MAPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-#: id(attention module) -> its kind, for the models a selection per kind was given for (``bind``); an id is
-#: let go when its module dies (a plain dict by id: read per call, and traced by torch.compile as it is)
-_KIND_OF: dict[int, str] = {}
 
 
 def _calls_interface(cls: type) -> bool:
@@ -69,10 +68,7 @@ def _own_kind(path: str, module: nn.Module, encoder_decoder: bool) -> str:
 
 
 def kind_map(model: nn.Module) -> dict[str, str]:
-    """Every attention module's path -> its layer kind (kept per model while it lives)."""
-    cached = _MAPS.get(model)
-    if cached is not None:
-        return cached
+    """Every attention module's path -> its layer kind, read from the model as it is now."""
     top = getattr(model, "config", None)
     encoder_decoder = bool(getattr(top, "is_encoder_decoder", False))
     found = {path: m for path, m in model.named_modules() if _calls_interface(type(m))}
@@ -87,7 +83,6 @@ def kind_map(model: nn.Module) -> dict[str, str]:
             continue
         several = len({own[p] for p in found if subs[p] == sub}) > 1
         out[path] = f"{sub}:{own[path]}" if several else sub
-    _MAPS[model] = out
     return out
 
 
@@ -103,26 +98,46 @@ def layer_kinds(model: nn.Module) -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in out.items()}
 
 
-def bind(model: nn.Module, kinds) -> None:
-    """Make ``model``'s attention modules known by kind to ``module_kind``, after checking that every kind of
-    ``kinds`` (a selection's) is one of the model's: ``OptionError`` naming the model's kinds otherwise."""
+@dataclass(frozen=True, eq=False)
+class BoundKinds(Kinds):
+    """A selection per kind bound to one model: the kind of each of its attention modules, read again from the
+    model where a module it does not know calls (one added after the switch was made)."""
+
+    model: object = None  # a weak reference to the model
+    of_module: dict = field(default_factory=dict, repr=False)  # id(module) -> (weak ref, kind or None)
+
+    def __eq__(self, other) -> bool:  # as the selection it is: its kinds and their backends
+        return isinstance(other, Kinds) and self.by_kind == other.by_kind
+
+    __hash__ = Kinds.__hash__
+
+    def kind_of(self, module) -> str | None:
+        found = self.of_module.get(id(module))
+        if found is not None and found[0]() is module:
+            return found[1]
+        model = self.model() if self.model is not None else None
+        kinds = _module_kinds(model) if model is not None else {}
+        self.of_module.update(kinds)
+        if id(module) not in kinds:  # not an attention module of the model: remembered as none
+            self.of_module[id(module)] = (weakref.ref(module), None)
+        return self.of_module[id(module)][1]
+
+
+def _module_kinds(model: nn.Module) -> dict[int, tuple]:
+    by_path = kind_map(model)
+    return {id(m): (weakref.ref(m), by_path[path]) for path, m in model.named_modules() if path in by_path}
+
+
+def bind(model: nn.Module, sel: Kinds) -> BoundKinds:
+    """``sel`` bound to ``model``'s attention modules (``BoundKinds``), after checking that every kind it names is
+    one of the model's: ``OptionError`` naming the model's kinds otherwise."""
     from ..options import OptionError, near
 
     found = layer_kinds(model)
-    unknown = [k for k in kinds if k not in found]
+    unknown = [k for k in sel.kinds if k not in found]
     if unknown:
         known = ", ".join(f"{k} ({len(v)} attention module{'s' if len(v) != 1 else ''})" for k, v in found.items())
         raise OptionError("{given} names layer kinds {model} does not have ({unknown}{hint}); its kinds: {known}",
-                          given="; ".join(kinds), model=type(model).__name__, unknown=", ".join(unknown),
+                          given="; ".join(sel.kinds), model=type(model).__name__, unknown=", ".join(unknown),
                           hint=near(unknown[0], found), known=known)
-    by_path = kind_map(model)
-    for path, module in model.named_modules():
-        kind = by_path.get(path)
-        if kind is not None and id(module) not in _KIND_OF:
-            _KIND_OF[id(module)] = kind
-            weakref.finalize(module, _KIND_OF.pop, id(module), None)
-
-
-def module_kind(module) -> str | None:
-    """The layer kind of an attention module of a model ``bind`` was given (None: not one of those)."""
-    return _KIND_OF.get(id(module))
+    return BoundKinds(sel.by_kind, weakref.ref(model), _module_kinds(model))

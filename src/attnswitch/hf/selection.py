@@ -19,7 +19,7 @@ from ..backends.policy import Policy, Selection, resolve_selection
 from ..backends.policy import choose as _choose_phase
 from ..candidate import Kinds
 from ..candidate import choose as _choose
-from . import layerkinds, owners, record
+from . import owners, record
 from .record import PATCHED, STATE
 
 __all__ = ["Policy", "Selection", "resolve_selection", "rule", "choose", "backends_of", "call_models", "selected",
@@ -64,8 +64,8 @@ def choose(sel: Selection, q_len: int, module=None) -> str | None:
     call of no module of the model it was given for)."""
     if sel.__class__ is str:
         return sel
-    if sel.__class__ is Kinds:
-        return _choose(sel, q_len, layerkinds.module_kind(module) if module is not None else None)
+    if isinstance(sel, Kinds):
+        return _choose(sel, q_len, sel.kind_of(module) if module is not None else None)
     return _choose_phase(sel, q_len)
 
 

@@ -168,7 +168,7 @@ def _checked_names(t: Target, backends) -> list[str]:
             if t.model is None:
                 raise OptionError("{backends} {given}: a backend per layer kind is for a model's layers, not a "
                                   "callable", given=name)
-            check_kinds(t.model, c.kinds.kinds)
+            check_kinds(t.model, c.kinds)
     return names
 
 
