@@ -125,9 +125,16 @@ def version_of(value) -> tuple[int, ...] | None:
     if value is None or value == "":
         return None
     if isinstance(value, int) and not isinstance(value, bool):
+        if value <= 0:
+            return None
         return (value // 10000, value // 100 % 100, value % 100) if value >= 10000 else \
             (value // 1000, value // 100 % 10, value % 100)
-    nums = re.findall(r"\d+", str(value).split("+")[0])
+    text = str(value).split("+")[0].strip()
+    if text.isdigit() and len(text) >= 4:  # cuDNN's integer, as text (92000)
+        return version_of(int(text))
+    if not re.fullmatch(r"v?\d+(\.\d+)*([a-z]+\d*)?", text):  # 2.13.0, 9.20, 92000, 2.13.0a0; not -1 or "x"
+        return None
+    nums = re.findall(r"\d+", text)
     return tuple(int(n) for n in nums[:3]) or None
 
 
@@ -177,8 +184,8 @@ def arch_of(capability) -> str | None:
     if not capability:
         return None
     text = str(capability).strip().lower()
-    if text.startswith("sm"):
-        return text.replace("_", "")
+    if re.fullmatch(r"sm_?\d+[a-z]?", text):  # sm90, sm_90, and nvcc's sm_90a (the same GPUs as sm90)
+        return re.sub(r"[a-z]$", "", text.replace("_", "")[2:]).join(("sm", ""))
     m = re.fullmatch(r"(\d+)\.(\d+)", text)
     return f"sm{m.group(1)}{m.group(2)}" if m else None
 
