@@ -136,11 +136,11 @@ def test_a_sweep_names_one_pick_in_its_first_line_its_deploy_and_its_summary():
         v = verdict(rs)
         return SweepPoint(2, seq, tuple(rs), v.order, v.ties), rs, v
 
-    p1, _, _ = point(64, {"naive-inplace": [1.0] * 6, "flash": [2.0] * 6, "auto": [2.0] * 6})
+    p1, _, v1 = point(64, {"naive-inplace": [1.0] * 6, "flash": [2.0] * 6, "auto": [2.0] * 6})
     p2, rs, v = point(128, {"naive-inplace": [5.0] * 6, "flash": [3.0] * 6, "auto": [3.0] * 6})
     workload = {"mode": "prefill", "batch": 2}
-    d, last = decide_sweep([p1, p2], v, rs, workload, {}, None, [], ())
-    r = Report(tuple(ranked(rs, last)), {}, workload, {}, ranking=last.order, decision=d, sweep=(p1, p2))
+    d, last, points = decide_sweep([p1, p2], [v1, v], rs, workload, {}, None, [], ())
+    r = Report(tuple(ranked(rs, last)), {}, workload, {}, ranking=last.order, decision=d, sweep=points)
     first = r.recommendation.splitlines()[0]
     assert first.startswith(f"Keep the model's own attention (`{r.pick}`) over seq 64–128") and r.pick == "auto"
     assert r.deploy.pick == r.pick and r[r.pick].margin.ratio == 1.0
@@ -178,14 +178,13 @@ def test_a_cpu_compare_decides_once_and_every_writer_reads_it(cpu_report):
 
 
 def test_the_first_plot_is_the_ranked_time_with_the_tie_marked_as_the_table_has_it():
-    from attnswitch.render.document import Figure, Section, walk
+    from attnswitch.render.document import Figure, walk
     from attnswitch.render.sections import sections
 
     results = [fixed("naive", [9.8, 10.1, 9.9, 10.0, 10.2, 9.7], host_ms=50.0),
                fixed("flash", [10.0, 10.0, 10.1, 9.9, 10.2, 10.0], host_ms=1.0), fixed("math", [20.0] * 6, host_ms=2.0)]
     r = report_of(results)
-    plots = next(b for b in sections(r) if isinstance(b, Section) and b.key == "plots")
-    first = next(b for b in walk(plots.blocks) if isinstance(b, Figure)).chart
+    first = next(b for b in walk(sections(r)) if isinstance(b, Figure)).chart  # the report's first plot
     assert "against the pick" in first.title and f"`{r.pick}`" in first.title
     series = dict(first.series)
     tied, apart = series["the pick and those tied with it"], series["told apart (slower)"]

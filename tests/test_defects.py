@@ -213,8 +213,8 @@ def test_a_sweep_says_it_once_over_every_shape_first():
         v = verdict(res)
         points.append(SweepPoint(1, n, tuple(res), v.order, v.ties, new_tokens=100))
         verdicts.append(v)
-    d, _ = decide_sweep(points, verdicts[-1], list(points[-1].backends), work, H200_920, None, [],
-                        verdicts[-1].cautions)
+    d, _, _ = decide_sweep(points, verdicts, list(points[-1].backends), work, H200_920, None, [],
+                           verdicts[-1].cautions)
     first = d.reasons[0]
     assert first.startswith("Caution on `cudnn`: pytorch#196678") and "met here at key lengths 1088, 1984" in first
     assert sum("pytorch#196678" in x for x in d.reasons) == 1 and d.cautions[0] == first

@@ -200,10 +200,10 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
     # every shape's, once; a busy machine said once (each shape's probes differ only in their figures)
     busy = [c for c in said if c.startswith(BUSY_PREFIX)]
     cautions = tuple(dict.fromkeys(c for c in said if not c.startswith(BUSY_PREFIX))) + tuple(busy[:1])
-    decision, v = decide_sweep(points, verdicts[-1], list(last.backends), workload, last.environment, serving, lines,
-                               cautions)
+    decision, v, points = decide_sweep(points, verdicts, list(last.backends), workload, last.environment, serving,
+                                       lines, cautions)
     return dataclasses.replace(last, backends=tuple(ranked(list(last.backends), v)), ranking=v.order,
-                               decision=decision, sweep=tuple(points), workload=workload, serving=serving,
+                               decision=decision, sweep=points, workload=workload, serving=serving,
                                settings={**last.settings, "time_s": spent})
 
 

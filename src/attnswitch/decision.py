@@ -11,11 +11,12 @@ answer (``recommend``) and builds what to ship for the workload's kind (``deploy
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from . import candidate, catalog
 from .deploy import deploy_info
 from .kinds import kind_of
-from .ranking import Verdict, against, gate_cautions, told_apart
+from .ranking import Verdict, against, gate_cautions, ranked, told_apart
 from .recommend import ANSWER_WIDTH, name_of, reasons, sweep_lines
 from .results import BackendResult, Decision, candidates
 from .stats import paired_margin
@@ -38,29 +39,47 @@ def _no_attention(results: list[BackendResult]) -> bool:
     return bool(ran) and all(b.attn_calls == 0 for b in ran)
 
 
-def _eager_ahead(results: list[BackendResult], v: Verdict):
-    """The margin of the fastest candidate against ``eager`` where eager is decidedly faster than every
-    candidate that ranked (None otherwise)."""
+def _eager_ahead(results: list[BackendResult], v: Verdict, own: str | None = None):
+    """The margin of the fastest candidate against ``eager`` where eager is decidedly faster than every forced
+    candidate and, where the model runs eager (``own``), not slower than SDPA's own choice (``auto``), else
+    faster than every candidate; None otherwise."""
     by = {b.backend: b for b in results}
     if "eager" not in v.order:
         return None
     eager = by["eager"]
-    margins = [paired_margin(by[n].time_rounds_ms, eager.time_rounds_ms, "eager") for n in candidates(v.order)]
-    if not margins or not all(told_apart(m) for m in margins):
+    margins = {n: paired_margin(by[n].time_rounds_ms, eager.time_rounds_ms, "eager") for n in candidates(v.order)}
+    forced = [m for n, m in margins.items() if n != "auto" or own != "eager"]
+    if not forced or not all(told_apart(m) for m in forced):
         return None
-    return min(margins, key=lambda m: m.ratio)
+    auto = margins.get("auto") if own == "eager" else None
+    if auto is not None and auto.decided and auto.high < 1.0:  # SDPA's own choice faster than the model's eager
+        return None
+    return min(forced, key=lambda m: m.ratio)
 
 
-def _rule(by: dict[str, BackendResult], v: Verdict, pick: str) -> str:
-    """Why ``pick`` among the tie, where the tie holds kinds it is preferred to (empty: all alike)."""
-    less = [n for n in v.ties if candidate.parse(n).preference() > candidate.parse(pick).preference()]
+def _rule_parts(v: Verdict, pick: str) -> tuple[str, list[str]]:
+    """Why ``pick`` among the tie (what it is), and the tied ones it is preferred to; ``("", [])`` where all
+    are alike."""
+    c = candidate.parse(pick)
+    less = [n for n in v.ties if candidate.parse(n).preference() > c.preference()]
+    if not less:
+        return "", []
+    row = catalog.row(c.backend or "")
+    if row is not None and row.kind == "choice":
+        what = "SDPA's own choice" + (", compiled as measured" if c.compile else " changes nothing")
+    elif all(candidate.parse(n).uncompiled == c for n in less):
+        what = "uncompiled, nothing to compile"
+    elif row is not None and row.kind == "fused":
+        what = "a fused kernel" + (", compiled as measured" if c.compile else "")
+    else:
+        what = "the backend that changes least"
+    return what, less
+
+
+def _rule(v: Verdict, pick: str) -> str:
+    what, less = _rule_parts(v, pick)
     if not less:
         return ""
-    row = catalog.row(candidate.parse(pick).backend or "")
-    what = ("SDPA's own choice changes nothing" if row is not None and row.kind == "choice" else
-            "uncompiled, nothing to compile" if all(candidate.parse(n).uncompiled == candidate.parse(pick)
-                                                   for n in less) else
-            "a fused kernel" if row is not None and row.kind == "fused" else "the backend that changes least")
     return f"{what}, preferred to {', '.join(f'`{n}`' for n in less[:3])}" + (" and more" if len(less) > 3 else "")
 
 
@@ -69,13 +88,15 @@ def _fit(*variants: str) -> str:
     return next((t for t in variants if len(t) <= ANSWER_WIDTH), variants[-1])
 
 
-def _tie_names(by, ties: Iterable[str], tail: str, head: str = "Tie: ") -> str:
+def _tie_variants(by, ties: Iterable[str], tail: str, head: str = "Tie: ") -> list[str]:
+    """The line with every tied name, then with fewer (``and N more``)."""
     names = [name_of(by[n]) for n in ties]
-    texts = []
-    for shown in range(len(names), 0, -1):
-        more = len(names) - shown
-        texts.append(head + " ≈ ".join(names[:shown]) + (f" and {more} more" if more else "") + tail)
-    return _fit(*texts)
+    return [head + " ≈ ".join(names[:shown]) + (f" and {len(names) - shown} more" if shown < len(names) else "") +
+            tail for shown in range(len(names), 0, -1)]
+
+
+def _tie_names(by, ties: Iterable[str], tail: str, head: str = "Tie: ") -> str:
+    return _fit(*_tie_variants(by, ties, tail, head))
 
 
 def _headline(by: dict[str, BackendResult], v: Verdict, answer: str, pick: str, rule: str, t: str,
@@ -93,8 +114,12 @@ def _headline(by: dict[str, BackendResult], v: Verdict, answer: str, pick: str, 
                         f"{own}: tied for the fastest at {t}; nothing to change.")
         return f"{own}: {t}{margin}; nothing to change."
     if len(v.ties) > 1:
-        tail = f" at {t}; pick `{pick}`: {rule}." if rule else f" at {t}, not told apart: any is as good here."
-        return _fit(_tie_names(by, v.ties, tail), _tie_names(by, v.ties, f" at {t}; pick `{pick}`."))
+        if not rule:
+            return _tie_names(by, v.ties, f" at {t}, not told apart: any is as good here.")
+        what = _rule_parts(v, pick)[0]  # the rule stays in the line: whole, or what the pick is, before names go
+        return _fit(*_tie_variants(by, v.ties, f" at {t}; pick `{pick}`: {rule}."),
+                    *_tie_variants(by, v.ties, f" at {t}; pick `{pick}`: {what}."),
+                    f"Tie at {t}; pick `{pick}`: {what}.")
     if not beaten:
         if any(x.defects and any(m.blocks for m in x.defects) for x in by.values() if x.ok):
             return f"Use {name_of(b)}: {t}, the only backend here that ran and no known defect rules out (below)."
@@ -116,25 +141,35 @@ def decide(results: Iterable[BackendResult], v: Verdict, workload: Mapping | Non
                         "(no attention layers, as in a state-space model): there is nothing to choose.",
                         cautions=v.cautions), v
     if v.pick is None:
-        text = (("Only `eager` ran: the model's own attention is the reference the others are checked against.",
-                 "Name the backends to choose among.") if "eager" in v.order else
-                ("No backend ran these inputs" + (" with acceptable numerics." if numerics else "."),
-                 "See the reasons in the report."))
-        first = tuple(c for c in gate_cautions(results) if c in v.cautions)
-        return Decision("none", headline=text[0], reasons=(*first, text[1]), cautions=v.cautions), v
-    ahead = _eager_ahead(results, v)
+        return _none(results, v, numerics), v
+    own = own_attention(workload)
+    ahead = _eager_ahead(results, v, own)
     if ahead is not None:  # transformers' own eager, faster than every candidate
         v = against(v, results, "eager")
     pick = v.pick
-    own = own_attention(workload)
     answer = "keep" if pick == own else "tie" if len(v.ties) > 1 else "use"
-    rule = _rule(by, v, pick) if len(v.ties) > 1 else ""
+    rule = _rule(v, pick) if len(v.ties) > 1 else ""
     unit = kind_of(workload).unit
     t = f"{by[pick].time_ms:.3f} ms {unit}"
     headline = _headline(by, v, answer, pick, rule, t, numerics)
     deploy = deploy_info(pick, environment or {}, workload, ties=v.ties, keep=answer == "keep")
     return Decision(answer, pick, v.ties, v.fastest if ahead is None else "eager", rule, headline,
                     tuple(reasons(results, v, workload, numerics)), v.cautions, deploy), v
+
+
+def _none(results: list[BackendResult], v: Verdict, numerics: bool) -> Decision:
+    """No candidate to pick: none ran acceptably, or only the model's own eager attention was asked for."""
+    first = tuple(c for c in gate_cautions(results) if c in v.cautions)
+    others = [b.backend for b in results if b.ok and b.backend not in catalog.MODEL_LEVEL]
+    if "eager" in v.order and not others:
+        return Decision("none", headline="Only `eager` ran: the model's own attention has nothing to be chosen "
+                        "against.", reasons=(*first, "Name the backends to choose among."), cautions=v.cautions)
+    flagged = [b.backend for b in results if b.ok and ((b.numerics is not None and not b.numerics.ok)
+                                                       or (b.train is not None and b.train.grad_ok is False))]
+    said = (f"Not considered, numerics beyond tolerance: {', '.join(flagged)}.",) if flagged else ()
+    return Decision("none", headline="No backend ran these inputs" + (" with acceptable numerics." if numerics or
+                                                                        flagged else "."),
+                    reasons=(*first, *said, "See the reasons in the report."), cautions=v.cautions)
 
 
 def recommend(results: list[BackendResult], v: Verdict, workload: dict | None = None) -> str:
@@ -146,8 +181,11 @@ def sweep_choice(points, serving: Mapping | None = None) -> str | None:
     """The one backend to deploy over a sweep: the cheapest for the length mix where one was given, else of
     the candidates tied for the pick at the most lengths, the one that changes least, then the fastest over
     all of them."""
-    # a candidate that failed or was refused at a measured shape is deployed only where none ran at all
-    everywhere = [n for n in candidates(points[0].ranking) if all(n in p.ranking for p in points)] if points else []
+    # a candidate that failed or was refused at a measured shape is deployed only where none ran at all; the
+    # model's own eager attention is one where a shape's decision picked it (faster than every candidate there)
+    eager = ["eager"] if any(p.pick == "eager" for p in points) else []
+    everywhere = [n for n in (*candidates(points[0].ranking), *eager)
+                  if all(n in p.ranking for p in points)] if points else []
     if serving and (serving["pick"] in everywhere or not everywhere):
         return serving["pick"]
     cost = {n: ms for n, ms in (serving or {}).get("per_request_ms", {}).items() if n in everywhere}
@@ -167,34 +205,50 @@ def sweep_choice(points, serving: Mapping | None = None) -> str | None:
     return min(counts, key=lambda n: (n not in everywhere, -counts[n], candidate.parse(n).preference(), total[n]))
 
 
-def decide_sweep(points, last: Verdict, results: list[BackendResult], workload: Mapping, environment: Mapping,
-                 serving: Mapping | None, serving_lines: list[str], cautions: tuple[str, ...]) -> tuple[Decision,
-                                                                                                      Verdict]:
-    """One answer over a sweep's shapes (``sweep_choice``), and the last shape's verdict re-based on it (the
-    summary shows the last shape against what is deployed)."""
-    pick = sweep_choice(points, serving)
+def decide_sweep(points, verdicts: list[Verdict], results: list[BackendResult], workload: Mapping,
+                 environment: Mapping, serving: Mapping | None, serving_lines: list[str],
+                 cautions: tuple[str, ...]) -> tuple[Decision, Verdict, tuple]:
+    """One answer over a sweep's shapes (``sweep_choice``; each shape's verdict in ``verdicts``), the last
+    shape's verdict re-based on it (the summary shows the last shape against what is deployed), and the points
+    with every shape's margins against it (none where it did not run)."""
     # what rules a backend out, over every shape together (each shape's lines say it of its own lengths)
     gate = gate_cautions(b for p in points for b in p.backends)
     said = {c for p in points for c in gate_cautions(p.backends)}
     cautions = (*gate, *(c for c in cautions if c not in said))
+    last = verdicts[-1]
+    if points and _no_attention([b for p in points for b in p.backends]):
+        return Decision("no-attention", headline="The model's forward made no attention call through attnswitch at "
+                        "any shape (no attention layers, as in a state-space model): there is nothing to choose.",
+                        cautions=cautions), last, tuple(points)
+    pick = sweep_choice(points, serving)
     lines = [*gate, *sweep_lines(points)]
     if pick is None:
         return Decision("none", headline="No backend ran with acceptable numerics at any measured shape.",
-                        reasons=tuple(lines), cautions=cautions), last
-    if pick in last.order:
-        last = against(last, results, pick)
+                        reasons=tuple(lines), cautions=cautions), last, tuple(points)
+    points = tuple(_against_pick(p, v, pick) for p, v in zip(points, verdicts))
+    # the summary: the last shape against the pick, or against nothing where the pick did not run there
+    last = against(last, results, pick) if pick in last.order else replace(last, margins={}, ties=())
     kind = kind_of(workload)
-    lens = sorted({p.seq for p in points})
-    span = f"{kind.length} {lens[0]}" + (f"–{lens[-1]}" if len(lens) > 1 else "")
+    ran = sorted({p.seq for p in points if pick in p.ranking})
+    missed = sorted({p.seq for p in points} - set(ran))
+    span = f"{kind.length} {ran[0]}" + (f"–{ran[-1]}" if len(ran) > 1 else "")
     tied = sum(pick in (p.ties or (p.pick,)) for p in points)
     why = ("the cheapest for the length mix" if serving and serving.get("pick") == pick else
            "the fastest (or tied) at every length" if tied == len(points) else
            f"the fastest (or tied) at {tied} of {len(points)} shapes, and of those the least time over all")
+    if missed:
+        why += f"; it did not run at {kind.length} {', '.join(map(str, missed))}"
     answer = "keep" if pick == own_attention(workload) else "use"
     head = (f"Keep the model's own attention (`{pick}`) over {span}: {why}; nothing to change." if answer == "keep"
             else f"Use `{pick}` over {span}: {why}.")
-    ties = tuple(n for n in (pick, *last.ties) if n in last.order)
-    deploy = deploy_info(pick, environment, workload, sweep=points, ties=tuple(dict.fromkeys(ties)),
-                         keep=answer == "keep")
-    return Decision(answer, pick, tuple(dict.fromkeys(ties)), last.fastest, "", head,
-                    tuple([*lines, *serving_lines]), cautions, deploy), last
+    ties = tuple(dict.fromkeys((pick, *(n for n in last.ties if n in last.order))))
+    deploy = deploy_info(pick, environment, workload, sweep=points, ties=ties, keep=answer == "keep")
+    return (Decision(answer, pick, ties, last.fastest, "", head, tuple([*lines, *serving_lines]), cautions, deploy),
+            last, points)
+
+
+def _against_pick(p, v: Verdict, pick: str):
+    """A sweep's shape with each backend's margin against the sweep's pick (none where the pick did not run)."""
+    if pick not in p.ranking:
+        return replace(p, backends=tuple(replace(b, margin=None) for b in p.backends))
+    return replace(p, backends=tuple(ranked(list(p.backends), against(v, p.backends, pick))))

@@ -46,7 +46,8 @@ class Verdict:
     candidates tied with it (``ties``, the pick first); each ranked backend's margin against the pick;
     ``fastest``, the top candidate its paired rounds find fastest (the pick where nothing is preferred over
     it); ``cycled``: tied candidates faster than the pick in their paired rounds, held tied because their order
-    cycled (each was faster than another); cautions."""
+    cycled (each was faster than another); ``behind``: candidates not told apart from the pick but decidedly
+    slower than a tied one (name -> that one): never tied; cautions."""
 
     order: tuple[str, ...]
     ties: tuple[str, ...]
@@ -54,6 +55,7 @@ class Verdict:
     cautions: tuple[str, ...] = ()
     fastest: str | None = None
     cycled: tuple[str, ...] = ()
+    behind: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def pick(self) -> str | None:
@@ -176,7 +178,12 @@ def verdict(results: Iterable[BackendResult], host: Mapping | None = None) -> Ve
              for b in good}
     order = tuple(sorted(by, key=lambda n: (n != pick.backend, ratio[n], by[n].time_ms)))
     cycled = [b.backend for b in top if pick.backend in beats[b.backend]]
-    ties = [n for n in candidates(order) if n == pick.backend or n in cycled or not told_apart(margins.get(n))]
+    # tied for the fastest: the top alone; one not told apart from the pick but decidedly slower than a tied one
+    # is behind (``behind``: it and the tied one it is slower than)
+    ties = [b.backend for b in top]
+    behind = {b.backend: next((t.backend for t in top if b.backend in beats[t.backend]),
+                              next(d for d, s in beats.items() if b.backend in s))
+              for b in cands if b.backend not in ties and not told_apart(margins.get(b.backend))}
     for a, target in alias.items():
         m = paired_margin(by[a].time_rounds_ms, by[target].time_rounds_ms, target)
         if m is not None and m.decided and not m.equal:
@@ -189,7 +196,7 @@ def verdict(results: Iterable[BackendResult], host: Mapping | None = None) -> Ve
                         "order cycled, which load does); they are held tied.")
     ties = [n for n in candidates(order) if n in ties]  # in ranking order, the pick first
     cautions += _unsteady(by[ties[0]])
-    return Verdict(order, tuple(ties), margins, tuple(cautions), fastest.backend, tuple(cycled))
+    return Verdict(order, tuple(ties), margins, tuple(cautions), fastest.backend, tuple(cycled), behind)
 
 
 def _unsteady(b: BackendResult) -> list[str]:

@@ -13,8 +13,10 @@ from .stats import LEVEL, paired_margin
 __all__ = ["reasons", "recommend_sweep", "sweep_lines", "name_of", "EAGER_NOTE", "ANSWER_WIDTH"]
 
 #: eager's place in a ranking
-EAGER_NOTE = ("`eager` (the model's own transformers attention) is the reference the others are checked against: "
-              "picked only where it is faster than every candidate.")
+EAGER_NOTE = "`eager` (the model's own transformers attention) is picked only where it is faster than every candidate."
+#: ... and where the others' numerics were checked against it
+_EAGER_REFERENCE = ("`eager` (the model's own transformers attention) is the reference the others are checked "
+                    "against: picked only where it is faster than every candidate.")
 #: the answer line's most characters
 ANSWER_WIDTH = 120
 _LISTED = 4  # beaten backends named in the reasons
@@ -38,7 +40,15 @@ def _margin_lines(by: dict[str, BackendResult], v: Verdict) -> list[str]:
     if tied:
         lines.append(f"Not told apart from `{v.pick}`: " + ", ".join(f"`{n}` {v.margins[n].text()}" for n in tied)
                      + " of its time.")
-    beaten = [n for n in v.beaten if n in v.margins]
+    behind = [n for n in v.beaten if n in v.behind]
+    if behind:
+        said = []
+        for n in behind:
+            m = paired_margin(by[n].time_rounds_ms, by[v.behind[n]].time_rounds_ms, v.behind[n])
+            said.append(f"`{n}` {m.text()} of `{v.behind[n]}`'s time" if m is not None else f"`{n}`")
+        lines.append(f"Slower than one tied for the fastest, though not told apart from `{v.pick}` itself: "
+                     + ", ".join(said) + ".")
+    beaten = [n for n in v.beaten if n in v.margins and n not in v.behind]
     if beaten:
         more = len(beaten) - _LISTED
         lines.append("Slower: " + ", ".join(f"`{n}` {v.margins[n].text()}" for n in beaten[:_LISTED])
@@ -86,10 +96,10 @@ def reasons(results: list[BackendResult], v: Verdict, workload: dict | None = No
         lines.append(f"Not considered, numerics beyond tolerance: {', '.join(flagged)}.")
     if not numerics:
         lines.append("Numerics not checked: no backend's output was compared with eager attention in float32.")
-    lines += _compile_lines(results, candidates(v.order), by, workload or {})
+    lines += _compile_lines(results, v, by, workload or {})
     lines += [c for c in v.cautions if c not in gate]
     if "eager" in by and by["eager"].ok and v.pick != "eager":
-        lines.append(EAGER_NOTE)
+        lines.append(_EAGER_REFERENCE if numerics else EAGER_NOTE)
     return lines
 
 
@@ -103,17 +113,22 @@ def _pays(b: BackendResult, workload: dict) -> str:
     return f"{n:.0f} {kind.timed}"
 
 
-def _compile_lines(results: list[BackendResult], picks: list[str], by: dict, workload: dict) -> list[str]:
-    """Compiled candidates: whether compiling changes the pick, when the compile pays for itself, and
-    any compiled graph that ran another kernel than the one selected."""
+def _compile_lines(results: list[BackendResult], v: Verdict, by: dict, workload: dict) -> list[str]:
+    """Compiled candidates: whether compiling changes the pick (not where the fastest compiled and uncompiled
+    are tied: the preference picks then), when the compile pays for itself, and any compiled graph that ran
+    another kernel than the one selected."""
     if all(b.compile is None for b in results):
         return []
     lines = []
+    picks = candidates(v.order)
     compiled = [by[n] for n in picks if by[n].compile is not None]
     plain = [by[n] for n in picks if by[n].compile is None]
     if compiled and plain:
         c, u = compiled[0], plain[0]
-        if str(c.candidate.uncompiled) == u.backend:
+        if c.backend in v.ties and u.backend in v.ties:
+            lines.append(f"Compiled `{c.backend}` and uncompiled `{u.backend}` are not told apart: compiling makes "
+                         "no measured difference to the pick.")
+        elif str(c.candidate.uncompiled) == u.backend:
             lines.append(f"Compiling does not change the pick: `{u.backend}` leads compiled and uncompiled.")
         else:
             lines.append(f"Compiling changes the pick: uncompiled `{u.backend}` ({u.time_ms:.3f} ms), compiled "
