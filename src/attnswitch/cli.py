@@ -373,16 +373,18 @@ def _measured(s: Session, run: Callable, sweep: Callable | None = None) -> int:
         report = _report(s, run, sweep, trace_dir)
         printed = _printed(s, report)
         t0, written = time.perf_counter(), []
-        # nothing ran, or the model made no attention call through the switch: nothing to report
-        measured = report.ok and (report.decision is None or report.decision.answer != "no-attention")
+        # nothing ran, the model made no attention call through the switch, or nothing to choose: no answer
+        answer = report.decision.answer if report.decision is not None else None
+        measured = report.ok and answer not in ("no-attention", "none")
         if staging is not None and measured:
             report.save_traces(trace_dir)  # any trace recorded elsewhere (where written here: nothing to do)
             written = _write_outputs(_moved(report, staged, Path(out)), staged)
         elif staging is not None:
             staging.discard()  # nothing ran, or nothing to answer: the folder keeps what it held
     if staging is not None:
+        why = "no backend ran" if not report.ok else "no attention call" if answer == "no-attention" else "no answer"
         said = (f"wrote {out}/{', '.join(written)} in {time.perf_counter() - t0:.1f} s" if written else
-                f"{'no backend ran' if not report.ok else 'no attention call'}: {_left(out, s.outcome.kept)}")
+                f"{why}: {_left(out, s.outcome.kept)}")
         s.err.print(said, highlight=False, markup=False, soft_wrap=True)
     if not printed:
         return EXIT_BROKEN_PIPE
