@@ -192,7 +192,7 @@ def test_the_report_says_how_many_rounds_ran_and_why_they_stopped():
                 check_numerics=False)
     assert r.settings["host"]["rounds"] == 2 and r.settings["host"]["stopped"] == "fixed"
     assert all(len(b.time_samples_ms) == 4 and len(b.time_rounds_ms) == 2 for b in r.ok)
-    assert "in 2 interleaved rounds (at least 2" in " ".join(r.to_markdown().split())
+    assert "in 2 interleaved rounds (the rounds asked for)" in " ".join(r.to_markdown().split())
 
 
 def test_profile_hides_what_was_alive_before_from_the_collector_and_gives_it_back(monkeypatch):

@@ -70,7 +70,7 @@ def _callout(c: Callout) -> str:
 
 def _section(s: Section, counter: list[int]) -> str:
     inner = _blocks(s.blocks, counter)
-    if any(isinstance(b, Figure) for b in s.blocks):
+    if any(isinstance(b, Figure) for b in s.blocks) and all(isinstance(b, Figure | Text) for b in s.blocks):
         inner = f'<div class="plots">{inner}</div>'
     if s.collapsible:
         return (f'<details id="{html.escape(s.key)}"{" open" if s.open else ""}>'

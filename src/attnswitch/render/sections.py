@@ -286,11 +286,16 @@ def _timing_text(report) -> str:
     else:
         how = f"time/{k.short}: the median of unprofiled {k.timed} ({timer})"
     rounds = host.get("rounds")
-    if rounds:
-        how += (f", in {rounds} interleaved rounds (at least {st.get('rounds')}; more for the backends still tied "
-                f"with the fastest, until told apart or out of time: {host.get('stopped')})")
+    stopped = host.get("stopped")
+    if rounds and stopped == "fixed":
+        how += f", in {rounds} interleaved rounds (the rounds asked for)"
+    elif rounds:
+        how += (f", in {rounds} interleaved rounds (the first {st.get('rounds')}, then more for the backends still "
+                f"tied with the fastest, until told apart or out of time: {stopped})" if st.get("rounds") and
+                rounds > st["rounds"] else f", in {rounds} interleaved rounds (stopped: {stopped})")
     return (how + ". vs pick: the median of the per-round ratios of its time to the pick's, with its 95 % interval; "
-            "≈ and bold: not told apart from the pick (the interval holds 1); counts from the profiler, "
+            "≈ and bold: tied for the fastest (the interval holds 1, and nothing tied is decidedly faster); counts "
+            "from the profiler, "
             f"{k.counted[1]}; /attn: per attention call.")
 
 
@@ -320,6 +325,11 @@ def _deploy(report, opts: Options) -> Section | None:
 
 def _summary(report, opts: Options) -> Section:
     blocks: list[Block] = [summary_table(report)]
+    rank = charts.ranking_chart(ordered(report), report.pick, report.ties, kind_of(report.workload).unit)
+    if rank is not None:  # the report's first plot: the ranking the answer reads
+        blocks.append(Figure(rank, "The ranked time, as the vs pick column: the median of each backend's per-round "
+                          "ratios to the pick, with its 95 % interval; a backend whose interval holds 1 is tied with "
+                          "the pick."))
     room = headroom_text(report, ordered(report))  # under the ranking: how far from the GPU's peak
     blocks += [room] if room is not None else []
     blocks.append(Text(_timing_text(report), "note"))
@@ -371,10 +381,7 @@ def _plots(report, opts: Options) -> Section | None:
     # a generate's profiled pass mixes prefill and decode forwards, and its time is the whole workload's:
     # its own section plots it step by step instead
     by_kind = None if mode == "generate" else charts.time_by_kind_chart(backends, step)
-    rank = charts.ranking_chart(backends, report.pick, report.ties, kind.unit)
     plots = [
-        (rank, "The ranked time, as the summary's vs pick column: the median of each backend's per-round ratios to "
-         "the pick, with its 95 % interval; a backend whose interval holds 1 is tied with the pick.", None),
         (by_kind, f"Host time, not the ranked time: a CPU run has no device time, so this is the host time of the "
          f"median measured {step}, its attention calls and the rest of it (measured apart from the ranking's rounds)."
          if cpu else f"Device time per {step}, from the profiled pass (not the ranked time: its kernels only).", None),
