@@ -144,6 +144,25 @@ def to_cuda(batch):
     return {k: v.cuda() for k, v in batch.items()}
 
 
+def gpu_events(fn):
+    """The profiler's events of ``fn`` on the GPU (CPU and CUDA activity), the device idle before and after.
+    The process may tear CUPTI down after a trace (attnswitch sets TEARDOWN_CUPTI=1): the detach is waited for
+    after it, so that it never lands inside the next trace (pytorch/kineto#1554); a trace with no GPU activity
+    fails here, never as a wrong count."""
+    from attnswitch.profiling import cupti
+
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+        threads = cupti.tasks()
+    cupti.settle(threads)
+    events = prof.events()
+    assert any(e.device_type == torch.autograd.DeviceType.CUDA for e in events), "the trace holds no GPU activity"
+    return events
+
+
 def op_names(fn):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()

@@ -11,7 +11,7 @@ from conftest import tiny
 
 import attnswitch
 from attnswitch import instrument
-from attnswitch.profiling import capture
+from attnswitch.profiling import capture, cupti
 from attnswitch.workload import make_workload
 
 
@@ -111,11 +111,66 @@ def test_cupti_is_let_go_after_each_trace_unless_the_caller_says_otherwise(monke
     # the timing rounds run after the profiled passes, a user's own loop after compare
     monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    assert capture.cupti_let_go() and os.environ["TEARDOWN_CUPTI"] == "1"
+    assert cupti.let_go() and os.environ["TEARDOWN_CUPTI"] == "1"
     monkeypatch.setenv("TEARDOWN_CUPTI", "0")  # the caller's choice stands
-    assert not capture.cupti_let_go() and os.environ["TEARDOWN_CUPTI"] == "0"
+    assert not cupti.let_go() and os.environ["TEARDOWN_CUPTI"] == "0"
     monkeypatch.delenv("TEARDOWN_CUPTI")
     monkeypatch.setattr(torch.version, "cuda", "12.4")  # CUPTI's re-attachment crashes there with CUDA graphs
-    assert not capture.cupti_let_go() and "TEARDOWN_CUPTI" not in os.environ
+    assert not cupti.let_go() and "TEARDOWN_CUPTI" not in os.environ
     monkeypatch.setattr(torch.version, "cuda", None)  # a CPU build
-    assert not capture.cupti_let_go() and "TEARDOWN_CUPTI" not in os.environ
+    assert not cupti.let_go() and "TEARDOWN_CUPTI" not in os.environ
+
+
+class _FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+    def sleep(self, s):
+        self.t += s
+
+
+def test_settle_makes_cuda_calls_until_kinetos_teardown_thread_is_gone(monkeypatch):
+    # the detach lands at the exit of a CUDA call made once Kineto's teardown thread is ready; the thread ends
+    # after it: settle calls until the threads are back to the count taken inside the trace
+    monkeypatch.setenv("TEARDOWN_CUPTI", "1")
+    monkeypatch.setattr(cupti, "_slow", [])
+    clock, syncs, threads = _FakeClock(), [], iter([5, 5, 5, 4])
+    assert cupti.settle(4, sync=lambda: syncs.append(clock.t), clock=clock, sleep=clock.sleep,
+                        count=lambda: next(threads))
+    assert len(syncs) == 4 and clock.t < cupti.SETTLE_S
+
+
+def test_settle_waits_at_most_its_bound_and_then_less_where_a_thread_stays(monkeypatch):
+    monkeypatch.setenv("TEARDOWN_CUPTI", "1")
+    monkeypatch.setattr(cupti, "_slow", [])
+    clock, syncs = _FakeClock(), []
+    assert not cupti.settle(4, sync=lambda: syncs.append(1), clock=clock, sleep=clock.sleep, count=lambda: 6)
+    assert cupti.SETTLE_S <= clock.t < cupti.SETTLE_S + 0.01
+    start = clock.t  # another thread came and stayed: the next wait is short
+    cupti.settle(4, sync=lambda: syncs.append(1), clock=clock, sleep=clock.sleep, count=lambda: 6)
+    assert clock.t - start < 0.1
+
+
+def test_settle_does_nothing_without_the_teardown(monkeypatch):
+    monkeypatch.setenv("TEARDOWN_CUPTI", "0")
+    calls = []
+    assert cupti.settle(4, sync=lambda: calls.append(1), count=lambda: 9)
+    assert not calls
+
+
+def test_a_gpu_trace_without_gpu_activity_is_taken_again_then_refused(monkeypatch):
+    from types import SimpleNamespace
+
+    empty = SimpleNamespace(trace=SimpleNamespace(device_events=[]))
+    full = SimpleNamespace(trace=SimpleNamespace(device_events=[object()]))
+    target = SimpleNamespace(device=torch.device("cuda"))
+    monkeypatch.setattr(cupti, "settle", lambda before: True)
+    taken = iter([empty, full])
+    monkeypatch.setattr(capture, "_traced", lambda *a: next(taken))
+    assert capture._profiled(target, "flash", 2, None) is full  # the second trace holds the GPU's activity
+    monkeypatch.setattr(capture, "_traced", lambda *a: empty)
+    with pytest.raises(RuntimeError, match="no GPU activity in two traces of flash"):
+        capture._profiled(target, "flash", 2, None)

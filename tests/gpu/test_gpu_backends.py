@@ -13,6 +13,7 @@ from conftest import (
     configs,
     eager_greedy,
     eager_reference,
+    gpu_events,
     op_names,
     output_of,
     sdpa_flags,
@@ -38,11 +39,7 @@ def cuda_model(kind, **over):
 
 
 def kernel_names(fn):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
-                                            torch.profiler.ProfilerActivity.CPU]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return [e.name for e in gpu_events(fn) if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
 @pytest.mark.parametrize("name", ["efficient", "cudnn", "flash", "math"])

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 import torch
-from conftest import batch_for, output_of, tiny, to_cuda
+from conftest import batch_for, gpu_events, output_of, tiny, to_cuda
 from transformers import CompileConfig, masking_utils
 
 import attnswitch
@@ -47,11 +47,7 @@ def cuda_model(kind="llama", **over):
 
 def families(fn) -> set[str]:
     """The SDPA families of the attention kernels ``fn`` ran on the GPU (CUDA graph replays included)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
-                                            torch.profiler.ProfilerActivity.CPU]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return {f for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+    return {f for e in gpu_events(fn) if e.device_type == torch.autograd.DeviceType.CUDA
             if (f := attention_family(e.name)) is not None}
 
 
@@ -67,9 +63,8 @@ def assert_close(out, ref, tol=5e-2):
 
 
 def uncompiled_auto_family(m, batch) -> str:
-    with torch.no_grad(), attnswitch.backend("auto", model=m), torch.profiler.profile() as prof:
-        m(**batch)
-    return kernel_family(e.name for e in prof.events())
+    with torch.no_grad(), attnswitch.backend("auto", model=m):
+        return kernel_family(e.name for e in gpu_events(lambda: m(**batch)))
 
 
 @pytest.mark.parametrize("name", ["efficient", "flash", "cudnn", "auto"])

@@ -8,7 +8,7 @@ import collections
 
 import pytest
 import torch
-from conftest import batch_for, tiny, to_cuda
+from conftest import batch_for, gpu_events, tiny, to_cuda
 
 import attnswitch
 
@@ -16,12 +16,9 @@ pytestmark = pytest.mark.gpu
 
 
 def _device_events(fn):
-    torch.cuda.synchronize()  # nothing of the step before in flight when the trace starts
-    with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return collections.Counter(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    with torch.no_grad():
+        events = gpu_events(fn)
+    return collections.Counter(e.name for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
 @pytest.mark.parametrize("kind", ["llama", "bert"])

@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import batch_for, tiny, to_cuda, world
+from conftest import batch_for, gpu_events, tiny, to_cuda, world
 
 import attnswitch
 
@@ -34,11 +34,7 @@ def _model(reentrant: bool | None):
 
 
 def _backward_ops(loss):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
-        loss.backward()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events()]
+    return [e.name for e in gpu_events(loss.backward)]
 
 
 def _grads(m):

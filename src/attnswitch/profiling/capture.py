@@ -6,7 +6,7 @@ Per backend, on the same inputs and after the same warm-up (``prepare_backend``)
    host time per forward and per attention call, peak device memory;
 3. ``iters`` profiled forwards: Kineto trace with a range per module, per attention call and per step,
    parsed and attributed to layers; each attention call's shape recorded (``callshapes``); CUPTI let go after it
-   (``cupti_let_go``).
+   (``cupti.let_go``).
 
 Then every backend's steady step, in interleaved rounds (``timed_rounds``) whose steps are a user's loop's:
 the switch entered once around a turn, nothing of the measurement above alive (no range, hook or profiler),
@@ -49,6 +49,7 @@ from ..results import BackendResult
 from ..stats import median
 from ..switch import backend as use_backend
 from ..workload import Workload
+from . import cupti
 from .attribution import attribute
 from .callshapes import ShapeRecorder
 from .clock import ForwardClock, annotate_phases
@@ -59,7 +60,7 @@ from .stepstats import mode_fields, prompt_units
 from .summarize import backend_fields
 from .trace import Trace
 
-__all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "frozen_heap", "cupti_let_go", "Target", "Profiled",
+__all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "frozen_heap", "Target", "Profiled",
            "PROGRESS_EVERY_S"]
 
 
@@ -709,32 +710,25 @@ def _timed_on_gpus(target: Target, calls: list, lines: frozenset[int] = frozense
     return [b - a for a, b in zip([0.0, *ends], ends)]
 
 
-#: the first CUDA release on which CUPTI comes back after a teardown with CUDA graphs in the process (before it,
-#: torch's profiler turns the teardown off where graphs are used)
-_TEARDOWN_SAFE_CUDA = (12, 6)
-
-
-def cupti_let_go() -> bool:
-    """Have Kineto detach CUPTI from the process at the end of each trace (``TEARDOWN_CUPTI=1``, which it
-    reads then, and again as its next trace starts, to attach CUPTI anew). By default Kineto leaves CUPTI
-    attached, and every CUDA call made after a trace pays for it for the rest of the process: on an H200
-    (torch 2.11, CUDA 13) a training step's host time went from 34.7 to 42 ms after one profiled step, so the
-    timing rounds, which come after the profiled passes, and a user's own loop after ``compare``, ran slower
-    wherever the host sets the pace; with the teardown, no step slowed. Left alone where the caller set the
-    variable, and before CUDA 12.6. It stays set (unset again, Kineto would start its next trace without the
-    callbacks it puts back only where the variable asks for a teardown). True where it is set."""
-    if "TEARDOWN_CUPTI" not in os.environ:
-        version = tuple(int(x) for x in (torch.version.cuda or "0.0").split(".")[:2])
-        if version >= _TEARDOWN_SAFE_CUDA:
-            os.environ["TEARDOWN_CUPTI"] = "1"
-    return os.environ.get("TEARDOWN_CUPTI") == "1"
-
-
 def _profiled(target: Target, name: str, n: int, trace_dir) -> Profiled:
+    """``n`` steps traced and attributed. A trace on a GPU that holds no GPU activity at all (CUPTI detached
+    inside it by a teardown still pending from an earlier trace: ``cupti``) is taken again, once; an error
+    where the second is empty too, never a report of zero kernels."""
+    for _ in range(2):
+        p = _traced(target, name, n, trace_dir)
+        if target.device.type != "cuda" or p.trace.device_events:
+            return p
+        cupti.settle(None)
+    raise RuntimeError(f"the profiler recorded no GPU activity in two traces of {name} (CUPTI detached while "
+                       "tracing?); set TEARDOWN_CUPTI=0 to keep it attached")
+
+
+def _traced(target: Target, name: str, n: int, trace_dir) -> Profiled:
     acts = [torch.profiler.ProfilerActivity.CPU]
-    if target.device.type == "cuda":
+    gpu = target.device.type == "cuda"
+    if gpu:
         acts.append(torch.profiler.ProfilerActivity.CUDA)
-        cupti_let_go()
+        cupti.let_go()
     fn, calls = target.profiled_steps(n)
     warm, calls = calls[0], calls[1:]
     phases = annotate_phases(target.model) if kind_of(target.mode).generates else contextlib.nullcontext()
@@ -754,7 +748,10 @@ def _profiled(target: Target, name: str, n: int, trace_dir) -> Profiled:
                 prof.step()
                 fn(c)
         target.sync()
+        threads = cupti.tasks()
         prof.step()  # the last kept step ends: the trace is complete
+    if gpu:
+        cupti.settle(threads)  # CUPTI detached now, not inside the next trace
     run_seconds = time.perf_counter() - t_run
     t0 = time.perf_counter()
     path, data = _export(prof, name, trace_dir)
