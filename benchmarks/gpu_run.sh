@@ -13,7 +13,6 @@
 #   compiled   every backend compiled against uncompiled (COMPILED_MODELS, COMPILED_WORKLOADS narrow them)
 #   peak       % of peak through attnswitch's profiler path against an independent CUDA-event loop
 #   startup    the command's imports split, and flex's first compile (empty and warm caches)
-#   userloop   every backend's compare step against a user's back-to-back loop (USERLOOP narrows)
 #   kinds      a backend per layer kind: Gemma-3-1B-shaped and encoder-decoder compares (KINDS narrows)
 set -u
 export PYTHONUNBUFFERED=1
@@ -90,7 +89,7 @@ if [[ $parts == *ranking* ]]; then
 fi
 if [[ $parts == *userloop* ]]; then
   mkdir -p $S/userloop
-  timeout ${USERLOOP_S:-540} python3 -m benchmarks.user_loop $S/userloop ${USERLOOP:+--only=$USERLOOP} 2>&1 | tee $S/userloop/log.txt
+  timeout ${USERLOOP_S:-580} python3 -m benchmarks.user_loop $S/userloop ${USERLOOP:+--only=$USERLOOP} 2>&1 | tee $S/userloop/log.txt
   cp $S/userloop/user_loop_check.json $S/userloop/user_loop_run.json $OUT/ 2>/dev/null; pack userloop
 fi
 if [[ $parts == *gensweep* ]]; then
@@ -114,12 +113,6 @@ if [[ $parts == *startup* ]]; then
   mkdir -p $S/startup
   timeout ${STARTUP_S:-240} python3 benchmarks/startup.py --json $S/startup/startup_h200.json 2>&1 | tee $S/startup/log.txt
   pack startup
-fi
-if [[ $parts == *userloop* ]]; then
-  mkdir -p $S/userloop
-  timeout ${USERLOOP_S:-540} python3 -m benchmarks.ranking_check $S/userloop --only=${USERLOOP:-user_loop} 2>&1 \
-    | tee $S/userloop/log.txt
-  rm -f $S/userloop/*.json.gz; pack userloop
 fi
 if [[ $parts == *kinds* ]]; then
   mkdir -p $S/kinds

@@ -1,0 +1,38 @@
+"""The per-kind benchmark (``benchmarks/layer_kinds.py``) on a CPU: its summary of a report, and its run on a tiny
+model (no verdict on the numbers: those are the GPU's)."""
+
+import json
+
+import pytest
+from test_hostile_findings import fixed, report_of
+
+from attnswitch.stats import paired_margin
+from benchmarks import layer_kinds
+
+PER_KIND = "sliding_attention=flex/full_attention=flash"
+
+
+def test_the_summary_puts_the_per_kind_candidate_against_the_best_single_backend():
+    per_kind = fixed(PER_KIND, [8.0, 8.1, 7.9, 8.0, 8.2, 8.0],
+                     attn_by_kind=(("sliding_attention", 150.0), ("full_attention", 90.0)))
+    flash = fixed("flash", [10.0, 10.1, 9.9, 10.0, 10.2, 10.0],
+                  attn_by_kind=(("sliding_attention", 1190.0), ("full_attention", 88.0)))
+    r = report_of([flash, fixed("math", [20.0] * 6), per_kind])
+    s = layer_kinds.summary(r)
+    assert s["per_kind"] == PER_KIND and s["best_single"] == "flash" and s["pick"] == PER_KIND
+    m = paired_margin(per_kind.time_rounds_ms, flash.time_rounds_ms, "flash")
+    assert s["per_kind_vs_best_single"]["ratio"] == pytest.approx(m.ratio, abs=1e-4)
+    assert s["per_kind_vs_best_single"]["decided"] and s["per_kind_vs_best_single"]["high"] < 1
+    assert s["attn_us_by_kind"]["flash"] == {"sliding_attention": 1190.0, "full_attention": 88.0}
+
+
+def test_the_smoke_run_writes_each_checks_report_and_the_summary(tmp_path):
+    assert layer_kinds.run(tmp_path, smoke=True, only="gemma3-prefill") == 0
+    done = json.loads((tmp_path / "layer_kinds.json").read_text())
+    got = done["checks"]["gemma3-prefill"]
+    assert got["status"] == "ok" and set(done["checks"]) == {"gemma3-prefill"}
+    report = json.loads((tmp_path / "gemma3-prefill" / "report.json").read_text())
+    assert report["decision"]["pick"] == got["pick"]
+    # every backend that ran has its attention time for both kinds of the model
+    assert all(set(v) == {"sliding_attention", "full_attention"} for v in got["attn_us_by_kind"].values())
+    assert done["environment"]["torch"]
