@@ -272,3 +272,10 @@ def test_sigterm_is_handled_as_ctrl_c_one_line_exit_143_and_out_as_it_was(before
         assert not (tmp_path / "new").exists()
     else:
         assert _tree(out) == found and sorted(p.name for p in out.parent.iterdir()) == ["report"]
+
+
+def test_the_last_line_names_the_folder_once_whatever_its_trailing_slash(tmp_path, capsys):
+    out = tmp_path / "report"
+    assert cli.main(["profile", *BASE[1:-1], "--backends", "flash", "--out", f"{out}/"]) == 0
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"wrote {out}/report.json") and "//" not in last, last
