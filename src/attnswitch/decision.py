@@ -48,13 +48,13 @@ def _eager_ahead(results: list[BackendResult], v: Verdict, own: str | None = Non
         return None
     eager = by["eager"]
     margins = {n: paired_margin(by[n].time_rounds_ms, eager.time_rounds_ms, "eager") for n in candidates(v.order)}
-    forced = [m for n, m in margins.items() if n != "auto" or own != "eager"]
-    if not forced or not all(told_apart(m) for m in forced):
+    auto = margins.pop("auto", None) if own == "eager" and "auto" in margins else None
+    if not all(told_apart(m) for m in margins.values()):
         return None
-    auto = margins.get("auto") if own == "eager" else None
     if auto is not None and auto.decided and auto.high < 1.0:  # SDPA's own choice faster than the model's eager
         return None
-    return min(forced, key=lambda m: m.ratio)
+    ahead = [m for m in (*margins.values(), auto) if m is not None]
+    return min(ahead, key=lambda m: m.ratio) if ahead else None
 
 
 def _rule_parts(v: Verdict, pick: str) -> tuple[str, list[str]]:
@@ -141,7 +141,7 @@ def decide(results: Iterable[BackendResult], v: Verdict, workload: Mapping | Non
                         "(no attention layers, as in a state-space model): there is nothing to choose.",
                         cautions=v.cautions), v
     if v.pick is None:
-        return _none(results, v, numerics), v
+        return _none(results, "eager" in v.order, v.cautions), v
     own = own_attention(workload)
     ahead = _eager_ahead(results, v, own)
     if ahead is not None:  # transformers' own eager, faster than every candidate
@@ -157,19 +157,39 @@ def decide(results: Iterable[BackendResult], v: Verdict, workload: Mapping | Non
                     tuple(reasons(results, v, workload, numerics)), v.cautions, deploy), v
 
 
-def _none(results: list[BackendResult], v: Verdict, numerics: bool) -> Decision:
-    """No candidate to pick: none ran acceptably, or only the model's own eager attention was asked for."""
-    first = tuple(c for c in gate_cautions(results) if c in v.cautions)
-    others = [b.backend for b in results if b.ok and b.backend not in catalog.MODEL_LEVEL]
-    if "eager" in v.order and not others:
+def _none(results: list[BackendResult], eager_ran: bool, cautions: tuple[str, ...]) -> Decision:
+    """No candidate to pick: none ran, every one that ran is ruled out (each reason named), or only the model's
+    own eager attention (``eager_ran``) was asked for."""
+    first = tuple(c for c in gate_cautions(results) if c in cautions)
+    ran = [b for b in results if b.ok and b.backend not in catalog.MODEL_LEVEL]
+    if eager_ran and not ran:
         return Decision("none", headline="Only `eager` ran: the model's own attention has nothing to be chosen "
-                        "against.", reasons=(*first, "Name the backends to choose among."), cautions=v.cautions)
-    flagged = [b.backend for b in results if b.ok and ((b.numerics is not None and not b.numerics.ok)
-                                                       or (b.train is not None and b.train.grad_ok is False))]
-    said = (f"Not considered, numerics beyond tolerance: {', '.join(flagged)}.",) if flagged else ()
-    return Decision("none", headline="No backend ran these inputs" + (" with acceptable numerics." if numerics or
-                                                                        flagged else "."),
-                    reasons=(*first, *said, "See the reasons in the report."), cautions=v.cautions)
+                        "against.", reasons=(*first, "Name the backends to choose among."), cautions=cautions)
+    out: dict[str, list[str]] = {}
+    for b in ran:
+        why = _ruled_out(b)
+        if why:
+            out.setdefault(why, []).append(f"`{b.backend}`")
+    if not out:
+        return Decision("none", headline="No backend ran these inputs.",
+                        reasons=(*first, "See the reasons in the report."), cautions=cautions)
+    said = "; ".join(f"{why} ({', '.join(names)})" for why, names in out.items())
+    return Decision("none", headline=_fit(f"Every backend that ran is ruled out: {said}.",
+                                          "Every backend that ran is ruled out (below)."),
+                    reasons=(*first, f"Ruled out: {said}.", "See the reasons in the report."), cautions=cautions)
+
+
+def _ruled_out(b: BackendResult) -> str:
+    """Why a backend that ran is no candidate (``ranking``'s rule, in words); empty where it is one."""
+    if (b.numerics is not None and not b.numerics.ok) or (b.train is not None and b.train.grad_ok is False):
+        return "numerics beyond tolerance"
+    if any(m.blocks for m in b.defects):
+        return "a known defect makes it wrong here"
+    if b.attn_mismatch and b.candidate.backend in catalog.FORCED:
+        return "its compiled graph ran another kernel than the one it forces"
+    if b.time_ms is None:
+        return "no time measured"
+    return ""
 
 
 def recommend(results: list[BackendResult], v: Verdict, workload: dict | None = None) -> str:
@@ -186,6 +206,8 @@ def sweep_choice(points, serving: Mapping | None = None) -> str | None:
     eager = ["eager"] if any(p.pick == "eager" for p in points) else []
     everywhere = [n for n in (*candidates(points[0].ranking), *eager)
                   if all(n in p.ranking for p in points)] if points else []
+    if eager and all(p.pick == "eager" for p in points):  # faster than every candidate at every shape
+        return "eager"
     if serving and (serving["pick"] in everywhere or not everywhere):
         return serving["pick"]
     cost = {n: ms for n, ms in (serving or {}).get("per_request_ms", {}).items() if n in everywhere}
@@ -223,28 +245,36 @@ def decide_sweep(points, verdicts: list[Verdict], results: list[BackendResult], 
     pick = sweep_choice(points, serving)
     lines = [*gate, *sweep_lines(points)]
     if pick is None:
-        return Decision("none", headline="No backend ran with acceptable numerics at any measured shape.",
-                        reasons=tuple(lines), cautions=cautions), last, tuple(points)
+        everything = [b for p in points for b in p.backends]
+        none = _none(everything, "eager" in {n for p in points for n in p.ranking}, cautions)
+        return replace(none, headline=none.headline.rstrip(".") + " at any measured shape.",
+                       reasons=(*lines, *none.reasons[len(gate):])), last, tuple(points)
     points = tuple(_against_pick(p, v, pick) for p, v in zip(points, verdicts))
     # the summary: the last shape against the pick, or against nothing where the pick did not run there
     last = against(last, results, pick) if pick in last.order else replace(last, margins={}, ties=())
-    kind = kind_of(workload)
+    answer = "keep" if pick == own_attention(workload) else "use"
+    head = _sweep_headline(points, pick, answer, kind_of(workload), serving)
+    ties = tuple(dict.fromkeys((pick, *(n for n in last.ties if n in last.order))))
+    deploy = deploy_info(pick, environment, workload, sweep=points, ties=ties, keep=answer == "keep")
+    return (Decision(answer, pick, ties, last.fastest, "", head, tuple([*lines, *serving_lines]), cautions, deploy),
+            last, points)
+
+
+def _sweep_headline(points, pick: str, answer: str, kind, serving: Mapping | None) -> str:
+    """The sweep's first line: the pick over the lengths it ran at, why, and the shapes it did not run at."""
     ran = sorted({p.seq for p in points if pick in p.ranking})
-    missed = sorted({p.seq for p in points} - set(ran))
+    missed = [p for p in points if pick not in p.ranking]
     span = f"{kind.length} {ran[0]}" + (f"–{ran[-1]}" if len(ran) > 1 else "")
     tied = sum(pick in (p.ties or (p.pick,)) for p in points)
     why = ("the cheapest for the length mix" if serving and serving.get("pick") == pick else
            "the fastest (or tied) at every length" if tied == len(points) else
            f"the fastest (or tied) at {tied} of {len(points)} shapes, and of those the least time over all")
     if missed:
-        why += f"; it did not run at {kind.length} {', '.join(map(str, missed))}"
-    answer = "keep" if pick == own_attention(workload) else "use"
-    head = (f"Keep the model's own attention (`{pick}`) over {span}: {why}; nothing to change." if answer == "keep"
+        one_batch = len({(p.batch, p.new_tokens) for p in points}) == 1
+        where = [f"{kind.length} {p.seq}" if one_batch else f"batch {p.batch}, {kind.length} {p.seq}" for p in missed]
+        why += f"; it did not run at {'; '.join(where)}"
+    return (f"Keep the model's own attention (`{pick}`) over {span}: {why}; nothing to change." if answer == "keep"
             else f"Use `{pick}` over {span}: {why}.")
-    ties = tuple(dict.fromkeys((pick, *(n for n in last.ties if n in last.order))))
-    deploy = deploy_info(pick, environment, workload, sweep=points, ties=ties, keep=answer == "keep")
-    return (Decision(answer, pick, ties, last.fastest, "", head, tuple([*lines, *serving_lines]), cautions, deploy),
-            last, points)
 
 
 def _against_pick(p, v: Verdict, pick: str):

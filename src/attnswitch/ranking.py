@@ -63,8 +63,9 @@ class Verdict:
 
     @property
     def beaten(self) -> tuple[str, ...]:
-        """The candidates told apart from the pick (slower), in order."""
-        return tuple(n for n in candidates(self.order) if n not in self.ties)
+        """The candidates told apart from the pick (slower), in order (a sweep's last shape, re-based on the sweep's
+        pick, may hold one decidedly faster than it: never here)."""
+        return tuple(n for n in candidates(self.order) if n not in self.ties and not _faster(self.margins.get(n)))
 
 
 def _good(b: BackendResult) -> bool:
@@ -178,12 +179,17 @@ def verdict(results: Iterable[BackendResult], host: Mapping | None = None) -> Ve
              for b in good}
     order = tuple(sorted(by, key=lambda n: (n != pick.backend, ratio[n], by[n].time_ms)))
     cycled = [b.backend for b in top if pick.backend in beats[b.backend]]
-    # tied for the fastest: the top alone; one not told apart from the pick but decidedly slower than a tied one
-    # is behind (``behind``: it and the tied one it is slower than)
-    ties = [b.backend for b in top]
-    behind = {b.backend: next((t.backend for t in top if b.backend in beats[t.backend]),
-                              next(d for d, s in beats.items() if b.backend in s))
-              for b in cands if b.backend not in ties and not told_apart(margins.get(b.backend))}
+    # tied for the fastest: the top, and those not told apart from the pick that no tied one is decidedly faster
+    # than; one not told apart from the pick but decidedly slower than a tied one is behind it (``behind``)
+    ties, behind = [b.backend for b in top], {}
+    for b in cands:
+        if b.backend in ties or told_apart(margins.get(b.backend)):
+            continue
+        ahead = next((t.backend for t in top if b.backend in beats[t.backend]), None)
+        if ahead is None:
+            ties.append(b.backend)
+        else:
+            behind[b.backend] = ahead
     for a, target in alias.items():
         m = paired_margin(by[a].time_rounds_ms, by[target].time_rounds_ms, target)
         if m is not None and m.decided and not m.equal:
@@ -225,8 +231,14 @@ def against(v: Verdict, results: Iterable[BackendResult], name: str) -> Verdict:
     ratio = {b.backend: (margins[b.backend].ratio if b.backend in margins else b.time_ms / ref.time_ms)
              for b in good}
     order = tuple(sorted(ratio, key=lambda n: (n != name, ratio[n])))
-    ties = tuple(n for n in order if n == name or (n != "eager" and not told_apart(margins.get(n))))
-    return dataclasses.replace(v, order=order, ties=ties, margins=margins, cycled=())
+    ties = tuple(n for n in order if n == name or (n != "eager" and not told_apart(margins.get(n))
+                                                   and not _faster(margins.get(n))))
+    return dataclasses.replace(v, order=order, ties=ties, margins=margins, cycled=(), behind={})
+
+
+def _faster(m: Margin | None) -> bool:
+    """Decidedly faster than the backend ``m`` is against, by more than a difference too small to matter."""
+    return m is not None and m.decided and m.high < 1.0 and not m.equal
 
 
 def rank(results: Iterable[BackendResult]) -> list[str]:

@@ -128,6 +128,10 @@ def _compile_lines(results: list[BackendResult], v: Verdict, by: dict, workload:
         if c.backend in v.ties and u.backend in v.ties:
             lines.append(f"Compiled `{c.backend}` and uncompiled `{u.backend}` are not told apart: compiling makes "
                          "no measured difference to the pick.")
+        elif u.backend == v.pick:
+            m = v.margins.get(c.backend)
+            lines.append(f"Compiling does not change the pick: uncompiled `{u.backend}` is faster than every compiled "
+                         f"candidate (the fastest, `{c.backend}`" + (f", {m.text()} of its time)." if m else ")."))
         elif str(c.candidate.uncompiled) == u.backend:
             lines.append(f"Compiling does not change the pick: `{u.backend}` leads compiled and uncompiled.")
         else:
@@ -236,7 +240,7 @@ def _sweep_text(points, batch: int, new_tokens: int | None = None) -> str:
     parts = []
     for first, last, w in ranges:
         span = f"{word} {first.seq}" if first is last else f"{word} {first.seq}–{last.seq}"
-        parts.append(f"{span}: " + (" ≈ ".join(f"`{n}`" for n in w) if w else "no backend with acceptable numerics"))
+        parts.append(f"{span}: " + (" ≈ ".join(f"`{n}`" for n in w) if w else "no candidate ran acceptably"))
     at = f"batch {batch}" + (f", {new_tokens} new tokens" if new_tokens else "")
     text = f"Best per length at {at}: " + "; ".join(parts)
     crossings = [f"between {word} {a[1].seq} and {b[0].seq}, `{b[2][0]}` overtakes `{a[2][0]}`"
