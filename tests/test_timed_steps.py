@@ -168,9 +168,24 @@ def test_a_gpu_trace_without_gpu_activity_is_taken_again_then_refused(monkeypatc
     full = SimpleNamespace(trace=SimpleNamespace(device_events=[object()]))
     target = SimpleNamespace(device=torch.device("cuda"))
     monkeypatch.setattr(cupti, "settle", lambda before: True)
+    monkeypatch.setenv("TEARDOWN_CUPTI", "1")
     taken = iter([empty, full])
     monkeypatch.setattr(capture, "_traced", lambda *a: next(taken))
     assert capture._profiled(target, "flash", 2, None) is full  # the second trace holds the GPU's activity
     monkeypatch.setattr(capture, "_traced", lambda *a: empty)
-    with pytest.raises(RuntimeError, match="no GPU activity in two traces of flash"):
+    with pytest.raises(RuntimeError, match="no GPU activity in 2 traces of flash"):
         capture._profiled(target, "flash", 2, None)
+
+
+def test_without_the_teardown_an_empty_gpu_trace_is_not_taken_again_and_the_error_says_why(monkeypatch):
+    from types import SimpleNamespace
+
+    empty = SimpleNamespace(trace=SimpleNamespace(device_events=[]))
+    target = SimpleNamespace(device=torch.device("cuda"))
+    monkeypatch.setattr(cupti, "settle", lambda before: True)
+    monkeypatch.setenv("TEARDOWN_CUPTI", "0")  # the caller's: CUPTI stays attached, a second trace would not help
+    taken = []
+    monkeypatch.setattr(capture, "_traced", lambda *a: taken.append(1) or empty)
+    with pytest.raises(RuntimeError, match="no GPU activity in 1 trace of flash .another profiler"):
+        capture._profiled(target, "flash", 2, None)
+    assert taken == [1]

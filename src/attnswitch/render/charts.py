@@ -48,12 +48,23 @@ def ranking_chart(backends, pick: str | None, ties, unit: str = "per forward") -
     if pick is None or len(ranked) < 2:
         return None
     names = tuple(b.backend for b in ranked)
-    group = ["tied" if b.backend == pick or b.backend in ties else "eager" if b.backend == "eager" else "apart"
-             for b in ranked]
+
+    def group(b) -> str:
+        if b.backend == pick or b.backend in ties:
+            return "tied"
+        if b.backend == "eager":
+            return "eager"
+        # not tied, yet its interval against the pick holds 1: slower than one tied with it (or, at a sweep's last
+        # shape, against the sweep's pick: faster there)
+        return "apart" if b.margin.low > 1 else "faster" if b.margin.high < 1 else "behind"
+
+    groups = [group(b) for b in ranked]
     errors = tuple(None if b.backend == pick else (b.margin.low, b.margin.high) for b in ranked)
-    series = tuple((label, tuple(b.margin.ratio if g == key else None for g, b in zip(group, ranked)))
-                   for key, label in (("tied", "the pick and those tied with it"), ("apart", "told apart (slower)"),
-                                      ("eager", "eager (the reference)")))
+    labels = (("tied", "the pick and those tied with it"), ("apart", "told apart (slower)"),
+              ("behind", "slower than one tied with the pick"), ("faster", "faster here"),
+              ("eager", "eager (the reference)"))
+    series = tuple((label, tuple(b.margin.ratio if g == key else None for g, b in zip(groups, ranked)))
+                   for key, label in labels)
     return _kept(Bars(f"Time {unit} against the pick, `{pick}`", names, series,
                       "× the pick's time (95 % interval)", stacked=True, limit=(1.0,) * len(names),
                       limit_label="the pick", errors=errors))

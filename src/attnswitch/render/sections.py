@@ -329,13 +329,13 @@ def _summary(report, opts: Options) -> Section:
     if rank is not None:  # the report's first plot: the ranking the answer reads
         blocks.append(Figure(rank, "The ranked time, as the vs pick column: the median of each backend's per-round "
                           "ratios to the pick, with its 95 % interval; a backend whose interval holds 1 is tied with "
-                          "the pick."))
+                          "the pick, unless one tied with it is decidedly faster (drawn apart)."))
     room = headroom_text(report, ordered(report))  # under the ranking: how far from the GPU's peak
     blocks += [room] if room is not None else []
     blocks.append(Text(_timing_text(report), "note"))
     if distribution_text(report):
         blocks.append(Text(f"distribution: {distribution_text(report)}"))
-    if report.sweep:
+    if report.sweep and report.pick is not None:
         last = report.sweep[-1]
         blocks.insert(0, Text(f"The last shape of the sweep (batch {last.batch}, seq {last.seq}), in full, against the "
                               f"sweep's pick `{report.pick}`; every shape's time is in the Sweep section.", "note"))
