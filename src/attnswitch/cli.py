@@ -383,7 +383,8 @@ def _measured(s: Session, run: Callable, sweep: Callable | None = None) -> int:
             staging.discard()  # nothing ran, or nothing to answer: the folder keeps what it held
     if staging is not None:
         why = "no backend ran" if not report.ok else "no attention call" if answer == "no-attention" else "no answer"
-        said = (f"wrote {str(Path(out)).rstrip('/')}/{', '.join(written)} in {time.perf_counter() - t0:.1f} s" if written else
+        folder = str(Path(out)).rstrip("/")
+        said = (f"wrote {folder}/{', '.join(written)} in {time.perf_counter() - t0:.1f} s" if written else
                 f"{why}: {_left(out, s.outcome.kept)}")
         s.err.print(said, highlight=False, markup=False, soft_wrap=True)
     if not printed:

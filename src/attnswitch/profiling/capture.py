@@ -714,13 +714,18 @@ def _profiled(target: Target, name: str, n: int, trace_dir) -> Profiled:
     """``n`` steps traced and attributed. A trace on a GPU that holds no GPU activity at all (CUPTI detached
     inside it by a teardown still pending from an earlier trace: ``cupti``) is taken again, once; an error
     where the second is empty too, never a report of zero kernels."""
-    for _ in range(2):
+    # once more only where the teardown is on, and in one process (another rank would wait in its collectives)
+    again = cupti.let_go() and dist.rank() is None
+    tries = 2 if again else 1
+    for _ in range(tries):
         p = _traced(target, name, n, trace_dir)
         if target.device.type != "cuda" or p.trace.device_events:
             return p
         cupti.settle(None)
-    raise RuntimeError(f"the profiler recorded no GPU activity in two traces of {name} (CUPTI detached while "
-                       "tracing?); set TEARDOWN_CUPTI=0 to keep it attached")
+    why = ("CUPTI detached while tracing?); set TEARDOWN_CUPTI=0 to keep it attached" if cupti.let_go() else
+           "another profiler, such as Nsight Systems, holding CUPTI?)")
+    raise RuntimeError(f"the profiler recorded no GPU activity in {tries} trace{'s' if tries > 1 else ''} of "
+                       f"{name} ({why}")
 
 
 def _traced(target: Target, name: str, n: int, trace_dir) -> Profiled:
