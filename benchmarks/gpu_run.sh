@@ -34,27 +34,32 @@ if [[ $parts == *cpu* ]]; then
 fi
 # one `attnswitch compare` of the default preset, its wall time measured outside and its stderr lines stamped
 # with the seconds since the start (where the time outside the report's own account goes); $1 names the run
+# (VAR=value settings first, then after -- the compare's own options)
 timed_compare() {
   local name=$1; shift
+  local envs=() args=()
+  while [ $# -gt 0 ]; do if [ "$1" = "--" ]; then shift; args=("$@"); break; fi; envs+=("$1"); shift; done
   t0=$(date +%s.%N)
-  env "$@" timeout ${COMPARE_S:-150} ${WRAP:-} python3 -m attnswitch compare --out $S/run/compare/$name > $S/run/compare/$name.txt \
+  env ${envs[@]+"${envs[@]}"} timeout ${COMPARE_S:-150} ${WRAP:-} python3 -m attnswitch compare ${args[@]+"${args[@]}"} --out $S/run/compare/$name > $S/run/compare/$name.txt \
     2> >(python3 -u -c "import sys, time; t0=float(sys.argv[1])
 for l in sys.stdin: print(f'{time.time()-t0:7.1f} {l}', end='', flush=True)" $t0 > $S/run/compare/$name.err)
   rc=$?; t1=$(date +%s.%N); sleep 1
-  echo "compare $name rc=$rc wall_s=$(python3 -c "print(round($t1-$t0,1))") ($*)" | tee -a $S/run/compare/wall.txt
+  echo "compare $name rc=$rc wall_s=$(python3 -c "print(round($t1-$t0,1))") (${envs[*]:-} ${args[*]:-})" | tee -a $S/run/compare/wall.txt
   rm -rf $S/run/compare/$name/traces
 }
 if [[ $parts == *compare* ]]; then
   mkdir -p $S/run/compare
   python3 -m attnswitch env > $S/run/compare/env.txt 2>&1
   python3 -c "import time; t=time.perf_counter(); import torch, transformers; print('import torch, transformers: %.1f s' % (time.perf_counter()-t))" >> $S/run/compare/env.txt
-  # COMPARE_RUNS: fresh (empty compile caches, as on a new machine), warm (the same caches again: a user's
+  # COMPARE_RUNS: fresh (empty compile caches, as on a new machine), decode and train (the default preset in
+  # that mode, the caches fresh's left), warm (the same caches again: a user's
   # second run), threads1 (empty caches, inductor compiling in this process instead of a worker pool), pyspy (empty
   # caches, sampled by py-spy where its wheel was carried), importtime (empty caches, python's -X importtime)
   c=/tmp/compile_caches
   for run in $(echo ${COMPARE_RUNS:-fresh} | tr , ' '); do
     case $run in
       fresh) rm -rf $c; timed_compare prefill TORCHINDUCTOR_CACHE_DIR=$c/inductor TRITON_CACHE_DIR=$c/triton ;;
+      decode|train) timed_compare $run TORCHINDUCTOR_CACHE_DIR=$c/inductor TRITON_CACHE_DIR=$c/triton -- --mode $run ;;
       warm) timed_compare warm TORCHINDUCTOR_CACHE_DIR=$c/inductor TRITON_CACHE_DIR=$c/triton ;;
       threads1) timed_compare threads1 TORCHINDUCTOR_CACHE_DIR=$c/t1/inductor TRITON_CACHE_DIR=$c/t1/triton \
                   TORCHINDUCTOR_COMPILE_THREADS=1 ;;
