@@ -33,7 +33,7 @@ from attnswitch.env import environment
 from attnswitch.stats import paired_margin
 from attnswitch.workload import make_workload
 
-from .user_loop import OverTime, bounded
+from .user_loop import OverTime, bounded, folder_main
 
 __all__ = ["Check", "CHECKS", "run", "summary", "main"]
 
@@ -162,13 +162,7 @@ def run(out: Path, smoke: bool = False, only: str | None = None) -> int:
 
 
 def main(argv=None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    only = next((a.split("=", 1)[1] for a in args if a.startswith("--only=")), None)
-    folder = next((a for a in args if not a.startswith("--")), None)
-    if folder is None:
-        print(__doc__, file=sys.stderr)
-        return 2
-    return run(Path(folder), smoke="--smoke" in args, only=only)
+    return folder_main(argv, __doc__, run)
 
 
 if __name__ == "__main__":

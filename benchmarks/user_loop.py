@@ -43,8 +43,8 @@ from attnswitch.env import environment
 from attnswitch.stats import median
 from attnswitch.workload import make_workload
 
-__all__ = ["Shape", "SHAPES", "SMOKE", "user_loop", "check", "run", "main", "bounded", "OverTime", "LOW", "HIGH",
-           "TOTAL_S", "TIMING_LINE"]
+__all__ = ["Shape", "SHAPES", "SMOKE", "user_loop", "check", "run", "main", "folder_main", "bounded", "OverTime",
+           "LOW", "HIGH", "TOTAL_S", "TIMING_LINE"]
 
 #: the band every ratio must fall in
 LOW, HIGH = 0.97, 1.03
@@ -288,14 +288,20 @@ def _write(out: Path, rows: list, meta: dict) -> None:
     (out / "user_loop_run.json").write_text(json.dumps(meta, indent=1, default=str))
 
 
-def main(argv=None) -> int:
+def folder_main(argv, doc: str, run_in) -> int:
+    """A check's command line: ``OUT [--smoke] [--only=a,b]`` to ``run_in(Path(OUT), smoke=, only=)``; its
+    ``doc`` and exit 2 without a folder."""
     args = list(sys.argv[1:] if argv is None else argv)
     only = next((a.split("=", 1)[1] for a in args if a.startswith("--only=")), None)
     folder = next((a for a in args if not a.startswith("--")), None)
     if folder is None:
-        print(__doc__, file=sys.stderr)
+        print(doc, file=sys.stderr)
         return 2
-    return run(Path(folder), smoke="--smoke" in args, only=only)
+    return run_in(Path(folder), smoke="--smoke" in args, only=only)
+
+
+def main(argv=None) -> int:
+    return folder_main(argv, __doc__, run)
 
 
 if __name__ == "__main__":
