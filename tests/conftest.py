@@ -5,8 +5,8 @@ import torch
 from transformers import (
     BertConfig,
     BertModel,
-    FalconConfig,
-    FalconForCausalLM,
+    BloomConfig,
+    BloomForCausalLM,
     Gemma2Config,
     Gemma2ForCausalLM,
     GPT2Config,
@@ -75,9 +75,9 @@ def tiny(kind: str, **over):
                            num_key_value_heads=2, head_dim=16, sliding_window=4, attn_logit_softcapping=5.0,
                            **common)
         cls = Gemma2ForCausalLM
-    elif kind == "falcon":
-        cfg = FalconConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, **common)
-        cls = FalconForCausalLM
+    elif kind == "bloom":  # computes attention in its own code (ALiBi), off transformers' attention interface
+        cfg = BloomConfig(hidden_size=64, n_layer=1, n_head=4, **common)
+        cls = BloomForCausalLM
     else:
         raise KeyError(kind)
     for k, v in over.items():

@@ -243,14 +243,14 @@ def test_aliases():
 
 
 def test_legacy_model_is_refused_by_name():
-    m = tiny("falcon")
+    m = tiny("bloom")
     before = world(m)
-    with pytest.raises(attnswitch.UnsupportedModel, match="FalconAttention"):
+    with pytest.raises(attnswitch.UnsupportedModel, match="BloomAttention"):
         with attnswitch.backend("math", model=m):
             pass
-    with pytest.raises(attnswitch.UnsupportedModel, match="FalconAttention"):
+    with pytest.raises(attnswitch.UnsupportedModel, match="BloomAttention"):
         attnswitch.patch(m, "math")
-    with pytest.raises(attnswitch.UnsupportedModel, match="FalconAttention"):
+    with pytest.raises(attnswitch.UnsupportedModel, match="BloomAttention"):
         with attnswitch.backend("math"):
             m(input_ids=torch.ones(1, 4, dtype=torch.long))
     assert world(m) == before

@@ -181,7 +181,7 @@ def test_profile_bad_input():
     with pytest.raises(ValueError, match="iters"):
         attnswitch.profile(m, batch_for(m), iters=0)
     with pytest.raises(attnswitch.UnsupportedModel):
-        f = tiny("falcon")
+        f = tiny("bloom")
         attnswitch.profile(f, {"input_ids": torch.ones(1, 4, dtype=torch.long)})
 
 

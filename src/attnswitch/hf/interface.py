@@ -1,6 +1,6 @@
 """Which transformers models compute attention through the attention interface, and what they hold.
 
-About a fifth of transformers' model files (Falcon, Bloom, GPT-Neo, ...) compute attention in their own
+About a fifth of transformers' model files (Bloom, GPT-Neo, MPT, ...) compute attention in their own
 classes: switching them would change nothing. They are refused by name before a switch, and any model
 whose forward under a switch makes no call through the interface is refused after it (``dispatch``).
 """
