@@ -120,6 +120,17 @@ def test_the_only_candidate_beside_eager_is_not_said_to_be_the_only_backend_that
     assert "the only backend here that ran" not in first, first
 
 
+def test_only_eager_ran_where_a_named_backend_failed_does_not_ask_to_name_the_backends():
+    from attnswitch.results import BackendResult
+
+    # `--backends eager,flash` where flash failed: the user named the backends to choose among
+    r = report_of([fixed("eager", _steady(10.0)), BackendResult("flash", "failed", reasons=("boom",))])
+    assert r.decision.answer == "none"
+    # printed: "Only `eager` ran: the model's own attention has nothing to be chosen against." / "Name the backends
+    # to choose among." -- not a word that `flash` was named and failed (the "No backend ran these inputs" answer
+    # says "See the reasons in the report.")
+    assert "Name the backends to choose among" not in r.recommendation, r.recommendation
+
 # -- the command line ----------------------------------------------------------------------------------------------
 
 def test_profile_of_a_model_with_no_attention_call_exits_1_and_writes_nothing(tmp_path, capsys):
