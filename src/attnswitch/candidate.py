@@ -31,6 +31,8 @@ __all__ = ["Candidate", "Policy", "Kinds", "Selection", "PHASE_KEYS", "parse", "
 #: the keys of a policy per phase
 PHASE_KEYS = ("prefill", "decode", "decode_max_query")
 _COMPILE = "+compile"
+#: added to a backend per layer kind's preference: after every single backend, compiled or not
+_KINDS_AFTER = 1000
 
 
 @dataclass(frozen=True)
@@ -170,8 +172,10 @@ class Candidate:
 
     def preference(self) -> int:
         """Where it stands in a tie (``catalog.PREFERENCE``): a policy by its least preferred phase, a compiled
-        candidate after its uncompiled self (compiling is one more thing to deploy)."""
-        return max(catalog.preference(b) for b in self.backends) * 2 + (self.compile is not None)
+        candidate after its uncompiled self (compiling is one more thing to deploy), a backend per layer kind after
+        every single backend (several backends to deploy where one is as fast)."""
+        single = max(catalog.preference(b) for b in self.backends) * 2 + (self.compile is not None)
+        return single + (_KINDS_AFTER if self.kinds is not None else 0)
 
 
 def _policy_text(text: str, key: Callable[[str], str]) -> Policy | Kinds:

@@ -374,7 +374,8 @@ def _measured(s: Session, run: Callable, sweep: Callable | None = None) -> int:
         printed = _printed(s, report)
         t0, written = time.perf_counter(), []
         # nothing ran, the model made no attention call through the switch, or nothing to choose: no answer
-        answer = report.decision.answer if report.decision is not None else None
+        answer = report.decision.answer if report.decision is not None else \
+            "no-attention" if report.no_attention else None  # (a profile: it answers nothing else)
         measured = report.ok and answer not in ("no-attention", "none")
         if staging is not None and measured:
             report.save_traces(trace_dir)  # any trace recorded elsewhere (where written here: nothing to do)

@@ -18,10 +18,10 @@ from .deploy import deploy_info
 from .kinds import kind_of
 from .ranking import Verdict, against, gate_cautions, ranked, told_apart
 from .recommend import ANSWER_WIDTH, name_of, reasons, sweep_lines
-from .results import BackendResult, Decision, candidates
+from .results import NO_ATTENTION, BackendResult, Decision, candidates, no_attention
 from .stats import paired_margin
 
-__all__ = ["decide", "decide_sweep", "recommend", "own_attention", "sweep_choice"]
+__all__ = ["decide", "decide_sweep", "recommend", "own_attention", "sweep_choice", "sweep_pick"]
 
 #: transformers' own attention implementations that attnswitch's backends stand for (keeping it: nothing to do)
 _OWN = {"sdpa": "auto", "eager": "eager"}
@@ -32,11 +32,6 @@ def own_attention(workload: Mapping | None) -> str | None:
     default, also where a report does not say), ``eager`` for ``eager``; None for another implementation."""
     impl = (workload or {}).get("attn_implementation") or "sdpa"
     return _OWN.get(impl)
-
-
-def _no_attention(results: list[BackendResult]) -> bool:
-    ran = [b for b in results if b.ok]
-    return bool(ran) and all(b.attn_calls == 0 for b in ran)
 
 
 def _eager_ahead(results: list[BackendResult], v: Verdict, own: str | None = None):
@@ -121,10 +116,13 @@ def _headline(by: dict[str, BackendResult], v: Verdict, answer: str, pick: str, 
                     *_tie_variants(by, v.ties, f" at {t}; pick `{pick}`: {what}."),
                     f"Tie at {t}; pick `{pick}`: {what}.")
     if not beaten:
-        if any(x.defects and any(m.blocks for m in x.defects) for x in by.values() if x.ok):
-            return f"Use {name_of(b)}: {t}, the only backend here that ran and no known defect rules out (below)."
-        return (f"Use {name_of(b)}: {t}, the only backend here that ran"
-                + (" with acceptable numerics." if numerics else " (numerics not checked)."))
+        eager = by.get("eager") if "eager" in v.order else None
+        m = paired_margin(eager.time_rounds_ms, b.time_rounds_ms, pick) if eager is not None else None
+        beside = f"; the model's own `eager` {m.text()} of its time" if m is not None else ""
+        if any(x.defects and any(d.blocks for d in x.defects) for x in by.values() if x.ok):
+            return f"Use {name_of(b)}: {t}, the only candidate here that ran and no known defect rules out{beside}."
+        return (f"Use {name_of(b)}: {t}, the only candidate here that ran"
+                + (" with acceptable numerics" if numerics else " (numerics not checked)") + f"{beside}.")
     return f"Use {name_of(b)}: {t}{margin}."
 
 
@@ -136,10 +134,8 @@ def decide(results: Iterable[BackendResult], v: Verdict, workload: Mapping | Non
     by = {b.backend: b for b in results}
     workload = workload or {}
     numerics = any(b.numerics is not None for b in results)
-    if _no_attention(results):
-        return Decision("no-attention", headline="The model's forward made no attention call through attnswitch "
-                        "(no attention layers, as in a state-space model): there is nothing to choose.",
-                        cautions=v.cautions), v
+    if no_attention(results):
+        return Decision("no-attention", headline=NO_ATTENTION, cautions=v.cautions), v
     if v.pick is None:
         return _none(results, "eager" in v.order, v.cautions), v
     own = own_attention(workload)
@@ -163,8 +159,11 @@ def _none(results: list[BackendResult], eager_ran: bool, cautions: tuple[str, ..
     first = tuple(c for c in gate_cautions(results) if c in cautions)
     ran = [b for b in results if b.ok and b.backend not in catalog.MODEL_LEVEL]
     if eager_ran and not ran:
+        named = [f"`{b.backend}`" for b in results if not b.ok and b.backend not in catalog.MODEL_LEVEL]
+        why = (f"{', '.join(named)} did not run here: see the reasons in the report." if named else
+               "Name the backends to choose among.")
         return Decision("none", headline="Only `eager` ran: the model's own attention has nothing to be chosen "
-                        "against.", reasons=(*first, "Name the backends to choose among."), cautions=cautions)
+                        "against.", reasons=(*first, why), cautions=cautions)
     out: dict[str, list[str]] = {}
     for b in ran:
         why = _ruled_out(b)
@@ -198,21 +197,26 @@ def recommend(results: list[BackendResult], v: Verdict, workload: dict | None = 
 
 
 def sweep_choice(points, serving: Mapping | None = None) -> str | None:
-    """The one backend to deploy over a sweep: the cheapest for the length mix where one was given, else of
-    the candidates tied for the pick at the most lengths, the one that changes least, then the fastest over
-    all of them."""
+    """The one backend to deploy over a sweep (``sweep_pick``)."""
+    return sweep_pick(points, serving)[0]
+
+
+def sweep_pick(points, serving: Mapping | None = None) -> tuple[str | None, str]:
+    """The one backend to deploy over a sweep, and why: the model's own eager attention where it is faster than
+    every candidate at every shape; the cheapest for the length mix where one was given; else of the candidates
+    tied for the pick at the most shapes, the one that changes least, then the least time over all of them."""
     # a candidate that failed or was refused at a measured shape is deployed only where none ran at all; the
     # model's own eager attention is one where a shape's decision picked it (faster than every candidate there)
     eager = ["eager"] if any(p.pick == "eager" for p in points) else []
     everywhere = [n for n in (*candidates(points[0].ranking), *eager)
                   if all(n in p.ranking for p in points)] if points else []
-    if eager and all(p.pick == "eager" for p in points):  # faster than every candidate at every shape
-        return "eager"
+    if eager and all(p.pick == "eager" for p in points):
+        return "eager", "faster than every candidate at every shape"
     if serving and (serving["pick"] in everywhere or not everywhere):
-        return serving["pick"]
+        return serving["pick"], "the cheapest for the length mix"
     cost = {n: ms for n, ms in (serving or {}).get("per_request_ms", {}).items() if n in everywhere}
     if cost:  # the mix's pick failed at another batch size: the cheapest of those that ran at every shape
-        return min(cost, key=cost.get)
+        return min(cost, key=cost.get), "the cheapest for the length mix of those that ran at every shape"
     counts: dict[str, int] = {}
     for p in points:
         for n in p.ties or ((p.pick,) if p.pick else ()):
@@ -220,11 +224,20 @@ def sweep_choice(points, serving: Mapping | None = None) -> str | None:
     if everywhere and not set(counts) & set(everywhere):  # none tied for a pick ran everywhere
         counts = {n: 0 for n in everywhere}
     if not counts:
-        return None
+        return None, ""
     # totals over the shapes where every one of them ran (fewer shapes would sum to less)
     common = [p for p in points if all(n in p.ranking for n in counts)] or points
     total = {n: sum(b.time_ms for p in common for b in p.backends if b.backend == n and b.time_ms) for n in counts}
-    return min(counts, key=lambda n: (n not in everywhere, -counts[n], candidate.parse(n).preference(), total[n]))
+
+    def key(n):
+        return n not in everywhere, -counts[n], candidate.parse(n).preference(), total[n]
+    pick = min(counts, key=key)
+    at = "at every length" if counts[pick] == len(points) else f"at {counts[pick]} of {len(points)} shapes"
+    same = [n for n in counts if n != pick and key(n)[:2] == key(pick)[:2]]  # as often tied for the fastest
+    rule = ("" if not same else ", and of those the one that changes least"
+            if all(key(n)[2] > key(pick)[2] for n in same) else ", and of those that change least the least time "
+            "over all")
+    return pick, f"the fastest (or tied) {at}{rule}"
 
 
 def decide_sweep(points, verdicts: list[Verdict], results: list[BackendResult], workload: Mapping,
@@ -238,11 +251,11 @@ def decide_sweep(points, verdicts: list[Verdict], results: list[BackendResult], 
     said = {c for p in points for c in gate_cautions(p.backends)}
     cautions = (*gate, *(c for c in cautions if c not in said))
     last = verdicts[-1]
-    if points and _no_attention([b for p in points for b in p.backends]):
+    if points and no_attention([b for p in points for b in p.backends]):
         return Decision("no-attention", headline="The model's forward made no attention call through attnswitch at "
                         "any shape (no attention layers, as in a state-space model): there is nothing to choose.",
                         cautions=cautions), last, tuple(points)
-    pick = sweep_choice(points, serving)
+    pick, why = sweep_pick(points, serving)
     lines = [*gate, *sweep_lines(points)]
     if pick is None:
         everything = [b for p in points for b in p.backends]
@@ -253,22 +266,19 @@ def decide_sweep(points, verdicts: list[Verdict], results: list[BackendResult], 
     # the summary: the last shape against the pick, or against nothing where the pick did not run there
     last = against(last, results, pick) if pick in last.order else replace(last, margins={}, ties=())
     answer = "keep" if pick == own_attention(workload) else "use"
-    head = _sweep_headline(points, pick, answer, kind_of(workload), serving)
+    head = _sweep_headline(points, pick, why, answer, kind_of(workload))
     ties = tuple(dict.fromkeys((pick, *(n for n in last.ties if n in last.order))))
     deploy = deploy_info(pick, environment, workload, sweep=points, ties=ties, keep=answer == "keep")
     return (Decision(answer, pick, ties, last.fastest, "", head, tuple([*lines, *serving_lines]), cautions, deploy),
             last, points)
 
 
-def _sweep_headline(points, pick: str, answer: str, kind, serving: Mapping | None) -> str:
-    """The sweep's first line: the pick over the lengths it ran at, why, and the shapes it did not run at."""
+def _sweep_headline(points, pick: str, why: str, answer: str, kind) -> str:
+    """The sweep's first line: the pick over the lengths it ran at, why (``sweep_pick``), and the shapes it did
+    not run at."""
     ran = sorted({p.seq for p in points if pick in p.ranking})
     missed = [p for p in points if pick not in p.ranking]
     span = f"{kind.length} {ran[0]}" + (f"–{ran[-1]}" if len(ran) > 1 else "")
-    tied = sum(pick in (p.ties or (p.pick,)) for p in points)
-    why = ("the cheapest for the length mix" if serving and serving.get("pick") == pick else
-           "the fastest (or tied) at every length" if tied == len(points) else
-           f"the fastest (or tied) at {tied} of {len(points)} shapes, and of those the least time over all")
     if missed:
         one_batch = len({(p.batch, p.new_tokens) for p in points}) == 1
         where = [f"{kind.length} {p.seq}" if one_batch else f"batch {p.batch}, {kind.length} {p.seq}" for p in missed]
@@ -281,4 +291,5 @@ def _against_pick(p, v: Verdict, pick: str):
     """A sweep's shape with each backend's margin against the sweep's pick (none where the pick did not run)."""
     if pick not in p.ranking:
         return replace(p, backends=tuple(replace(b, margin=None) for b in p.backends))
-    return replace(p, backends=tuple(ranked(list(p.backends), against(v, p.backends, pick))))
+    a = against(v, p.backends, pick)
+    return replace(p, backends=tuple(ranked(list(p.backends), a)), ranking=a.order)

@@ -33,8 +33,8 @@ from .kinds import kind_of
 from .options import OptionError
 
 __all__ = ["Defect", "DefectMatch", "Stack", "Met", "Listed", "table", "load", "asked", "stack_of", "applies_to",
-           "met_calls", "check", "cautions", "describe_when", "version_of", "in_range", "arch_of", "arch_name",
-           "listing", "listing_lines", "LEVELS", "DIRECTIONS"]
+           "met_calls", "check", "cautions", "describe_when", "version_of", "cudnn_version", "in_range", "arch_of",
+           "arch_name", "listing", "listing_lines", "LEVELS", "DIRECTIONS"]
 
 #: how a matching row bears on a report: never recommended; another direction than the workload runs; other
 #: lengths than it meets
@@ -194,13 +194,22 @@ def asked(torch=None, cudnn=None, arch=None) -> Stack:
     """The stack a listing is asked for (each None: not given), each given value checked: ``OptionError``
     naming the parameters that are not a version (``2.13.0``; cuDNN ``9.20`` or ``92000``) or an architecture
     (``sm90``, ``9.0``)."""
-    stack = Stack(version_of(torch), version_of(cudnn), arch_of(arch))
+    stack = Stack(version_of(torch), cudnn_version(cudnn), arch_of(arch))
     bad = [name for name, given, got in (("torch", torch, stack.torch), ("cudnn", cudnn, stack.cudnn),
                                          ("arch", arch, stack.arch)) if given is not None and got is None]
     if bad:
         raise OptionError(", ".join("{" + b + "}" for b in bad) + ": a version is like 2.13.0 (cuDNN: 9.20 or 92000), "
                           "an architecture like sm90 or 9.0")
     return stack
+
+
+def cudnn_version(value) -> tuple[int, ...] | None:
+    """A cuDNN version as given: ``9.20`` (dotted) or its integer ``92000`` / ``8907``; None for anything else
+    (``920`` and ``0`` are neither: read as an integer, 920 would be 0.9.20)."""
+    text = str(value).strip() if value is not None else ""
+    if text.isdigit():
+        return version_of(int(text)) if int(text) >= 1000 else None
+    return version_of(value) if "." in text else None
 
 
 def stack_of(environment: Mapping) -> Stack:

@@ -27,7 +27,7 @@ from .stats import Margin
 
 __all__ = ["SCHEMA_VERSION", "Margin", "LayerStats", "DeviceStats", "TransferStats", "Numerics", "GenerateStats",
            "SlowCall", "TrainStats", "NonFinite", "AttnShape", "PeakFigure", "DefectMatch", "BackendResult",
-           "SweepPoint", "Deploy", "Decision", "Report", "candidates", "ANSWERS"]
+           "SweepPoint", "Deploy", "Decision", "Report", "candidates", "no_attention", "NO_ATTENTION", "ANSWERS"]
 
 #: 2 added devices, transfers, ranks and collectives (multi-GPU); 3 workloads: generate and train stats,
 #: a phase on layer rows, sweeps; 4 rounds paired by backend, margins with intervals, ties, cautions,
@@ -247,6 +247,17 @@ class BackendResult:
         return candidate.parse(self.backend)
 
 
+#: what a run of a model whose forward made no attention call through attnswitch says
+NO_ATTENTION = ("The model's forward made no attention call through attnswitch (no attention layers, as in a "
+                "state-space model): there is nothing to choose.")
+
+
+def no_attention(results) -> bool:
+    """Backends ran, and none made an attention call (a state-space model): nothing to choose among."""
+    ran = [b for b in results if b.ok]
+    return bool(ran) and all(b.attn_calls == 0 for b in ran)
+
+
 def candidates(ranking) -> list[str]:
     """The ranking without ``eager``: the model's own attention is ranked as the reference the others are
     checked against, never picked."""
@@ -372,6 +383,11 @@ class Report:
     sweep: tuple[SweepPoint, ...] = ()  # one point per shape of a sweep (the backends: the last shape's)
     serving: dict | None = None  # a generate sweep over a length mix: the cost of a run of requests
     schema_version: int = SCHEMA_VERSION
+
+    @property
+    def no_attention(self) -> bool:
+        """Backends ran, and not one attention call went through attnswitch (``no_attention``)."""
+        return no_attention(self.backends)
 
     def __getitem__(self, name) -> BackendResult:
         try:  # its names made canonical; a backend registered when the report was made and not now, as it is

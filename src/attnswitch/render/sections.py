@@ -268,6 +268,10 @@ _LABELS = {"use": "Recommendation", "tie": "Recommendation", "keep": "Recommenda
 
 def _recommendation(report, opts: Options) -> Section | None:
     d = report.decision
+    if d is None and report.no_attention:  # a profile, which answers nothing, of a model without attention
+        from ..results import NO_ATTENTION  # (results imports this module to write itself)
+
+        return Section("", (Callout("No attention call", NO_ATTENTION),), key="recommendation")
     if d is None:
         return None
     callout = Callout(_LABELS.get(d.answer, "Recommendation"), d.headline, tuple(r for r in d.reasons if r.strip()))
@@ -337,8 +341,10 @@ def _summary(report, opts: Options) -> Section:
         blocks.append(Text(f"distribution: {distribution_text(report)}"))
     if report.sweep and report.pick is not None:
         last = report.sweep[-1]
-        blocks.insert(0, Text(f"The last shape of the sweep (batch {last.batch}, seq {last.seq}), in full, against the "
-                              f"sweep's pick `{report.pick}`; every shape's time is in the Sweep section.", "note"))
+        shape = f"batch {last.batch}, {kind_of(report.workload).length} {last.seq}" + (
+            f", {last.new_tokens} new tokens" if last.new_tokens else "")
+        blocks.insert(0, Text(f"The last shape of the sweep ({shape}), in full, against the sweep's pick "
+                              f"`{report.pick}`; every shape's time is in the Sweep section.", "note"))
     return Section("Summary", tuple(blocks), key="summary")
 
 
