@@ -126,8 +126,8 @@ def _compile_lines(results: list[BackendResult], v: Verdict, by: dict, workload:
     if compiled and plain:
         c, u = compiled[0], plain[0]
         if c.backend in v.ties and u.backend in v.ties:
-            lines.append(f"Compiled `{c.backend}` and uncompiled `{u.backend}` are not told apart: compiling makes "
-                         "no measured difference to the pick.")
+            lines.append(f"Compiling makes no measured difference to the pick: compiled `{c.backend}` and uncompiled "
+                         f"`{u.backend}` are not told apart.")
         elif u.backend == v.pick:
             m = v.margins.get(c.backend)
             lines.append(f"Compiling does not change the pick: uncompiled `{u.backend}` is faster than every compiled "
