@@ -307,7 +307,7 @@ def test_a_sweeps_one_choice_ran_at_every_shape_whoever_was_tied_or_cheapest():
 
 def test_a_backend_name_cannot_look_like_a_compiled_candidate():
     import attnswitch
-    with pytest.raises(ValueError, match=r"without ',', '=', '/' or '\+'"):
+    with pytest.raises(ValueError, match=r"without ',', '=', '/', '\+' or white space"):
         attnswitch.register_backend("my+compile", lambda q, k, v, **kw: q)
 
 

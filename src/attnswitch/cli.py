@@ -349,7 +349,7 @@ def _check(s: Session) -> int:
     from .eligibility import check
 
     model, work, _ = _loaded(s)
-    res = check(model, backends=None if s.args.backends == "all" else s.args.backends, **work.first())
+    res = check(model, backends=None if s.args.backends == "all" else s.args.backends, work=work)
     s.out.print(str(res), markup=False, highlight=False)
     return EXIT_OK if res.eligible else EXIT_NOTHING_RAN
 

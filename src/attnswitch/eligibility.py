@@ -12,6 +12,7 @@ from .backends import names as backend_names
 from .backends import parse_backends, recording_notes, resolve_name
 from .device import device_of
 from .errors import BackendUnavailable
+from .options import OptionError
 from .switch import backend as use_backend
 
 __all__ = ["Eligibility", "CheckResult", "check"]
@@ -55,21 +56,34 @@ class CheckResult:
         return "\n".join(lines)
 
 
-def check(model: nn.Module, *args, backends: Iterable[str] | str | None = None, **batch) -> CheckResult:
+def check(model: nn.Module, *args, backends: Iterable[str] | str | None = None, work=None,
+          **batch) -> CheckResult:
     """Run one forward of ``model(*args, **batch)`` under each backend (no grad) and record whether
-    the backend could run it; nothing is kept but the verdicts. Every registered backend by default,
-    those that cannot exist on this device included (with the reason). Inputs the model itself
-    refuses (a misspelt argument, say) raise, as the model does."""
+    the backend could run it; nothing is kept but the verdicts. Given ``work`` (a ``Workload``) instead, one
+    step of it as its mode runs: a training step's forward and backward in training mode, a generate's first
+    prompt with its decode steps. Every registered backend by default, those that cannot exist on this device
+    included (with the reason). Inputs the model itself refuses (a misspelt argument, say) raise, as the model
+    does; so does a selection the model cannot take (a layer kind it does not have: ``OptionError``)."""
     names = backend_names(compared=True) if backends is None else parse_backends(backends, device_of(model))
-    with torch.no_grad():
-        model(*args, **batch)  # the model's own attention first: an error here is the inputs', not a backend's
+
+    def step():
+        if work is None:
+            with torch.no_grad():
+                model(*args, **batch)
+            return
+        with work.context():
+            work.step(0 if work.mode == "generate" else None)
+
+    step()  # the model's own attention first: an error here is the inputs', not a backend's
     results: dict[str, Eligibility] = {}
     for name in names:
         with recording_notes() as notes:
             try:
-                with torch.no_grad(), use_backend(name, model=model):
-                    model(*args, **batch)
+                with use_backend(name, model=model):
+                    step()
                 results[name] = Eligibility(name, True, notes=tuple(dict.fromkeys(n[2] for n in notes)))
+            except OptionError:
+                raise  # bad input, not a backend that cannot run
             except BackendUnavailable as e:
                 results[name] = Eligibility(name, False, tuple(e.reasons), e.where)
             except (RuntimeError, ValueError, NotImplementedError) as e:

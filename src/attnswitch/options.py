@@ -189,6 +189,8 @@ def check_shape(batch, seq, mode: str = "prefill", padding: bool = False) -> Non
     if padding and batch < 2:
         raise OptionError("{padding} needs a batch of 2 or more (the first row keeps every position, the others "
                           "are padded)")
+    if padding and seq < 2:
+        raise OptionError("{padding} needs a length of 2 or more (a padded row keeps one position at least)")
 
 
 def check_generation(new_tokens, prompt_lens=None, cache: str = "dynamic", prompt_len=None) -> None:

@@ -229,8 +229,8 @@ class Workload:
 
 def _padding(mask: torch.Tensor, seq: int, task: str) -> None:
     batch = mask.shape[0]
-    for i in range(1, batch):  # row 0 full length, the others shorter
-        pad = min(seq - 1, (seq * i) // (2 * batch))
+    for i in range(1, batch):  # row 0 full length, the others shorter (by one position at least)
+        pad = min(seq - 1, max(1, (seq * i) // (2 * batch)))
         if task == "causal-lm":
             mask[i, :pad] = 0
         else:

@@ -417,6 +417,10 @@ def guarded_call(self: nn.Module, *args, **kwargs):
         return call(self, *args, **kwargs)  # a forward inside one of the same models: its calls are that one's
     fwd = new_forward(self)
     info = fwd.info if fwd.sel is not None else None
+    if info is not None:
+        keys = info.keys()
+        if not keys <= record.INSTALLED[0]:  # its attention implementation changed since the switch was made
+            record.widen(info.token, keys)
     watch = None
     if outer is not None:
         fwd.watch = outer.watch  # (the outer forward's watch sees this one's calls)

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from ..backends.policy import Selection
 from . import critical, install
 
-__all__ = ["Entry", "State", "EMPTY", "STATE", "ENDINGS", "PATCHED", "current", "enter", "abandon", "leave", "patch",
-           "unpatch", "patched", "hold", "held"]
+__all__ = ["Entry", "State", "EMPTY", "STATE", "ENDINGS", "PATCHED", "INSTALLED", "current", "enter", "abandon",
+           "leave", "patch", "unpatch", "patched", "hold", "held", "widen"]
 
 
 class Entry:
@@ -125,11 +125,31 @@ def _held_keys() -> frozenset[str]:
     return frozenset().union(*(e.keys for e in _HELD)) if _HELD else frozenset()
 
 
+#: the keys the registries were last made to hold attnswitch's functions for (read per forward: ``widen``)
+INSTALLED: list[frozenset[str]] = [frozenset()]
+
+
+def _apply() -> None:
+    keys = _held_keys()
+    install.apply(keys)
+    INSTALLED[0] = keys
+
+
 def _change(step) -> None:
     """``step`` (idempotent) and the registries made to hold what the held entries ask, as one change that
     completes whatever interrupts it."""
     with critical.interrupts_deferred():
-        critical.settle(lambda: (step(), install.apply(_held_keys())))
+        critical.settle(lambda: (step(), _apply()))
+
+
+def widen(token: int, keys: frozenset[str]) -> None:
+    """Model ``token`` names attention keys now that its entries were not made for (``set_attn_implementation``
+    after the switch was made): its entries ask for those too, and the registries hold them."""
+    def step():
+        for e in list(_HELD):
+            if e.token == token and not keys <= e.keys:
+                e.keys = e.keys | keys
+    _change(step)
 
 
 def _release(entry: Entry) -> None:
@@ -138,7 +158,7 @@ def _release(entry: Entry) -> None:
     entry.ended = True
     ENDINGS[0] += 1
     try:
-        if critical.try_locked(lambda: (_HELD.pop(entry, None), install.apply(_held_keys()))):
+        if critical.try_locked(lambda: (_HELD.pop(entry, None), _apply())):
             return
     except BaseException:  # a callback cannot raise; the next change completes it
         pass

@@ -62,12 +62,14 @@ def probes(results: Iterable[BackendResult], kind_of_path: Mapping[str, str]) ->
 
 
 def composed(results: Iterable[BackendResult], kinds: list[str]) -> str | None:
-    """The candidate running each of ``kinds`` with the backend its calls took least time under; None where a
-    kind has no measurement, or one backend is fastest at every kind (that candidate exists already)."""
+    """The candidate running each of ``kinds`` that made calls with the backend its calls took least time under
+    (a kind with no call, a vision tower on text inputs, is left to the model's own attention); None where fewer
+    than two kinds were measured, or one backend is fastest at every kind (that candidate exists already)."""
     times = kind_times(results)
-    if len(kinds) < 2 or any(not times.get(k) for k in kinds):
+    measured = [k for k in kinds if times.get(k)]
+    if len(measured) < 2:
         return None
-    best = [(k, min(times[k], key=times[k].get)) for k in kinds]
+    best = [(k, min(times[k], key=times[k].get)) for k in measured]
     if len({b for _, b in best}) == 1:
         return None
     return str(Candidate(Kinds(tuple(best))))
