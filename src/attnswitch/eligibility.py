@@ -64,15 +64,26 @@ def check(model: nn.Module, *args, backends: Iterable[str] | str | None = None, 
     prompt with its decode steps. Every registered backend by default, those that cannot exist on this device
     included (with the reason). Inputs the model itself refuses (a misspelt argument, say) raise, as the model
     does; so does a selection the model cannot take (a layer kind it does not have: ``OptionError``)."""
+    if work is not None and work.model is not model:
+        raise OptionError("{work} was made for another model than the one checked: make it with this model")
+    if work is not None and (args or batch):
+        raise OptionError("give the inputs or {work}, not both")
     names = backend_names(compared=True) if backends is None else parse_backends(backends, device_of(model))
+    grads = {p: p.grad for p in model.parameters()} if work is not None and work.mode == "train" else {}
 
     def step():
         if work is None:
             with torch.no_grad():
                 model(*args, **batch)
             return
-        with work.context():
-            work.step(0 if work.mode == "generate" else None)
+        for p in grads:  # (backward would add into the tensors the user holds)
+            p.grad = None
+        try:
+            with work.context():
+                work.step(0 if work.mode == "generate" else None)
+        finally:  # a training step's gradients, as found (one that failed in backward leaves some behind)
+            for p, g in grads.items():
+                p.grad = g
 
     step()  # the model's own attention first: an error here is the inputs', not a backend's
     results: dict[str, Eligibility] = {}

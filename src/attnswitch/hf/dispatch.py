@@ -419,7 +419,7 @@ def guarded_call(self: nn.Module, *args, **kwargs):
     info = fwd.info if fwd.sel is not None else None
     if info is not None:
         keys = info.keys()
-        if not keys <= record.INSTALLED[0]:  # its attention implementation changed since the switch was made
+        if record.lacking(info.token, keys):  # its attention implementation changed since the switch was made
             record.widen(info.token, keys)
     watch = None
     if outer is not None:

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from ..backends.policy import Selection
 from . import critical, install
 
-__all__ = ["Entry", "State", "EMPTY", "STATE", "ENDINGS", "PATCHED", "INSTALLED", "current", "enter", "abandon",
-           "leave", "patch", "unpatch", "patched", "hold", "held", "widen"]
+__all__ = ["Entry", "State", "EMPTY", "STATE", "ENDINGS", "PATCHED", "current", "enter", "abandon",
+           "leave", "patch", "unpatch", "patched", "hold", "held", "lacking", "widen"]
 
 
 class Entry:
@@ -125,14 +125,8 @@ def _held_keys() -> frozenset[str]:
     return frozenset().union(*(e.keys for e in _HELD)) if _HELD else frozenset()
 
 
-#: the keys the registries were last made to hold attnswitch's functions for (read per forward: ``widen``)
-INSTALLED: list[frozenset[str]] = [frozenset()]
-
-
 def _apply() -> None:
-    keys = _held_keys()
-    install.apply(keys)
-    INSTALLED[0] = keys
+    install.apply(_held_keys())
 
 
 def _change(step) -> None:
@@ -142,12 +136,23 @@ def _change(step) -> None:
         critical.settle(lambda: (step(), _apply()))
 
 
+def _selecting(e: Entry, token: int) -> bool:
+    """``e`` selects model ``token``'s forwards: its own entry, or a global switch's."""
+    return e.token == token or (e.token is None and e.sel is not None)
+
+
+def lacking(token: int, keys: frozenset[str]) -> bool:
+    """An entry that selects model ``token`` was made for fewer attention keys than ``keys`` (read per forward)."""
+    return any(_selecting(e, token) and not keys <= e.keys for e in list(_HELD))
+
+
 def widen(token: int, keys: frozenset[str]) -> None:
-    """Model ``token`` names attention keys now that its entries were not made for (``set_attn_implementation``
-    after the switch was made): its entries ask for those too, and the registries hold them."""
+    """Model ``token`` names attention keys now that the entries selecting it were not made for
+    (``set_attn_implementation`` after the switch was made, or to a function registered since): each asks for
+    those too, so the registries hold them for as long as any of them lives."""
     def step():
         for e in list(_HELD):
-            if e.token == token and not keys <= e.keys:
+            if _selecting(e, token) and not keys <= e.keys:
                 e.keys = e.keys | keys
     _change(step)
 
