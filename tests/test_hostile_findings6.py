@@ -9,9 +9,12 @@ are tiny, with random weights, built from configs; nothing is timed against a cl
 import json
 
 import pytest
+import torch
+import torch.nn.functional as F
 from conftest import batch_for, tiny
 from test_hostile_findings import fixed, report_of
 
+import attnswitch
 from attnswitch import cli
 from attnswitch.comparison import compare
 from attnswitch.options import OptionError
@@ -117,6 +120,31 @@ def test_a_bracket_the_report_calls_a_95_percent_interval_above_1_is_not_called_
     assert m.low > 1.0 and "naive" in r.ties  # (the decision is the documented one: too few rounds to tell)
     called_95 = "95% interval" in r.recommendation or "95 % interval" in str(r)
     assert not called_95, r.recommendation
+
+
+# -- one attention call ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shapes", ["3-d q, k, v", "one k/v head for four q heads"])
+def test_a_bare_call_takes_what_scaled_dot_product_attention_takes(shapes):
+    # docs/python-api.md, "One attention call": "`attention` takes `F.scaled_dot_product_attention`'s arguments and
+    # returns its result, computed by the active backend" (no backend: auto, "SDPA's own choice"); docs/promises.md:
+    # "Inputs SDPA rejects get its own error from every backend".
+    # These SDPA takes (torch 2.13, CPU): q, k, v of shape [heads, seq, dim] (F.sdpa returns [4, 5, 16]), and k, v
+    # with one head against q's four, without enable_gqa (broadcast). attnswitch.attention refuses both, for every
+    # backend, auto included: "RuntimeError: expected 4-d q, k, v [batch, heads, seq, dim]; got 3, 3, 3 dims" and
+    # "q has 4 heads and k/v 1: fewer k/v heads than q heads are taken with enable_gqa=True only (grouped-query
+    # attention), as in scaled_dot_product_attention". docs/how-it-works.md lists "q, k, v that are not 4-d" among
+    # the "Inputs SDPA rejects", and the test named for that promise
+    # (test_reliability.py::test_shape_errors_of_a_bare_call_are_one_error_eager_and_compiled) asserts the refusal
+    # of a 3-d call: it holds the error, not SDPA's behaviour. Either the call or the docs (a 4-d call only) is wrong.
+    torch.manual_seed(0)
+    if shapes == "3-d q, k, v":
+        q = k = v = torch.randn(4, 5, 16)
+    else:
+        q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 1, 5, 16)
+        v = k
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(attnswitch.attention(q, k, v, is_causal=True), expected)
 
 
 # -- a generate's prompts ------------------------------------------------------------------------------------------
