@@ -1,6 +1,6 @@
 """Findings of a sixth hostile review: the command line and the library held to docs/cli.md, docs/python-api.md,
 the README and docs/promises.md (misspelt names, ``--out``, the rounds asked for, the command's own time, the
-intervals the report calls 95 %, a generate's five prompt lengths).
+intervals the report calls 95 %, a bare call of what SDPA takes, a generate's five prompt lengths).
 
 Each test is named for the promise it shows broken, and fails until the product (or the doc) is fixed. The models
 are tiny, with random weights, built from configs; nothing is timed against a clock.
