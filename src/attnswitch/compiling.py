@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .options import OptionError
+from .options import OptionError, near
 
 __all__ = ["MODES", "parse_compile"]
 
@@ -26,8 +26,8 @@ def parse_compile(spec: str | Iterable[str | None] | None) -> tuple[str | None, 
     for item in items:
         m = "none" if item is None else str(item).strip().lower()
         if m not in MODES:
-            raise OptionError("{compile} {given!r}: use one of {modes}, or several joined by commas (default,none)",
-                              given=item, modes=", ".join(MODES))
+            raise OptionError("{compile} {given!r}{hint}: use one of {modes}, or several joined by commas "
+                              "(default,none)", given=item, hint=near(m, MODES), modes=", ".join(MODES))
         modes.append(None if m == "none" else m)
     if not modes:
         raise OptionError("{compile} {given!r}: name a mode: {modes}", given=spec, modes=", ".join(MODES))

@@ -68,6 +68,7 @@ def check(out: str) -> None:
                           given=out)
     if d.is_dir():
         strange = sorted(p.name for p in d.iterdir() if p.name not in REPORT_ENTRIES)
+        strange += _strange_traces(d / "traces")
         if strange:
             shown = ", ".join(strange[:5]) + (", ..." if len(strange) > 5 else "")
             raise OptionError("{out} {given}: holds what is not a report ({shown}), and a report replaces the "
@@ -79,6 +80,19 @@ def check(out: str) -> None:
     except OSError as e:
         raise OptionError("{out} {given}: cannot write there ({why})", given=out,
                           why=e.strerror or str(e)) from None
+
+
+def _strange_traces(traces: Path) -> list[str]:
+    """What a report's traces folder holds that no report writes: anything but ``trace_*.json.gz`` files, there
+    or in one folder per shape of a sweep."""
+    if not traces.is_dir():
+        return []
+    out = []
+    for p in traces.iterdir():
+        inside = list(p.iterdir()) if p.is_dir() else [p]
+        out += [f"traces/{q.relative_to(traces)}" for q in inside
+                if not (q.is_file() and q.name.startswith("trace_") and q.name.endswith(".json.gz"))]
+    return sorted(out)
 
 
 _RENAME_EXCHANGE = 2  # renameat2's flag: swap two paths in one step (Linux 3.15+, glibc 2.28+)

@@ -57,8 +57,12 @@ def _margin_lines(by: dict[str, BackendResult], v: Verdict) -> list[str]:
     if margins:
         lo, hi = min(m.pairs for m in margins), max(m.pairs for m in margins)
         pairs = f"{lo}" if lo == hi else f"{lo}–{hi}"
+        level = min(m.coverage for m in margins)
         lines.append(f"Margins: the median ratio of its time to the pick's and its {LEVEL:.0%} interval, over {pairs} "
-                     "paired rounds; slower only where the interval excludes 1.")
+                     "paired rounds; slower only where the interval excludes 1." if level >= LEVEL - 1e-9 else
+                     f"Margins: the median ratio of its time to the pick's and the range of the ratios, over {pairs} "
+                     f"paired rounds: too few to cover {LEVEL:.0%} (the range covers {level:.0%}), so nothing is told "
+                     "apart; time more rounds for an answer.")
     elif len(v.ties) > 1:
         lines.append("No paired rounds tell these backends apart: time them in more rounds for an answer.")
     return lines

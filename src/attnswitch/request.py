@@ -88,6 +88,9 @@ class Steps:
     def resolved(self, generate: bool, iters: int = ITERS) -> Steps:
         """Every count given, the defaults for the mode where none is (``iters``: the default number)."""
         n = self.iters if self.iters is not None else (1 if generate else iters)
+        if not generate and self.rounds is not None and self.rounds > n:  # (a generate's round is one prompt)
+            raise OptionError("{rounds} {r} is more than {iters} {n}: a round times one of each backend's timed steps; "
+                              "give {iters} {r} or more", r=self.rounds, n=n)
         return Steps(warmup=self.warmup if self.warmup is not None else (0 if generate else 1), iters=n,
                      rounds=self.rounds if self.rounds is not None else (n if generate else min(n, FIRST_ROUNDS)),
                      time_budget_s=self.time_budget_s, host_iters=self.host_iters or (1 if generate else min(n, 5)),

@@ -291,7 +291,8 @@ def make_workload(model: nn.Module, *, batch: int = 1, seq: int = 128, padding: 
     """Random token inputs for ``model``: ``padding`` left-pads a decoder's batch (right-pads an
     encoder's); ``mode="decode"`` is one new token against a KV cache of ``seq`` tokens;
     ``mode="generate"`` generates ``new_tokens`` tokens for prompts of ``prompt_lens`` tokens (default:
-    five lengths around ``seq``); ``mode="train"`` is forward and backward of the loss on ``seq`` tokens."""
+    five lengths around ``seq``, fewer below 3); ``mode="train"`` is forward and backward of the loss on ``seq``
+    tokens."""
     options.check_shape(batch, seq, mode, padding)
     if mode == "generate":
         options.check_generation(new_tokens, prompt_lens, cache)

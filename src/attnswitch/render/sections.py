@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..kinds import kind_of
+from ..stats import LEVEL
 from . import charts
 from .document import Block, Callout, Code, Figure, Heading, Section, Table, Text, drop_empty_columns
 from .gates import defects_section, headroom_text, peak_section
@@ -278,6 +279,17 @@ def _recommendation(report, opts: Options) -> Section | None:
     return Section("", (callout,), key="recommendation")
 
 
+def _bracket(report) -> str:
+    """What the brackets of ``vs pick`` are: a 95 % interval, or with too few paired rounds for one the whole
+    range of the ratios (less coverage, and nothing told apart)."""
+    covered = [b.margin.coverage for b in report.backends if getattr(b, "margin", None) is not None
+               and b.backend != report.pick]
+    if covered and min(covered) < LEVEL - 1e-9:
+        return (f"the range of its ratios (too few paired rounds to cover {LEVEL:.0%}: it covers {min(covered):.0%}, "
+                "and nothing is told apart)")
+    return "its 95 % interval"
+
+
 def _timing_text(report) -> str:
     """How the time column was measured, and how to read the margins against the pick."""
     timer = next((b.timer for b in report.backends if b.timer), "")
@@ -297,7 +309,7 @@ def _timing_text(report) -> str:
         how += (f", in {rounds} interleaved rounds (the first {st.get('rounds')}, then more for the backends still "
                 f"tied with the fastest, until told apart or out of time: {stopped})" if st.get("rounds") and
                 rounds > st["rounds"] else f", in {rounds} interleaved rounds (stopped: {stopped})")
-    return (how + ". vs pick: the median of the per-round ratios of its time to the pick's, with its 95 % interval; "
+    return (how + f". vs pick: the median of the per-round ratios of its time to the pick's, with {_bracket(report)}; "
             "≈ and bold: tied for the fastest (the interval holds 1, and nothing tied is decidedly faster); counts "
             "from the profiler, "
             f"{k.counted[1]}; /attn: per attention call.")
@@ -332,7 +344,7 @@ def _summary(report, opts: Options) -> Section:
     rank = charts.ranking_chart(ordered(report), report.pick, report.ties, kind_of(report.workload).unit)
     if rank is not None:  # the report's first plot: the ranking the answer reads
         blocks.append(Figure(rank, "The ranked time, as the vs pick column: the median of each backend's per-round "
-                          "ratios to the pick, with its 95 % interval; a backend whose interval holds 1 is tied with "
+                          f"ratios to the pick, with {_bracket(report)}; a backend whose interval holds 1 is tied with "
                           "the pick, unless one tied with it is decidedly faster (drawn apart)."))
     room = headroom_text(report, ordered(report))  # under the ranking: how far from the GPU's peak
     blocks += [room] if room is not None else []
