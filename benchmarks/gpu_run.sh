@@ -16,21 +16,33 @@
 #   kinds      a backend per layer kind: Gemma-3-1B-shaped and encoder-decoder compares (KINDS narrows)
 set -u
 export PYTHONUNBUFFERED=1
+# the device tool stops a call at 600 s and then brings nothing back: every part runs within what is left of
+# LIMIT_S since the start (a part with under 20 s left is not started), and the run's files are packed after
+# each part
+T0=$(date +%s); LIMIT_S=${LIMIT_S:-570}
+bound() { local left=$(( LIMIT_S - ($(date +%s) - T0) )); local b=$(( $1 < left ? $1 : left )); echo $(( b < 20 ? 0 : b )); }
+run_for() {  # run_for SECONDS command...: under timeout, within what is left of the call
+  local b; b=$(bound "$1"); shift
+  if [ "$b" -le 0 ]; then echo "not started (too little of the call's $LIMIT_S s left): $*"; return 124; fi
+  timeout "$b" "$@"
+}
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 export PYTHONPATH=$PWD/src:$PWD:/tmp/site PATH=/tmp/site/bin:$PATH
 S=/tmp/stage; rm -rf $S; mkdir -p $S/run
 pack() { tar czf "$OUT/$1.tgz" -C "$S" "$1"; }
-parts=${PARTS:-tests,cpu,compare,bench,workloads}
+parts=${PARTS:-tests,compare}
 { nvidia-smi; python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.backends.cudnn.version())"; } > $S/run/machine.txt 2>&1
 if [[ $parts == *tests* ]]; then
-  timeout ${TESTS_S:-240} python3 -m pytest tests/gpu -m gpu -q -rs -p no:cacheprovider > $S/run/gpu_tests.log 2>&1
+  run_for ${TESTS_S:-240} python3 -m pytest tests/gpu -m gpu -q -rs -p no:cacheprovider > $S/run/gpu_tests.log 2>&1
   echo "gpu tests rc=$?" | tee -a $S/run/gpu_tests.log; tail -n 4 $S/run/gpu_tests.log
+  pack run
 fi
 if [[ $parts == *cpu* ]]; then
-  timeout ${CPU_S:-300} python3 -m pytest tests -q -rf -p no:cacheprovider -p no:benchmark --ignore=tests/gpu -n ${CPU_N:-6} > $S/run/cpu_tests_on_gpu_stack.log 2>&1
+  run_for ${CPU_S:-300} python3 -m pytest tests -q -rf -p no:cacheprovider -p no:benchmark --ignore=tests/gpu -n ${CPU_N:-6} > $S/run/cpu_tests_on_gpu_stack.log 2>&1
   echo "cpu tests rc=$?" | tee -a $S/run/cpu_tests_on_gpu_stack.log; tail -n 3 $S/run/cpu_tests_on_gpu_stack.log
+  pack run
 fi
 # one `attnswitch compare` of the default preset, its wall time measured outside and its stderr lines stamped
 # with the seconds since the start (where the time outside the report's own account goes); $1 names the run
@@ -40,12 +52,13 @@ timed_compare() {
   local envs=() args=()
   while [ $# -gt 0 ]; do if [ "$1" = "--" ]; then shift; args=("$@"); break; fi; envs+=("$1"); shift; done
   t0=$(date +%s.%N)
-  env ${envs[@]+"${envs[@]}"} timeout ${COMPARE_S:-150} ${WRAP:-} python3 -m attnswitch compare ${args[@]+"${args[@]}"} --out $S/run/compare/$name > $S/run/compare/$name.txt \
+  run_for ${COMPARE_S:-150} env ${envs[@]+"${envs[@]}"} ${WRAP:-} python3 -m attnswitch compare ${args[@]+"${args[@]}"} --out $S/run/compare/$name > $S/run/compare/$name.txt \
     2> >(python3 -u -c "import sys, time; t0=float(sys.argv[1])
 for l in sys.stdin: print(f'{time.time()-t0:7.1f} {l}', end='', flush=True)" $t0 > $S/run/compare/$name.err)
   rc=$?; t1=$(date +%s.%N); sleep 1
   echo "compare $name rc=$rc wall_s=$(python3 -c "print(round($t1-$t0,1))") (${envs[*]:-} ${args[*]:-})" | tee -a $S/run/compare/wall.txt
   rm -rf $S/run/compare/$name/traces
+  pack run
 }
 if [[ $parts == *compare* ]]; then
   mkdir -p $S/run/compare
@@ -73,55 +86,55 @@ if [[ $parts == *compare* ]]; then
 fi
 if [[ $parts == *example* ]]; then
   mkdir -p $S/run/example
-  timeout ${EXAMPLE_S:-150} python3 examples/bring_your_own_kernel.py --out $S/run/example > $S/run/example/stdout.txt 2>&1
+  run_for ${EXAMPLE_S:-150} python3 examples/bring_your_own_kernel.py --out $S/run/example > $S/run/example/stdout.txt 2>&1
   echo "example rc=$?" | tee -a $S/run/example/stdout.txt; grep -E "max \||ran:" $S/run/example/stdout.txt
 fi
 pack run
 if [[ $parts == *bench* ]]; then
   mkdir -p $S/bench
-  timeout ${BENCH_S:-240} python3 -m benchmarks --out $S/bench ${BENCH_ONLY:+--only $BENCH_ONLY} 2>&1 | tee $S/bench/log.txt
+  run_for ${BENCH_S:-240} python3 -m benchmarks --out $S/bench ${BENCH_ONLY:+--only $BENCH_ONLY} 2>&1 | tee $S/bench/log.txt
   pack bench
 fi
 if [[ $parts == *workloads* ]]; then
   mkdir -p $S/workloads
-  timeout ${WORKLOADS_S:-420} python3 -m benchmarks.workloads $S/workloads ${WORKLOADS:+--only=$WORKLOADS} 2>&1 | tee $S/workloads/log.txt
+  run_for ${WORKLOADS_S:-420} python3 -m benchmarks.workloads $S/workloads ${WORKLOADS:+--only=$WORKLOADS} 2>&1 | tee $S/workloads/log.txt
   pack workloads
 fi
 if [[ $parts == *ranking* ]]; then
   mkdir -p $S/ranking
-  timeout ${RANKING_S:-420} python3 -m benchmarks.ranking_check $S/ranking ${RANKING:+--only=$RANKING} 2>&1 | tee $S/ranking/log.txt
+  run_for ${RANKING_S:-420} python3 -m benchmarks.ranking_check $S/ranking ${RANKING:+--only=$RANKING} 2>&1 | tee $S/ranking/log.txt
   rm -f $S/ranking/*.json.gz; pack ranking
 fi
 if [[ $parts == *userloop* ]]; then
   mkdir -p $S/userloop
-  timeout ${USERLOOP_S:-580} python3 -m benchmarks.user_loop $S/userloop ${USERLOOP:+--only=$USERLOOP} 2>&1 | tee $S/userloop/log.txt
+  run_for ${USERLOOP_S:-580} python3 -m benchmarks.user_loop $S/userloop ${USERLOOP:+--only=$USERLOOP} 2>&1 | tee $S/userloop/log.txt
   cp $S/userloop/user_loop_check.json $S/userloop/user_loop_run.json $OUT/ 2>/dev/null; pack userloop
 fi
 if [[ $parts == *gensweep* ]]; then
   mkdir -p $S/gensweep
-  timeout ${GENSWEEP_S:-360} python3 -m benchmarks.generate_sweep $S/gensweep ${GENSWEEP:+--only=$GENSWEEP} \
+  run_for ${GENSWEEP_S:-360} python3 -m benchmarks.generate_sweep $S/gensweep ${GENSWEEP:+--only=$GENSWEEP} \
     ${GENSWEEP_LENS:+--lens=$GENSWEEP_LENS} 2>&1 | tee $S/gensweep/log.txt
   pack gensweep
 fi
 if [[ $parts == *compiled* ]]; then
   mkdir -p $S/compiled
-  timeout ${COMPILED_S:-420} python3 benchmarks/compiled.py $S/compiled ${COMPILED_MODELS:+--models=$COMPILED_MODELS} \
+  run_for ${COMPILED_S:-420} python3 benchmarks/compiled.py $S/compiled ${COMPILED_MODELS:+--models=$COMPILED_MODELS} \
     ${COMPILED_WORKLOADS:+--workloads=$COMPILED_WORKLOADS} 2>&1 | tee $S/compiled/log.txt
   pack compiled
 fi
 if [[ $parts == *peak* ]]; then
   mkdir -p $S/peak
-  timeout ${PEAK_S:-180} python3 -m benchmarks.peak_check $S/peak 2>&1 | tee $S/peak/log.txt
+  run_for ${PEAK_S:-180} python3 -m benchmarks.peak_check $S/peak 2>&1 | tee $S/peak/log.txt
   pack peak
 fi
 if [[ $parts == *startup* ]]; then
   mkdir -p $S/startup
-  timeout ${STARTUP_S:-240} python3 benchmarks/startup.py --json $S/startup/startup_h200.json 2>&1 | tee $S/startup/log.txt
+  run_for ${STARTUP_S:-240} python3 benchmarks/startup.py --json $S/startup/startup_h200.json 2>&1 | tee $S/startup/log.txt
   pack startup
 fi
 if [[ $parts == *kinds* ]]; then
   mkdir -p $S/kinds
-  timeout ${KINDS_S:-540} python3 -m benchmarks.layer_kinds $S/kinds ${KINDS:+--only=$KINDS} 2>&1 | tee $S/kinds/log.txt
+  run_for ${KINDS_S:-540} python3 -m benchmarks.layer_kinds $S/kinds ${KINDS:+--only=$KINDS} 2>&1 | tee $S/kinds/log.txt
   pack kinds
 fi
 ls -la $OUT

@@ -67,8 +67,11 @@ def _bounds(tmp_path: Path, **env: str) -> list[int]:
     for d in (bin_dir, work, out):
         d.mkdir()
     log = tmp_path / "bounds.txt"
+    # each part takes its whole bound (the worst case): `date +%s` reads the bounds spent so far as elapsed
+    clock = (f'#!/bin/sh\nif [ "$1" = "+%s" ]; then t=1000; [ -f "{log}" ] && for b in $(cat "{log}"); do '
+             f't=$((t + b)); done; echo $t; else exec /bin/date "$@"; fi\n')
     stubs = {"timeout": f'#!/bin/sh\necho "$1" >> "{log}"\nexit 0\n', "python3": "#!/bin/sh\nexit 0\n",
-             "nvidia-smi": "#!/bin/sh\nexit 0\n"}
+             "nvidia-smi": "#!/bin/sh\nexit 0\n", "date": clock}
     for name, text in stubs.items():
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(stat.S_IRWXU)

@@ -279,3 +279,20 @@ def test_the_last_line_names_the_folder_once_whatever_its_trailing_slash(tmp_pat
     assert cli.main(["profile", *BASE[1:-1], "--backends", "flash", "--out", f"{out}/"]) == 0
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith(f"wrote {out}/report.json") and "//" not in last, last
+
+
+def test_traces_written_where_no_folder_was_given_are_copied_out_then_removed_as_the_process_ends(tmp_path):
+    from pathlib import Path
+
+    from conftest import batch_for, tiny
+
+    import attnswitch
+    from attnswitch.profiling import capture
+
+    m = tiny("llama")
+    r = attnswitch.profile(m, batch_for(m), backends=["math"], iters=1, warmup=0)
+    written = Path(r["math"].trace_path)
+    assert written.exists() and written.parent in capture._TEMPORARY  # (a temporary folder of this process)
+    assert [p.name for p in r.save_traces(tmp_path)] == [written.name]  # copied out while the process lives
+    capture.remove_temporary()  # what the interpreter's exit, or the command line's own ending, runs
+    assert not written.parent.exists() and (tmp_path / written.name).exists()

@@ -638,6 +638,9 @@ def _end(code: int) -> None:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     if "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ or _observed():
         sys.exit(code)
+    capture = sys.modules.get("attnswitch.profiling.capture")
+    if capture is not None:  # the traces of a run without --out (os._exit runs no exit handler)
+        capture.remove_temporary()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError):  # a stream that can no longer be written has nothing to give
             stream.flush()

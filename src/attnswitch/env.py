@@ -41,6 +41,13 @@ def package_version(name: str) -> str | None:
         return None
 
 
+def _own_version() -> str:
+    """attnswitch's own version where it runs from a source tree without installed metadata (``PYTHONPATH=src``)."""
+    from . import __version__
+
+    return f"{__version__} (source)"
+
+
 def _driver() -> str | None:
     if not shutil.which("nvidia-smi"):
         return None
@@ -65,7 +72,7 @@ def environment(device: torch.device | str | None = None) -> dict:
         "torch": torch.__version__,
         "transformers": package_version("transformers"),
         "accelerate": package_version("accelerate"),
-        "attnswitch": package_version("attnswitch"),
+        "attnswitch": package_version("attnswitch") or _own_version(),
         "python": platform.python_version(),
         "cpu": platform.processor() or platform.machine(),
         "env_vars": relevant_env(),

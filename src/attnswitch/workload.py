@@ -174,12 +174,15 @@ class Workload:
         return self.model(**kwargs)
 
     def for_model(self, model: nn.Module) -> Workload:
-        """The same inputs for another copy of the model (a float32 reference, say): a KV cache is
-        cast to that model's dtype."""
-        kwargs = self.kwargs
+        """The same inputs for another copy of the model (a float32 reference, say): a KV cache, and floating
+        point inputs in the model's dtype (an audio model's features, embeddings), are cast to that model's
+        dtype (ids and masks are left as they are)."""
+        dtype = next(model.parameters()).dtype
+        old = next(self.model.parameters()).dtype
+        kwargs = {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.dtype == old and v.is_floating_point() else v
+                  for k, v in self.kwargs.items()}
         if self.mode == "decode":
             key = cache_kwarg(self.model)
-            dtype = next(model.parameters()).dtype
             kwargs = {**kwargs, key: _cache_to(kwargs[key], dtype)}
         return dataclasses.replace(self, model=model, kwargs=kwargs)
 

@@ -19,6 +19,7 @@ its clock): never inside a timed step.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import gc
@@ -60,8 +61,8 @@ from .stepstats import mode_fields, prompt_units
 from .summarize import backend_fields
 from .trace import Trace
 
-__all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "frozen_heap", "Target", "Profiled",
-           "PROGRESS_EVERY_S"]
+__all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "frozen_heap", "remove_temporary", "Target",
+           "Profiled", "PROGRESS_EVERY_S"]
 
 
 try:  # a C++ range: about a tenth of record_function's host cost, which matters once per module call
@@ -782,7 +783,7 @@ def _export(prof, name: str, trace_dir) -> tuple[Path, dict]:
     (``distributedInfo``, which Kineto writes only inside a process group); returns its path and data."""
     rank = dist.rank()
     # only rank 0 writes into trace_dir: the other ranks' traces reach it through the process group
-    out_dir = Path(trace_dir) if trace_dir is not None and not rank else Path(tempfile.mkdtemp(prefix="attnswitch-"))
+    out_dir = Path(trace_dir) if trace_dir is not None and not rank else _temporary()
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / (f"trace_{_file_name(name)}" + ("" if rank is None else f"_rank{rank}") + ".json.gz")
     raw_path = path.with_suffix("")
@@ -801,6 +802,25 @@ def _export(prof, name: str, trace_dir) -> tuple[Path, dict]:
         raw = b"{" + json.dumps({"distributedInfo": info}).encode()[1:-1] + b"," + raw.lstrip()[1:]
     path.write_bytes(gzip.compress(raw, compresslevel=1))
     return path, data
+
+
+#: the folders of traces written where no folder was given: removed as the process ends (``report.save_traces``
+#: copies them out before that)
+_TEMPORARY: list[Path] = []
+
+
+def _temporary() -> Path:
+    if not _TEMPORARY:
+        atexit.register(remove_temporary)
+    _TEMPORARY.append(Path(tempfile.mkdtemp(prefix="attnswitch-")))
+    return _TEMPORARY[-1]
+
+
+def remove_temporary() -> None:
+    """Remove the trace folders this process wrote where no folder was given (at exit; the command line, which
+    ends without the interpreter's exit, calls it itself)."""
+    while _TEMPORARY:
+        shutil.rmtree(_TEMPORARY.pop(), ignore_errors=True)
 
 
 #: free space below which a trace the profiler could not write is taken as a full disk
