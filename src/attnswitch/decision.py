@@ -16,7 +16,7 @@ from dataclasses import replace
 from . import candidate, catalog
 from .deploy import deploy_info
 from .kinds import kind_of
-from .ranking import Verdict, against, gate_cautions, ranked, told_apart
+from .ranking import Verdict, against, gate_cautions, ranked, ruled_out, told_apart
 from .recommend import ANSWER_WIDTH, name_of, reasons, sweep_lines
 from .results import NO_ATTENTION, BackendResult, Decision, candidates, no_attention
 from .stats import paired_margin
@@ -166,7 +166,7 @@ def _none(results: list[BackendResult], eager_ran: bool, cautions: tuple[str, ..
                         "against.", reasons=(*first, why), cautions=cautions)
     out: dict[str, list[str]] = {}
     for b in ran:
-        why = _ruled_out(b)
+        why = ruled_out(b)
         if why:
             out.setdefault(why, []).append(f"`{b.backend}`")
     if not out:
@@ -176,19 +176,6 @@ def _none(results: list[BackendResult], eager_ran: bool, cautions: tuple[str, ..
     return Decision("none", headline=_fit(f"Every backend that ran is ruled out: {said}.",
                                           "Every backend that ran is ruled out (below)."),
                     reasons=(*first, f"Ruled out: {said}.", "See the reasons in the report."), cautions=cautions)
-
-
-def _ruled_out(b: BackendResult) -> str:
-    """Why a backend that ran is no candidate (``ranking``'s rule, in words); empty where it is one."""
-    if (b.numerics is not None and not b.numerics.ok) or (b.train is not None and b.train.grad_ok is False):
-        return "numerics beyond tolerance"
-    if any(m.blocks for m in b.defects):
-        return "a known defect makes it wrong here"
-    if b.attn_mismatch and b.candidate.backend in catalog.FORCED:
-        return "its compiled graph ran another kernel than the one it forces"
-    if b.time_ms is None:
-        return "no time measured"
-    return ""
 
 
 def recommend(results: list[BackendResult], v: Verdict, workload: dict | None = None) -> str:

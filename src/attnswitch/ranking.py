@@ -27,8 +27,8 @@ from .candidate import Candidate
 from .results import BackendResult, Margin, candidates
 from .stats import paired_margin
 
-__all__ = ["Verdict", "verdict", "against", "told_apart", "rank", "ranked", "busy_host", "BUSY_LOAD", "BUSY_SPREAD",
-           "BUSY_DRIFT", "BUSY_PREFIX", "gate_cautions"]
+__all__ = ["Verdict", "verdict", "against", "told_apart", "rank", "ranked", "ruled_out", "busy_host", "BUSY_LOAD",
+           "BUSY_SPREAD", "BUSY_DRIFT", "BUSY_PREFIX", "gate_cautions", "NUMERICS", "DEFECT", "MISMATCH", "UNTIMED"]
 
 #: a fixed task's time varying by more than this (median over fastest, or after over before) on the host
 BUSY_SPREAD = 1.25
@@ -68,15 +68,31 @@ class Verdict:
         return tuple(n for n in candidates(self.order) if n not in self.ties and not _faster(self.margins.get(n)))
 
 
+#: why a backend that ran is no candidate (``ruled_out``)
+NUMERICS, DEFECT, MISMATCH, UNTIMED = ("numerics beyond tolerance", "a known defect makes it wrong here",
+                                       "its compiled graph ran another kernel than the one it forces",
+                                       "no time measured")
+
+
+def ruled_out(b: BackendResult) -> str:
+    """Why ``b``, which ran, is no candidate whatever its time (empty where it is one): numerics beyond tolerance
+    (outputs, or gradients in a training step; a NaN or Inf fails the backend instead), a known defect that makes
+    it wrong where the workload or its deployment runs (``defects``), a compiled graph that ran another kernel
+    than the one it forces (``auto``'s is only flagged: what it runs is SDPA's choice of its compile), or no time."""
+    if (b.numerics is not None and not b.numerics.ok) or (b.train is not None and b.train.grad_ok is False):
+        return NUMERICS
+    if any(m.blocks for m in b.defects):
+        return DEFECT
+    if b.attn_mismatch and b.candidate.backend in catalog.FORCED:
+        return MISMATCH
+    if b.time_ms is None:
+        return UNTIMED
+    return ""
+
+
 def _good(b: BackendResult) -> bool:
-    """Ran, with acceptable numerics (outputs, and gradients in a training step; never a NaN or Inf: such a
-    backend failed), no known defect that makes it wrong where the workload or its deployment runs
-    (``defects``), and, compiled, the kernel it forces (``auto``'s compiled graph is only flagged: what it runs
-    is SDPA's choice of its compile)."""
-    return (b.ok and b.time_ms is not None and (b.numerics is None or b.numerics.ok)
-            and (b.train is None or b.train.grad_ok is not False)
-            and not any(m.blocks for m in b.defects)
-            and not (b.attn_mismatch and b.candidate.backend in catalog.FORCED))
+    """Ran, and nothing rules it out (``ruled_out``)."""
+    return b.ok and not ruled_out(b)
 
 
 def gate_cautions(results: Iterable[BackendResult]) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from .backends import kernel_families, kernel_family
 from .candidate import Candidate
 from .kinds import kind_of
-from .ranking import Verdict, gate_cautions
+from .ranking import NUMERICS, Verdict, gate_cautions, ruled_out
 from .results import BackendResult, candidates
 from .stats import LEVEL, paired_margin
 
@@ -94,8 +94,7 @@ def reasons(results: list[BackendResult], v: Verdict, workload: dict | None = No
         lines += _generate_lines(best, others, workload or {})
     if best.train is not None and best.train.forward_ms is not None:
         lines.append(f"Forward {best.train.forward_ms:.3f} ms, backward {best.train.backward_ms:.3f} ms.")
-    flagged = [b.backend for b in results if b.ok and ((b.numerics is not None and not b.numerics.ok)
-                                                       or (b.train is not None and b.train.grad_ok is False))]
+    flagged = [b.backend for b in results if b.ok and ruled_out(b) == NUMERICS]
     if flagged:
         lines.append(f"Not considered, numerics beyond tolerance: {', '.join(flagged)}.")
     if not numerics:
