@@ -18,7 +18,7 @@ from .deploy import deploy_info
 from .kinds import kind_of
 from .ranking import Verdict, against, gate_cautions, ranked, ruled_out, told_apart
 from .recommend import ANSWER_WIDTH, name_of, reasons, sweep_lines
-from .results import NO_ATTENTION, BackendResult, Decision, candidates, no_attention
+from .results import BackendResult, Decision, candidates, no_attention, no_attention_text
 from .stats import paired_margin
 
 __all__ = ["decide", "decide_sweep", "recommend", "own_attention", "sweep_choice", "sweep_pick"]
@@ -135,7 +135,7 @@ def decide(results: Iterable[BackendResult], v: Verdict, workload: Mapping | Non
     workload = workload or {}
     numerics = any(b.numerics is not None for b in results)
     if no_attention(results):
-        return Decision("no-attention", headline=NO_ATTENTION, cautions=v.cautions), v
+        return Decision("no-attention", headline=no_attention_text(), cautions=v.cautions), v
     if v.pick is None:
         return _none(results, "eager" in v.order, v.cautions), v
     own = own_attention(workload)
@@ -239,9 +239,8 @@ def decide_sweep(points, verdicts: list[Verdict], results: list[BackendResult], 
     cautions = (*gate, *(c for c in cautions if c not in said))
     last = verdicts[-1]
     if points and no_attention([b for p in points for b in p.backends]):
-        return Decision("no-attention", headline="The model's forward made no attention call through attnswitch at "
-                        "any shape (no attention layers, as in a state-space model): there is nothing to choose.",
-                        cautions=cautions), last, tuple(points)
+        return Decision("no-attention", headline=no_attention_text(" at any shape"), cautions=cautions), last, \
+            tuple(points)
     pick, why = sweep_pick(points, serving)
     lines = [*gate, *sweep_lines(points)]
     if pick is None:

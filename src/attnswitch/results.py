@@ -27,7 +27,7 @@ from .stats import Margin
 
 __all__ = ["SCHEMA_VERSION", "Margin", "LayerStats", "DeviceStats", "TransferStats", "Numerics", "GenerateStats",
            "SlowCall", "TrainStats", "NonFinite", "AttnShape", "PeakFigure", "DefectMatch", "BackendResult",
-           "SweepPoint", "Deploy", "Decision", "Report", "candidates", "no_attention", "NO_ATTENTION", "ANSWERS"]
+           "SweepPoint", "Deploy", "Decision", "Report", "candidates", "no_attention", "no_attention_text", "ANSWERS"]
 
 #: 2 added devices, transfers, ranks and collectives (multi-GPU); 3 workloads: generate and train stats,
 #: a phase on layer rows, sweeps; 4 rounds paired by backend, margins with intervals, ties, cautions,
@@ -247,9 +247,11 @@ class BackendResult:
         return candidate.parse(self.backend)
 
 
-#: what a run of a model whose forward made no attention call through attnswitch says
-NO_ATTENTION = ("The model's forward made no attention call through attnswitch (no attention layers, as in a "
-                "state-space model): there is nothing to choose.")
+def no_attention_text(at: str = "") -> str:
+    """What a run of a model whose forward made no attention call through attnswitch says (``at``: where, as
+    " at any shape" for a sweep)."""
+    return (f"The model's forward made no attention call through attnswitch{at} (no attention layers, as in a "
+            "state-space model): there is nothing to choose.")
 
 
 def no_attention(results) -> bool:

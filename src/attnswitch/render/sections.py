@@ -270,9 +270,9 @@ _LABELS = {"use": "Recommendation", "tie": "Recommendation", "keep": "Recommenda
 def _recommendation(report, opts: Options) -> Section | None:
     d = report.decision
     if d is None and report.no_attention:  # a profile, which answers nothing, of a model without attention
-        from ..results import NO_ATTENTION  # (results imports this module to write itself)
+        from ..results import no_attention_text  # (results imports this module to write itself)
 
-        return Section("", (Callout("No attention call", NO_ATTENTION),), key="recommendation")
+        return Section("", (Callout("No attention call", no_attention_text()),), key="recommendation")
     if d is None:
         return None
     callout = Callout(_LABELS.get(d.answer, "Recommendation"), d.headline, tuple(r for r in d.reasons if r.strip()))
