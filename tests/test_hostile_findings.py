@@ -105,12 +105,18 @@ def test_a_sweep_where_eager_is_decidedly_fastest_at_every_shape_keeps_the_model
             assert not (b.margin.decided and b.margin.high < 1), (b.backend, b.margin.text())
 
 
-def test_a_sweep_of_a_model_with_no_attention_call_gets_no_pick_no_deploy_no_policy_and_exit_1(tmp_path, capsys):
+def mamba_config(folder):
+    """A tiny state-space model's config.json in ``folder`` (no attention layers): its path."""
     from transformers import MambaConfig
 
-    config = tmp_path / "config.json"
+    config = folder / "config.json"
     config.write_text(json.dumps({**MambaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, state_size=4,
                                                 expand=2).to_dict(), "architectures": ["MambaForCausalLM"]}))
+    return config
+
+
+def test_a_sweep_of_a_model_with_no_attention_call_gets_no_pick_no_deploy_no_policy_and_exit_1(tmp_path, capsys):
+    config = mamba_config(tmp_path)
     out = tmp_path / "report"
     code = cli.main(["compare", str(config), "--device", "cpu", "--backends", "naive,flash", "--seq", "16,32",
                      "--iters", "2", "--rounds", "1", "--warmup", "0", "--out", str(out)])

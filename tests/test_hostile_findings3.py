@@ -8,9 +8,8 @@ weights, built from configs.
 
 import csv
 import io
-import json
 
-from test_hostile_findings import FLASH_OP, fixed, report_of, sweep_report
+from test_hostile_findings import FLASH_OP, fixed, mamba_config, report_of, sweep_report
 
 from attnswitch import cli
 from attnswitch.decision import decide, decide_sweep
@@ -134,11 +133,7 @@ def test_only_eager_ran_where_a_named_backend_failed_does_not_ask_to_name_the_ba
 # -- the command line ----------------------------------------------------------------------------------------------
 
 def test_profile_of_a_model_with_no_attention_call_exits_1_and_writes_nothing(tmp_path, capsys):
-    from transformers import MambaConfig
-
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps({**MambaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, state_size=4,
-                                                expand=2).to_dict(), "architectures": ["MambaForCausalLM"]}))
+    config = mamba_config(tmp_path)
     out = tmp_path / "profile"
     code = cli.main(["profile", str(config), "--device", "cpu", "--backends", "naive,flash", "--seq", "16",
                      "--iters", "2", "--rounds", "1", "--warmup", "0", "--out", str(out)])
