@@ -270,7 +270,8 @@ def ranked(results: list[BackendResult], v: Verdict) -> list[BackendResult]:
 
 def busy_host(host: Mapping | None, results: Iterable[BackendResult] = ()) -> tuple[str, ...]:
     """A caution where the machine was busy while measuring, from the load probes around the timing
-    rounds (load average, a fixed task timed before and after) and, on a CPU, host times of the same
+    rounds (load average, a fixed task timed before and after), the rounds themselves (every backend's
+    step slower in some rounds than in others: ``rounds.round_drift``) and, on a CPU, host times of the same
     steps measured apart; empty where nothing says so."""
     if not host:
         return ()
@@ -287,6 +288,10 @@ def busy_host(host: Mapping | None, results: Iterable[BackendResult] = ()) -> tu
         drift = statistics.median(probes[1]) / statistics.median(probes[0])
         if max(drift, 1 / drift) > BUSY_DRIFT:
             said.append(f"its time changed {max(drift, 1 / drift):.2f}x from before the timing to after it")
+    moved = host.get("round_drift")
+    if moved is not None and moved > BUSY_DRIFT:
+        said.append(f"every backend's step moved {moved:.2f}x together from one round to another: compare them by "
+                    "their vs-pick ratios, paired per round, rather than by their times")
     apart = [(b.host_ms / b.time_ms, b.backend) for b in results
              if b.ok and b.timer == "wall-clock" and b.host_ms and b.time_ms]
     worst = max(apart, key=lambda x: max(x[0], 1 / x[0]), default=None)

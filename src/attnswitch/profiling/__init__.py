@@ -36,7 +36,7 @@ from .ceiling import measure as measure_ceiling
 from .compiled import merged_modes, paid_back
 from .distributed import agree_ok, distribution_of, merged_report_backends
 from .host import probe
-from .rounds import MIN_PAIRS
+from .rounds import MIN_PAIRS, round_drift, shared_rounds
 from .stepstats import policy_candidate
 from .summarize import with_timing
 from .trace import Trace
@@ -65,10 +65,15 @@ def _timed(t: Target, results: list, iters: int, rounds: int, budget_s, progress
     done = timed_rounds(t, ok, iters=iters, rounds=rounds, budget_s=budget_s, progress=progress)
     spent["timing rounds"] = time.perf_counter() - t0
     after = probe()
+    # every backend's time from the rounds all of them took (the more rounds, for those still tied with the
+    # fastest, sharpen the paired ratios): a change of the machine's speed between rounds moves all alike
+    shared = shared_rounds(done.timings)
+    drift = round_drift(done.timings, shared)
     host.update(cpus=before["cpus"], load_before=before["load"], load_after=after["load"],
                 probe_before_ms=before["probe_ms"], probe_after_ms=after["probe_ms"], rounds=done.rounds,
-                stopped=done.stopped)
-    return [finite.failed(with_timing(r, done.timings[r.backend]), done.timings[r.backend].nonfinite)
+                stopped=done.stopped, shared_rounds=len(shared),
+                **({"round_drift": round(drift, 3)} if drift is not None else {}))
+    return [finite.failed(with_timing(r, done.timings[r.backend], shared), done.timings[r.backend].nonfinite)
             if r.backend in done.timings else r for r in results]
 
 

@@ -557,6 +557,7 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
                    pace)
             for name in timings.keys() - set(active):
                 timings[name].units.append([])  # sat this round out: round r is every backend's round r
+                timings[name].by_round.append([])
             pace.round_done()
             r += 1
             if r < first:
@@ -616,6 +617,7 @@ def _one_round(target: Target, name: str, n_calls: int, block: Callable, timing:
             pace.say()
         samples = block(target, calls, lines, pace.say, kept)
     timing.samples.extend(samples)
+    timing.by_round.append(list(samples))
     timing.units.append([median(samples)])
     pace.step_s[name] = median(samples) / 1e3
     timing.nonfinite = timing.nonfinite or watch.first() or finite.first(finite.output_marks(kept),

@@ -3,12 +3,14 @@ the samples; ``capture`` runs the rounds."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .. import dist
 from ..stats import median, paired_margin
 
-__all__ = ["Timing", "Rounds", "MAX_ROUNDS", "MIN_PAIRS", "STEP_FIGURES", "still_open", "prompt_values", "fits"]
+__all__ = ["Timing", "Rounds", "MAX_ROUNDS", "MIN_PAIRS", "STEP_FIGURES", "still_open", "prompt_values", "fits",
+           "shared_rounds", "round_drift"]
 
 #: a generate's figures of every decode step, gathered over the rounds (``workloads.prompt_units``)
 STEP_FIGURES = ("ttft", "interval", "host", "gpu", "wall")
@@ -22,21 +24,29 @@ class Timing:
 
     A round's unit is its median step; a generate's round times one prompt, every backend in turn, and
     its units are per prompt (the prompt's time with its decode steps taken at their median) at the
-    prompt's position, 0 at the others. A generate's samples are its whole workloads (every prompt once)."""
+    prompt's position, 0 at the others. A generate's samples are its whole workloads (every prompt once).
+    ``by_round``: the samples of each round (empty where it sat out; a generate's are its units)."""
 
     samples: list[float] = field(default_factory=list)
     units: list[list[float]] = field(default_factory=list)
+    by_round: list[list[float]] = field(default_factory=list)
     per_prompt: bool = False  # a generate's: units per prompt
     steps: dict[str, list[float]] | None = None  # a generate's: ttft, interval, host, gpu (ms); wall per workload
     pending: dict[int, float] = field(default_factory=dict)  # a generate's prompts timed since its last workload
     nonfinite: object = None  # results.NonFinite: a NaN or Inf its untimed steps or kept outputs showed
 
-    def time_ms(self) -> float | None:
-        """The time the backend is ranked by: the median sample; for a generate, the sum over prompts of
-        each prompt's median unit (a decode step delayed by the machine moves a median, not the sum)."""
+    def time_ms(self, rounds: Sequence[int] | None = None) -> float | None:
+        """The backend's time: the median sample; for a generate, the sum over prompts of each prompt's median
+        unit (a decode step delayed by the machine moves a median, not the sum). ``rounds``: of those rounds
+        alone (``shared_rounds``: every backend's time from the same stretch of the machine's time, so that
+        a change of its speed between rounds moves them all alike)."""
         if not self.per_prompt:
-            return median(self.samples)
-        per = prompt_values(self.units)
+            if rounds is None or not self.by_round:
+                return median(self.samples)
+            got = [x for r in rounds if r < len(self.by_round) for x in self.by_round[r]]
+            return median(got) if got else median(self.samples)
+        units = self.units if rounds is None else [self.units[r] for r in rounds if r < len(self.units)]
+        per = prompt_values(units)
         return sum(median(v) for v in per) if per and all(per) else None
 
     def spread(self) -> list[float]:
@@ -45,6 +55,29 @@ class Timing:
         if not self.per_prompt:
             return list(self.samples)
         return [x / m for v in prompt_values(self.units) if len(v) > 1 and (m := median(v)) for x in v]
+
+
+def _took(unit: list[float]) -> bool:
+    return any(x > 0 for x in unit)
+
+
+def shared_rounds(timings: Mapping[str, Timing], names: Iterable[str] | None = None) -> list[int]:
+    """The rounds every one of ``names`` (default: all) took (a generate's: in which each timed a prompt)."""
+    ts = [timings[n] for n in (timings if names is None else names)]
+    n = min((len(t.units) for t in ts), default=0)
+    return [r for r in range(n) if all(_took(t.units[r]) for t in ts)]
+
+
+def round_drift(timings: Mapping[str, Timing], rounds: Sequence[int]) -> float | None:
+    """How far the machine's speed moved between ``rounds``, from the backends' times themselves: per round,
+    the median over backends of each one's unit over its own median unit; the largest of those over the
+    smallest (1.0: no round was slower than another). None with fewer than two rounds."""
+    if len(rounds) < 2:
+        return None
+    ts = list(timings.values())
+    mids = {id(t): median([x for r in rounds for x in t.units[r] if x > 0]) for t in ts}
+    per = [median([x / mids[id(t)] for t in ts for x in t.units[r] if x > 0 and mids[id(t)]]) for r in rounds]
+    return max(per) / min(per) if per and min(per) > 0 else None
 
 
 def prompt_values(units: list[list[float]]) -> list[list[float]]:
@@ -79,7 +112,8 @@ def still_open(timings: dict[str, Timing], active: list[str], *, out_of_time: bo
     as that is told as a tie; more rounds would only tell a smaller difference). A backend left out
     against an earlier fastest comes back when its rounds paired with the fastest now do not say it is
     slower (the fastest changed under it)."""
-    best = min(active, key=lambda n: timings[n].time_ms() or float("inf"))
+    shared = shared_rounds(timings, active)  # the fastest from the same rounds for all: speed drifts
+    best = min(active, key=lambda n: timings[n].time_ms(shared) or float("inf"))
     ref = timings[best].units
 
     def open_(name: str) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 
 from ..backends import KERNEL_OPS
 from ..instrument import PHASE_PREFIX
@@ -18,12 +19,13 @@ from .trace import Trace
 __all__ = ["backend_fields", "layer_stats", "with_timing"]
 
 
-def with_timing(result: BackendResult, timing: Timing) -> BackendResult:
-    """``result`` with its steady time per step from the timing rounds (``Timing.time_ms``), every sample
+def with_timing(result: BackendResult, timing: Timing, rounds: Sequence[int] | None = None) -> BackendResult:
+    """``result`` with its steady time per step from the timing rounds (``Timing.time_ms``: of ``rounds``
+    alone where given, the rounds every backend took), every sample
     and their spread, the units its rounds are paired by; for a generate workload, the decode-step
     figures of every round (time to first token, step percentiles, host and GPU time per step, the
     whole workload's median as a check) and tokens per second."""
-    t = timing.time_ms()
+    t = timing.time_ms(rounds)
     g = result.generate
     if g is not None and timing.steps is not None:
         st = timing.steps

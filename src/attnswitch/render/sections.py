@@ -303,12 +303,16 @@ def _timing_text(report) -> str:
         how = f"time/{k.short}: the median of unprofiled {k.timed} ({timer})"
     rounds = host.get("rounds")
     stopped = host.get("stopped")
+    shared = host.get("shared_rounds")
     if rounds and stopped == "fixed":
         how += f", in {rounds} interleaved rounds (the rounds asked for)"
     elif rounds:
         how += (f", in {rounds} interleaved rounds (the first {st.get('rounds')}, then more for the backends still "
                 f"tied with the fastest, until told apart or out of time: {stopped})" if st.get("rounds") and
                 rounds > st["rounds"] else f", in {rounds} interleaved rounds (stopped: {stopped})")
+    if shared and rounds and shared < rounds:
+        how += (f"; every backend's time from the {shared} rounds all of them took (the more rounds sharpen "
+                "the vs-pick intervals only)")
     return (how + f". vs pick: the median of the per-round ratios of its time to the pick's, with {_bracket(report)}; "
             "≈ and bold: tied for the fastest (the interval holds 1, and nothing tied is decidedly faster); counts "
             "from the profiler, "
