@@ -8,7 +8,8 @@
 #   example    examples/bring_your_own_kernel.py: a Triton kernel registered and compared on the default preset
 #   workloads  generate, train, sweep and a recorded training trace (WORKLOADS narrows them)
 #   ranking    the ranking against independent loops: generate compared twice, prefill, train (RANKING narrows)
-#   userloop   every backend's ranked step against a user's loop, 3 shapes x prefill, decode, train (USERLOOP narrows)
+#   userloop   every backend's ranked step against a user's loop, 3 shapes x prefill, decode, train (USERLOOP narrows;
+#              USERLOOP_TURN: the compare's timed steps per backend per round)
 #   gensweep   generate sweeps over prompt lengths of the 1B and 0.5B shapes (GENSWEEP narrows, GENSWEEP_LENS)
 #   compiled   every backend compiled against uncompiled (COMPILED_MODELS, COMPILED_WORKLOADS narrow them)
 #   peak       % of peak through attnswitch's profiler path against an independent CUDA-event loop
@@ -107,7 +108,8 @@ if [[ $parts == *ranking* ]]; then
 fi
 if [[ $parts == *userloop* ]]; then
   mkdir -p $S/userloop
-  run_for ${USERLOOP_S:-580} python3 -m benchmarks.user_loop $S/userloop ${USERLOOP:+--only=$USERLOOP} 2>&1 | tee $S/userloop/log.txt
+  run_for ${USERLOOP_S:-580} python3 -m benchmarks.user_loop $S/userloop ${USERLOOP:+--only=$USERLOOP} \
+    ${USERLOOP_TURN:+--turn=$USERLOOP_TURN} 2>&1 | tee $S/userloop/log.txt
   cp $S/userloop/user_loop_check.json $S/userloop/user_loop_run.json $OUT/ 2>/dev/null; pack userloop
 fi
 if [[ $parts == *gensweep* ]]; then

@@ -5,22 +5,23 @@ steps under ``attnswitch.backend(...)``, on the same model and inputs, in the sa
     python -m benchmarks.user_loop OUT --only=host-bound,gemma3  # the two others (each call within 10 min)
     python -m benchmarks.user_loop OUT --smoke    # a CPU: tiny models, the same logic, no verdict on the numbers
     python -m benchmarks.user_loop OUT --only=host-bound/train,gemma3   # some of the checks
+    python -m benchmarks.user_loop OUT --only=decode --turn=5   # compare timing 5 steps per backend per round
 
-For each shape and workload: ``compare`` of every backend (its defaults, numerics left out: they run no
-timed step, and their float32 copy of the model costs minutes here), and a user's loop of every backend
-(``user_loop``) right before compare's timing rounds and right after them, since the host's speed drifts
-within a minute. A row per backend the compare ranked: ``compare_ms`` (its reported step), ``loop_ms`` (the
-mean of the loop's medians before and after) and their ``ratio``. The shapes (``SHAPES``): a Qwen3-shaped
-model (6 layers, hidden 2048, 16 query and 8 key-value heads of 128) at sizes where the GPU sets the step
-(``device-bound``) and where the host nearly or wholly does (``host-bound``: B2 S2048 training, a step the
-compare once reported 8-13 % slower than a user's loop, and B1 prefill and decode), and a Gemma-3-shaped one
-(head dim 256, one key-value head, five sliding-window layers to one full). Each check has a time bound
-(``Shape.bound_s``) and the whole run one too (``TOTAL_S``): a check that would not end within it is not
-started, and one that runs past its bound is stopped and recorded as failed.
+For each shape and workload (``check``): a user's loop of every backend (``user_loop``) before the compare and after
+it, never inside it, and ``compare`` of every backend (its defaults, numerics left out: they run no timed step, and
+their float32 copy of the model costs minutes here; ``--turn=N``: N timed steps per backend per round instead of the
+default's). A row per candidate the compare ranked: ``compare_ms`` (its reported step), ``loop_ms`` (the median of
+the loop's blocks, before and after pooled) and their ``ratio``. The shapes (``SHAPES``): a Qwen3-shaped model (6
+layers, hidden 2048, 16 query and 8 key-value heads of 128) at sizes where the GPU sets the step (``device-bound``)
+and where the host nearly or wholly does (``host-bound``: B2 S2048 training, a step the compare once reported 8-13 %
+slower than a user's loop, and B1 prefill and decode), and a Gemma-3-shaped one (head dim 256, one key-value head,
+five sliding-window layers to one full). Each check has a time bound (``Shape.bound_s``) and the whole run one too
+(``TOTAL_S``): a check that would not end within it is not started, and one that runs past its bound is stopped and
+recorded as failed.
 
 Writes ``OUT/user_loop_check.json`` (the rows) and ``OUT/user_loop_run.json`` (environment, each check's status,
-seconds, the compare's settings and every loop's medians); exits 1 where a check failed or, off ``--smoke``,
-where any ratio leaves ``LOW``-``HIGH``.
+seconds, the compare's settings and samples, every loop's blocks, device allocations per phase); exits 1 where a
+check failed or, off ``--smoke``, where any ratio leaves ``LOW``-``HIGH``.
 """
 
 from __future__ import annotations
@@ -40,16 +41,20 @@ import attnswitch
 from attnswitch.comparison import compare
 from attnswitch.device import device_of
 from attnswitch.env import environment
+from attnswitch.request import FIRST_ROUNDS
 from attnswitch.stats import median
 from attnswitch.workload import make_workload
 
 __all__ = ["Shape", "SHAPES", "SMOKE", "user_loop", "check", "run", "main", "folder_main", "bounded", "OverTime",
-           "LOW", "HIGH", "TOTAL_S", "TIMING_LINE"]
+           "LOW", "HIGH", "TOTAL_S", "LOOP_S", "MAX_REPEATS"]
 
 #: the band every ratio must fall in
 LOW, HIGH = 0.97, 1.03
 #: the whole run's time bound (s): a check that would not end within it is not started
 TOTAL_S = 520.0
+#: seconds of the user's loop of all backends, before and after the compare each (blocks per backend from it)
+LOOP_S = 4.0
+MAX_REPEATS = 20
 #: steps per block of the user's loop (after one untimed step)
 STEPS = 5
 WORKLOADS = ("prefill", "decode", "train")
@@ -140,7 +145,10 @@ def user_loop(work, names: list[str], repeats: int, steps: int = STEPS) -> dict[
     cuda = device_of(model).type == "cuda"
     step = _step(model, work.mode)
     out: dict[str, list] = {n: [] for n in names}
-    with _grad_mode(model, work.mode):
+    gc.collect()
+    gc.freeze()  # what lives now is not scanned again: a collection per turn costs no more than the turn's garbage
+    with _grad_mode(model, work.mode), contextlib.ExitStack() as stack:
+        stack.callback(gc.unfreeze)
         for _ in range(repeats):
             for name in [n for n in names if isinstance(out[n], list)]:
                 args = list(work.calls(steps + 1))
@@ -194,41 +202,75 @@ def bounded(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
-#: how ``compare`` (``profile``) says its timing rounds start
-TIMING_LINE = "timing ("
 
-
-def check(model, shape: Shape, mode: str, names: list[str]) -> dict:
-    """One shape and workload: ``compare``, with the user's loop run right before its timing rounds (from its
-    progress line that says they start: every backend is prepared and warm at this shape by then, and the
-    host's speed drifts by tens of percent within a minute on a shared machine) and right after it; its rows."""
+def check(model, shape: Shape, mode: str, names: list[str], turn: int | None = None,
+          loop_s: float = LOOP_S) -> dict:
+    """One shape and workload: a user's loop of every backend once (each warm at this shape; how long its steps take),
+    the loop again (``before``), ``compare`` (``turn``: timed steps per backend per round, its default where
+    None), and the loop of every candidate the compare ranked (``after``: its per-kind ones too). No loop runs
+    inside the compare: one started from its progress line ran under the switch of its turn and its finiteness
+    watch, and read up to 20 % slow. A row per ranked candidate: ``loop_ms`` the median of all its blocks
+    (before and after pooled: the host's speed drifts by tens of percent within a minute on a shared machine, so
+    more blocks, spread over the run, make the steadier figure); blocks per backend from the steps' length
+    (``_repeats``: ``loop_s`` seconds a loop). The compare's samples and each phase's device allocations
+    (``cudaMalloc``s: a step that allocates device memory waits for it) go with the rows."""
     batch, seq = shape.sizes[mode]
     work = make_workload(model, batch=batch, seq=seq, mode=mode)
-    before: dict = {}
-
-    def heard(line: str) -> None:
-        if line.startswith(TIMING_LINE) and not before:
-            before.update(user_loop(work, names, shape.repeats))
-
-    report = compare(model, work, backends=names, check_numerics=False, progress=heard,
-                     model_name=f"{shape.model} ({shape.name})")
-    if not before:
-        raise RuntimeError(f"compare never said {TIMING_LINE!r}...: no loop ran before its timing rounds")
-    after = user_loop(work, [n for n in names if isinstance(before[n], list)], shape.repeats)
+    warm = user_loop(work, names, 1)
+    ok = [n for n in names if isinstance(warm[n], list)]
+    repeats = _repeats(warm, ok, shape.repeats, loop_s)
+    mallocs = _Mallocs()
+    before = mallocs.of("loop before", lambda: user_loop(work, ok, repeats))
+    steps = {} if turn is None else {"iters": FIRST_ROUNDS * turn, "rounds": FIRST_ROUNDS}
+    report = mallocs.of("compare", lambda: compare(model, work, backends=names, check_numerics=False,
+                                                   model_name=f"{shape.model} ({shape.name})", **steps))
+    ranked = [b.backend for b in report.backends if b.ok and b.time_ms is not None]
+    after = mallocs.of("loop after", lambda: user_loop(work, ranked, repeats))
     rows, loops = [], {}
     for b in report.backends:
-        loop = [median(v) for v in (before.get(b.backend), after.get(b.backend)) if isinstance(v, list) and v]
-        loops[b.backend] = {"before": before.get(b.backend), "after": after.get(b.backend)}
-        if not b.ok or b.time_ms is None or len(loop) < 2:
+        sets = {k: v.get(b.backend) for k, v in (("before", before), ("after", after), ("warm", warm))}
+        loops[b.backend] = sets
+        blocks = [x for k in ("before", "after") if isinstance(sets[k], list) for x in sets[k]]
+        if b.backend not in ranked or not isinstance(sets["after"], list) or not sets["after"]:
             continue
-        loop_ms = sum(loop) / 2
+        loop_ms = median(blocks)
         rows.append({"backend": b.backend, "shape": shape.name, "workload": mode, "compare_ms": round(b.time_ms, 4),
                      "loop_ms": round(loop_ms, 4), "ratio": round(b.time_ms / loop_ms, 4),
-                     "loop_before_ms": round(loop[0], 4), "loop_after_ms": round(loop[1], 4),
-                     "batch": batch, "seq": seq})
+                     "loop_before_ms": round(median(sets["before"]), 4) if isinstance(sets["before"], list)
+                     and sets["before"] else None,
+                     "loop_after_ms": round(median(sets["after"]), 4), "blocks": len(blocks),
+                     "batch": batch, "seq": seq, **({"turn": turn} if turn else {})})
     left_out = {b.backend: (b.status, b.reasons[:1]) for b in report.backends if not b.ok}
-    return {"rows": rows, "loops": loops, "left_out": left_out, "workload": report.workload,
+    samples = {b.backend: {"samples": [round(x, 4) for x in b.time_samples_ms],
+                           "rounds": [[round(x, 4) for x in r] for r in b.time_rounds_ms]}
+               for b in report.backends if b.ok}
+    return {"rows": rows, "loops": loops, "left_out": left_out, "workload": report.workload, "repeats": repeats,
+            "turn": turn, "compare_samples": samples, "device_mallocs": mallocs.counts,
             "host": report.settings.get("host"), "time_s": report.settings.get("time_s")}
+
+
+def _repeats(warm: dict, names: list[str], least: int, loop_s: float = LOOP_S) -> int:
+    """Blocks per backend in each loop: as many as fill ``loop_s`` at the steps' length in the warm-up loop
+    (an untimed step and ``STEPS`` timed ones a block), at least ``least``, at most ``MAX_REPEATS``."""
+    per_repeat_s = sum((STEPS + 1) * median(warm[n]) for n in names) / 1e3
+    if per_repeat_s <= 0:
+        return least
+    return max(least, min(MAX_REPEATS, int(loop_s / per_repeat_s)))
+
+
+class _Mallocs:
+    """Device allocations (``cudaMalloc``s, from the caching allocator's counters) in each phase of a check."""
+
+    def __init__(self):
+        self.counts: dict[str, int] = {}
+
+    def of(self, phase: str, fn):
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        n0 = torch.cuda.memory_stats().get("num_device_alloc", 0) if cuda else 0
+        out = fn()
+        if cuda:
+            self.counts[phase] = torch.cuda.memory_stats().get("num_device_alloc", 0) - n0
+        return out
 
 
 def _wanted(only: str | None, shapes) -> list[tuple[Shape, str]]:
@@ -239,15 +281,17 @@ def _wanted(only: str | None, shapes) -> list[tuple[Shape, str]]:
     return [(s, m) for s, m in todo if s.name in keys or f"{s.name}/{m}" in keys or m in keys]
 
 
-def run(out: Path, smoke: bool = False, only: str | None = None, total_s: float = TOTAL_S) -> int:
-    """Every check wanted, in turn, within the run's time bound; the files written after each; the exit code."""
+def run(out: Path, smoke: bool = False, only: str | None = None, total_s: float = TOTAL_S,
+        turn: int | None = None) -> int:
+    """Every check wanted, in turn, within the run's time bound; the files written after each; the exit code.
+    ``turn``: the compare's timed steps per backend per round (its default where None)."""
     out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available() and not smoke
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     names = GPU_BACKENDS if cuda else CPU_BACKENDS
     t_start, rows, checks, models = time.perf_counter(), [], [], {}
     meta = {"environment": environment(), "smoke": smoke, "band": [LOW, HIGH], "steps_per_block": STEPS,
-            "checks": checks}
+            "turn": turn, "checks": checks}
     for shape, mode in _wanted(only, SMOKE if smoke else SHAPES):
         key, left = f"{shape.name}/{mode}", total_s - (time.perf_counter() - t_start)
         if left < shape.bound_s:
@@ -259,7 +303,7 @@ def run(out: Path, smoke: bool = False, only: str | None = None, total_s: float 
                 if shape.model not in models:
                     models.clear()  # one model held at a time
                     models[shape.model] = _model(shape.model, smoke, device, dtype)
-                done = check(models[shape.model], shape, mode, names)
+                done = check(models[shape.model], shape, mode, names, turn, 0.5 if smoke else LOOP_S)
             rows += done.pop("rows")
             checks.append({"check": key, "status": "ok", **done})
         except (OverTime, Exception) as e:
@@ -301,7 +345,10 @@ def folder_main(argv, doc: str, run_in) -> int:
 
 
 def main(argv=None) -> int:
-    return folder_main(argv, __doc__, run)
+    args = list(sys.argv[1:] if argv is None else argv)
+    turn = next((int(a.split("=", 1)[1]) for a in args if a.startswith("--turn=")), None)
+    return folder_main([a for a in args if not a.startswith("--turn=")], __doc__,
+                       lambda out, **kw: run(out, turn=turn, **kw))
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ def _bounds(tmp_path: Path, **env: str) -> list[int]:
         "c=/tmp/compile_caches", f"c={tmp_path}/caches")
     (tmp_path / "gpu_run.sh").write_text(script)
     keep = {k: v for k, v in os.environ.items() if not k.endswith("_S") and k not in (
-        "PARTS", "COMPARE_RUNS", "KINDS", "USERLOOP", "WRAP")}
+        "PARTS", "COMPARE_RUNS", "KINDS", "USERLOOP", "USERLOOP_TURN", "WRAP")}
     subprocess.run(["bash", str(tmp_path / "gpu_run.sh")], cwd=work, check=True, capture_output=True, timeout=60,
                    env={**keep, "PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(out), **env})
     return [int(x) for x in log.read_text().split()]
