@@ -115,7 +115,8 @@ def generate_workload() -> tuple[bool, str]:
     return min(walls) / 3 < min(timed) < 3 * min(walls), f"timed {min(timed):.1f} ms, outside {min(walls):.1f} ms"
 
 
-def backward_delay() -> tuple[bool, str]:
+def slow_backward(seconds: float, sleep=time.sleep) -> type[torch.autograd.Function]:
+    """An identity whose backward takes ``seconds`` more (``sleep``: a fake clock's in the tests)."""
     class SlowBackward(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
@@ -123,8 +124,14 @@ def backward_delay() -> tuple[bool, str]:
 
         @staticmethod
         def backward(ctx, g):
-            time.sleep(0.05)
+            sleep(seconds)
             return g
+
+    return SlowBackward
+
+
+def backward_delay() -> tuple[bool, str]:
+    SlowBackward = slow_backward(0.05)
 
     def slowbwd(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         return SlowBackward.apply(torch.nn.functional.scaled_dot_product_attention(

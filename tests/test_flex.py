@@ -159,9 +159,9 @@ def test_causal_block_masks_are_cached_and_bounded():
     assert flex._causal_block_mask(16, 16, torch.device("cpu")) is not first  # the oldest went first
 
 
-def test_compiled_once_per_kind_of_call(monkeypatch):
-    """The compile path with Dynamo (aot_eager instead of inductor: no C++ or Triton build): one entry
-    per kind of call, a second forward compiles nothing, a new length at most once more."""
+def _counting_flex(monkeypatch) -> tuple[list, str]:
+    """flex compiled on Dynamo with aot_eager (no C++ or Triton build), registered as ``flex-compiled``: the
+    graphs it compiles, appended as they are, and its name (the caller unregisters it)."""
     graphs = []
 
     def counting(gm, example_inputs):
@@ -170,7 +170,13 @@ def test_compiled_once_per_kind_of_call(monkeypatch):
 
     monkeypatch.setattr(flex, "_COMPILED", {})
     monkeypatch.setattr(flex, "_compile", lambda fn: torch.compile(fn, fullgraph=True, backend=counting))
-    name = attnswitch.register_backend("flex-compiled", flex.flex_sdpa, gqa=flex.takes_gqa, softcap=True)
+    return graphs, attnswitch.register_backend("flex-compiled", flex.flex_sdpa, gqa=flex.takes_gqa, softcap=True)
+
+
+def test_compiled_once_per_kind_of_call(monkeypatch):
+    """The compile path with Dynamo (aot_eager instead of inductor: no C++ or Triton build): one entry
+    per kind of call, a second forward compiles nothing, a new length at most once more."""
+    graphs, name = _counting_flex(monkeypatch)
     try:
         m = tiny("llama")
         ref = eager_reference(m, batch_for(m, pad=True))
@@ -307,15 +313,7 @@ def test_a_compare_compiles_its_one_kind_of_call_once(monkeypatch):
     """The default GPU run's case, on Dynamo with aot_eager: one kind of call (causal, no padding) compiles
     one graph; after the first step, the warm-up, host-timed and profiled steps, the timing rounds and the
     numerics check compile nothing more."""
-    graphs = []
-
-    def counting(gm, example_inputs):
-        graphs.append(gm)
-        return aot_eager(gm, example_inputs)
-
-    monkeypatch.setattr(flex, "_COMPILED", {})
-    monkeypatch.setattr(flex, "_compile", lambda fn: torch.compile(fn, fullgraph=True, backend=counting))
-    name = attnswitch.register_backend("flex-compiled", flex.flex_sdpa, gqa=flex.takes_gqa, softcap=True)
+    graphs, name = _counting_flex(monkeypatch)
     try:
         m, _ = load_model("tiny-llama", layers=2)
         w = make_workload(m, batch=2, seq=16)

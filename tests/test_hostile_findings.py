@@ -115,11 +115,16 @@ def mamba_config(folder):
     return config
 
 
-def test_a_sweep_of_a_model_with_no_attention_call_gets_no_pick_no_deploy_no_policy_and_exit_1(tmp_path, capsys):
-    config = mamba_config(tmp_path)
-    out = tmp_path / "report"
-    code = cli.main(["compare", str(config), "--device", "cpu", "--backends", "naive,flash", "--seq", "16,32",
+def no_attention_run(folder, command: str, seq: str, out) -> int:
+    """``attnswitch COMMAND`` of a tiny state-space model (no attention layers) on the CPU, written to
+    ``out``: its exit code."""
+    return cli.main([command, str(mamba_config(folder)), "--device", "cpu", "--backends", "naive,flash", "--seq", seq,
                      "--iters", "2", "--rounds", "1", "--warmup", "0", "--out", str(out)])
+
+
+def test_a_sweep_of_a_model_with_no_attention_call_gets_no_pick_no_deploy_no_policy_and_exit_1(tmp_path, capsys):
+    out = tmp_path / "report"
+    code = no_attention_run(tmp_path, "compare", "16,32", out)
     printed = capsys.readouterr().out
     # printed: "Use `flash` over seq 16–32: the fastest (or tied) at every length." + Deploy, exit 0, policy.json
     assert "Deploy" not in printed and "no attention call" in printed
@@ -248,32 +253,32 @@ def _gemma3_vl():
                                                        eoi_token_index=298)).eval()
 
 
-def test_a_per_kind_switch_of_a_model_runs_its_kinds_backends_after_its_sub_model_was_switched_per_kind(spy):
+def _switched_twice(spy, first: tuple[dict, str], then: tuple[dict, str]) -> tuple[list, list]:
+    """A Gemma-3 vision-language model's forward under one per-kind switch, then under another; each switch
+    names the model (``"model"``) or its language model (``"lm"``): the backends each forward ran."""
     m = _gemma3_vl()
-    lm = m.model.language_model
+    which = {"model": m, "lm": m.model.language_model}
     ids = torch.randint(3, 290, (1, 12))
-    with torch.no_grad(), attnswitch.backend({"sliding_attention": "math"}, model=lm):
-        lm(input_ids=ids)
-    assert spy.names == ["math"]
-    spy.calls.clear()
-    with torch.no_grad(), attnswitch.backend({"text:sliding_attention": "naive", "text:full_attention": "naive"},
-                                             model=m):
-        m(input_ids=ids)
+    ran = []
+    for sel, name in (first, then):
+        spy.calls.clear()
+        with torch.no_grad(), attnswitch.backend(sel, model=which[name]):
+            which[name](input_ids=ids)
+        ran.append(list(spy.names))
+    return ran
+
+
+def test_a_per_kind_switch_of_a_model_runs_its_kinds_backends_after_its_sub_model_was_switched_per_kind(spy):
+    ran = _switched_twice(spy, ({"sliding_attention": "math"}, "lm"),
+                          ({"text:sliding_attention": "naive", "text:full_attention": "naive"}, "model"))
     # no call was switched, and nothing said so: the modules keep the kind names of the first model bound
-    assert spy.names == ["naive", "naive"]
+    assert ran == [["math"], ["naive", "naive"]]
 
 
 def test_a_per_kind_switch_of_a_sub_model_runs_its_kinds_backends_after_its_model_was_switched_per_kind(spy):
-    m = _gemma3_vl()
-    lm = m.model.language_model
-    ids = torch.randint(3, 290, (1, 12))
-    with torch.no_grad(), attnswitch.backend({"text:full_attention": "math"}, model=m):
-        m(input_ids=ids)
-    assert spy.names == ["math"]
-    spy.calls.clear()
-    with torch.no_grad(), attnswitch.backend({"sliding_attention": "naive", "full_attention": "naive"}, model=lm):
-        lm(input_ids=ids)
-    assert spy.names == ["naive", "naive"]
+    ran = _switched_twice(spy, ({"text:full_attention": "math"}, "model"),
+                          ({"sliding_attention": "naive", "full_attention": "naive"}, "lm"))
+    assert ran == [["math"], ["naive", "naive"]]
 
 
 def test_a_layer_appended_after_a_per_kind_switch_is_switched_with_its_kind(spy):

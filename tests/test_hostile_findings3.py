@@ -9,7 +9,7 @@ weights, built from configs.
 import csv
 import io
 
-from test_hostile_findings import FLASH_OP, fixed, mamba_config, report_of, sweep_report
+from test_hostile_findings import FLASH_OP, fixed, no_attention_run, report_of, sweep_report
 
 from attnswitch import cli
 from attnswitch.decision import decide, decide_sweep
@@ -133,10 +133,8 @@ def test_only_eager_ran_where_a_named_backend_failed_does_not_ask_to_name_the_ba
 # -- the command line ----------------------------------------------------------------------------------------------
 
 def test_profile_of_a_model_with_no_attention_call_exits_1_and_writes_nothing(tmp_path, capsys):
-    config = mamba_config(tmp_path)
     out = tmp_path / "profile"
-    code = cli.main(["profile", str(config), "--device", "cpu", "--backends", "naive,flash", "--seq", "16",
-                     "--iters", "2", "--rounds", "1", "--warmup", "0", "--out", str(out)])
+    code = no_attention_run(tmp_path, "profile", "16", out)
     printed = capsys.readouterr().out
     # docs/cli.md, exit code 1: "the model's forward made no attention call through attnswitch (a model without
     # attention layers): the report is printed, `--out` left as it was". printed: a summary timing naive against

@@ -16,6 +16,7 @@ from attnswitch.backends import naive_attention
 from attnswitch.comparison import compare, compare_sweep
 from attnswitch.profiling.trace import Trace
 from attnswitch.workload import make_workload
+from benchmarks.real_clock import slow_backward
 
 NEW = 5  # new tokens per prompt: small, every step still a real decode step
 
@@ -269,16 +270,7 @@ def test_train_step_times_forward_and_backward_and_checks_gradients(train_report
 
 
 def _slow_backward(seconds, sleep):
-    class SlowBackward(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x.clone()
-
-        @staticmethod
-        def backward(ctx, g):
-            sleep(seconds)
-            return g
-
+    SlowBackward = slow_backward(seconds, sleep)
     return lambda q, k, v, **kw: SlowBackward.apply(_naive(q, k, v, **kw))
 
 
