@@ -2,7 +2,8 @@
 steps under ``attnswitch.backend(...)``, on the same model and inputs, in the same process.
 
     python -m benchmarks.user_loop OUT --only=device-bound       # a GPU: one shape x prefill, decode, train
-    python -m benchmarks.user_loop OUT --only=host-bound,gemma3  # the two others (each call within 10 min)
+    python -m benchmarks.user_loop OUT --only=host-bound         # the two others, one call each
+    python -m benchmarks.user_loop OUT --only=gemma3
     python -m benchmarks.user_loop OUT --smoke    # a CPU: tiny models, the same logic, no verdict on the numbers
     python -m benchmarks.user_loop OUT --only=host-bound/train,gemma3   # some of the checks
     python -m benchmarks.user_loop OUT --only=decode --turn=5   # compare timing 5 steps per backend per round
@@ -11,17 +12,23 @@ For each shape and workload (``check``): a user's loop of every backend (``user_
 it, never inside it, and ``compare`` of every backend (its defaults, numerics left out: they run no timed step, and
 their float32 copy of the model costs minutes here; ``--turn=N``: N timed steps per backend per round instead of the
 default's). A row per candidate the compare ranked: ``compare_ms`` (its reported step), ``loop_ms`` (the median of
-the loop's blocks, before and after pooled) and their ``ratio``. The shapes (``SHAPES``): a Qwen3-shaped model (6
-layers, hidden 2048, 16 query and 8 key-value heads of 128) at sizes where the GPU sets the step (``device-bound``)
-and where the host nearly or wholly does (``host-bound``: B2 S2048 training, a step the compare once reported 8-13 %
-slower than a user's loop, and B1 prefill and decode), and a Gemma-3-shaped one (head dim 256, one key-value head,
-five sliding-window layers to one full). Each check has a time bound (``Shape.bound_s``) and the whole run one too
-(``TOTAL_S``): a check that would not end within it is not started, and one that runs past its bound is stopped and
-recorded as failed.
+the loop's blocks, before and after pooled) and their ``ratio``. Then, side by side (``paired``), in each of 6
+rounds one turn of compare's timing rounds and one block of the loop per backend, seconds apart: ``paired_ratio``,
+the median over rounds of the turn's step over the block's, with its 95 % interval. The band is held to
+``paired_ratio`` (``checked``): on a shared machine the host's speed moves by up to 2x within a minute, and loops
+taken before and after a compare then disagree with each other by more than the band; ``ratio`` says how far the
+reported step was from them.
+
+The shapes (``SHAPES``): a Qwen3-shaped model (6 layers, hidden 2048, 16 query and 8 key-value heads of 128) at
+sizes where the GPU sets the step (``device-bound``) and where the host nearly or wholly does (``host-bound``: B2
+S2048 training, a step the compare once reported 8-13 % slower than a user's loop, and B1 prefill and decode), and a
+Gemma-3-shaped one (head dim 256, one key-value head, five sliding-window layers to one full). Each check has a time
+bound (``Shape.bound_s``) and the whole run one too (``TOTAL_S``): a check that would not end within it is not
+started, and one that runs past its bound is stopped and recorded as failed.
 
 Writes ``OUT/user_loop_check.json`` (the rows) and ``OUT/user_loop_run.json`` (environment, each check's status,
 seconds, the compare's settings and samples, every loop's blocks, device allocations per phase); exits 1 where a
-check failed or, off ``--smoke``, where any ratio leaves ``LOW``-``HIGH``.
+check failed or, off ``--smoke``, where any checked figure leaves ``LOW``-``HIGH``.
 """
 
 from __future__ import annotations
@@ -41,17 +48,37 @@ import attnswitch
 from attnswitch.comparison import compare
 from attnswitch.device import device_of
 from attnswitch.env import environment
-from attnswitch.request import FIRST_ROUNDS
-from attnswitch.stats import median
+from attnswitch.request import FIRST_ROUNDS, ITERS
+from attnswitch.stats import median, paired_margin
 from attnswitch.workload import make_workload
 
 __all__ = ["Shape", "SHAPES", "SMOKE", "user_loop", "check", "run", "main", "folder_main", "bounded", "OverTime",
-           "LOW", "HIGH", "TOTAL_S", "LOOP_S", "MAX_REPEATS"]
+           "LOW", "HIGH", "TOTAL_S", "LOOP_S", "MAX_REPEATS", "PAIRED_ROUNDS", "paired", "checked"]
 
 #: the band every ratio must fall in
 LOW, HIGH = 0.97, 1.03
 #: the whole run's time bound (s): a check that would not end within it is not started
 TOTAL_S = 520.0
+#: rounds of compare's turn and the user's loop side by side (``paired``): 6, the fewest a 95 % interval needs
+PAIRED_ROUNDS = 6
+
+
+def checked(row: dict) -> float:
+    """The figure a row is held to the band by: compare's turn over the user's loop side by side where measured,
+    else compare's reported step over the loops before and after it."""
+    return row.get("paired_ratio", row["ratio"])
+
+
+def _side_by_side(pairs) -> dict:
+    """A row's side-by-side fields: the median over rounds of compare's turn over the loop's block, and its 95 %
+    interval (``stats.paired_margin``)."""
+    if not pairs:
+        return {}
+    m = paired_margin([[a] for a, _ in pairs], [[b] for _, b in pairs], "loop")
+    return {"paired_ratio": round(m.ratio, 4), "paired_low": round(m.low, 4), "paired_high": round(m.high, 4),
+            "paired_rounds": m.pairs}
+
+
 #: seconds of the user's loop of all backends, before and after the compare each (blocks per backend from it)
 LOOP_S = 4.0
 MAX_REPEATS = 20
@@ -74,12 +101,13 @@ class Shape:
     bound_s: float = 60.0
 
 
-# bounds: a compare of six backends (up to 30 s of more rounds for those still tied) and two loops; a host-bound
-# training check once ran past 50 s on an H200
+# bounds: a compare of six backends (up to 30 s of more rounds for those still tied), three loops and the rounds
+# side by side; on an H200 the host-bound training check took 50 s, the Gemma-3 one 49 s with two loops and none
+# side by side (three checks of a shape fit TOTAL_S: one call of the device tool each)
 SHAPES = (
-    Shape("device-bound", "qwen3", {"prefill": (8, 4096), "decode": (32, 8192), "train": (4, 4096)}, 2, 150.0),
-    Shape("host-bound", "qwen3", {"prefill": (1, 1024), "decode": (1, 1024), "train": (2, 2048)}, 5, 80.0),
-    Shape("gemma3", "gemma3", {"prefill": (4, 2048), "decode": (8, 2048), "train": (2, 2048)}, 4, 80.0),
+    Shape("device-bound", "qwen3", {"prefill": (8, 4096), "decode": (32, 8192), "train": (4, 4096)}, 2, 170.0),
+    Shape("host-bound", "qwen3", {"prefill": (1, 1024), "decode": (1, 1024), "train": (2, 2048)}, 5, 110.0),
+    Shape("gemma3", "gemma3", {"prefill": (4, 2048), "decode": (8, 2048), "train": (2, 2048)}, 4, 110.0),
 )
 SMOKE = tuple(Shape(s.name, s.model, {"prefill": (2, 16), "decode": (1, 16), "train": (2, 16)}, 1, 60.0)
               for s in SHAPES)
@@ -166,6 +194,38 @@ def user_loop(work, names: list[str], repeats: int, steps: int = STEPS) -> dict[
     return out
 
 
+def paired(work, names: list[str], rounds: int, turn: int) -> dict[str, list[tuple[float, float]]]:
+    """Compare's timed turn and a user's loop, side by side: in each of ``rounds`` rounds, for each backend in
+    turn, one turn of the timing rounds compare's numbers come from (``capture.timed_rounds`` of that backend
+    alone, one round of ``turn`` timed steps: the switch, an untimed step, the steps back to back) and one
+    block of the user's loop (``user_loop``), in an order that alternates from round to round. Per backend,
+    per round: (the turn's median step, the block's step), ms, taken seconds apart, so that the host's speed
+    is the same for both, where compare's figure against loops taken before and after it carries whatever
+    the speed did in between."""
+    from attnswitch.profiling.capture import Target, timed_rounds
+
+    target = Target.of(work)
+    out: dict[str, list] = {n: [] for n in names}
+
+    def turn_of(name: str) -> float:
+        return median(timed_rounds(target, [name], iters=turn, rounds=1, budget_s=0).timings[name].samples)
+
+    def block_of(name: str) -> float:
+        got = user_loop(work, [name], 1)[name]
+        if not isinstance(got, list):
+            raise RuntimeError(f"{name}'s loop failed: {got}")
+        return got[0]
+
+    for r in range(rounds):
+        for name in names:
+            if r % 2 == 0:
+                a, b = turn_of(name), block_of(name)
+            else:
+                b, a = block_of(name), turn_of(name)
+            out[name].append((a, b))
+    return out
+
+
 def _block(step, args: list, cuda: bool) -> float:
     """``step`` on each of ``args`` back to back: ms per step."""
     if cuda:
@@ -226,6 +286,8 @@ def check(model, shape: Shape, mode: str, names: list[str], turn: int | None = N
                                                    model_name=f"{shape.model} ({shape.name})", **steps))
     ranked = [b.backend for b in report.backends if b.ok and b.time_ms is not None]
     after = mallocs.of("loop after", lambda: user_loop(work, ranked, repeats))
+    per_turn = turn or max(1, ITERS // FIRST_ROUNDS)  # compare's timed steps per backend per round
+    side = mallocs.of("side by side", lambda: paired(work, ranked, PAIRED_ROUNDS, per_turn))
     rows, loops = [], {}
     for b in report.backends:
         sets = {k: v.get(b.backend) for k, v in (("before", before), ("after", after), ("warm", warm))}
@@ -239,12 +301,14 @@ def check(model, shape: Shape, mode: str, names: list[str], turn: int | None = N
                      "loop_before_ms": round(median(sets["before"]), 4) if isinstance(sets["before"], list)
                      and sets["before"] else None,
                      "loop_after_ms": round(median(sets["after"]), 4), "blocks": len(blocks),
+                     **_side_by_side(side.get(b.backend)),
                      "batch": batch, "seq": seq, **({"turn": turn} if turn else {})})
     left_out = {b.backend: (b.status, b.reasons[:1]) for b in report.backends if not b.ok}
     samples = {b.backend: {"samples": [round(x, 4) for x in b.time_samples_ms],
                            "rounds": [[round(x, 4) for x in r] for r in b.time_rounds_ms]}
                for b in report.backends if b.ok}
     return {"rows": rows, "loops": loops, "left_out": left_out, "workload": report.workload, "repeats": repeats,
+            "side_by_side": {n: [[round(a, 4), round(b, 4)] for a, b in v] for n, v in side.items()},
             "turn": turn, "compare_samples": samples, "device_mallocs": mallocs.counts,
             "host": report.settings.get("host"), "time_s": report.settings.get("time_s")}
 
@@ -314,10 +378,11 @@ def run(out: Path, smoke: bool = False, only: str | None = None, total_s: float 
                 torch.cuda.empty_cache()
         checks[-1]["seconds"] = round(time.perf_counter() - t0, 1)
         print(f"{key}: {checks[-1]['status']} in {checks[-1]['seconds']} s " +
-              " ".join(f"{r['backend']} {r['ratio']:.3f}" for r in rows if f"{r['shape']}/{r['workload']}" == key),
+              " ".join(f"{r['backend']} {r['ratio']:.3f}/{checked(r):.3f}" for r in rows
+                       if f"{r['shape']}/{r['workload']}" == key),
               flush=True)
         _write(out, rows, meta)
-    outside = [r for r in rows if not LOW <= r["ratio"] <= HIGH]
+    outside = [r for r in rows if not LOW <= checked(r) <= HIGH]
     failed = [c["check"] for c in checks if c["status"] != "ok"]
     meta.update(seconds=round(time.perf_counter() - t_start, 1), outside_band=outside, failed_checks=failed,
                 status="failed" if failed or (outside and not smoke) else "ok")

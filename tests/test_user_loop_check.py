@@ -2,6 +2,7 @@
 numbers (those are the GPU's)."""
 
 import json
+import statistics
 import time
 
 import pytest
@@ -21,7 +22,14 @@ def test_the_smoke_run_writes_a_row_per_backend_shape_and_workload(tmp_path):
         low, high = sorted((r["loop_before_ms"], r["loop_after_ms"]))
         assert low - 1e-3 <= r["loop_ms"] <= high + 1e-3 and r["blocks"] >= 2
         assert r["ratio"] == pytest.approx(r["compare_ms"] / r["loop_ms"], rel=1e-3)
+        assert r["paired_rounds"] == user_loop.PAIRED_ROUNDS
+        assert r["paired_low"] <= r["paired_ratio"] <= r["paired_high"]
     run = json.loads((tmp_path / "user_loop_run.json").read_text())
+    for c in run["checks"]:  # the side-by-side figure is the median of the rounds' turn over block
+        for r in (r for r in rows if f"{r['shape']}/{r['workload']}" == c["check"]):
+            pairs = c["side_by_side"][r["backend"]]
+            assert len(pairs) == user_loop.PAIRED_ROUNDS
+            assert r["paired_ratio"] == pytest.approx(statistics.median(a / b for a, b in pairs), rel=1e-3)
     assert [c["check"] for c in run["checks"]] == ["host-bound/train", "gemma3/decode"]
     assert all(c["status"] == "ok" and c["seconds"] > 0 for c in run["checks"])
 
@@ -60,3 +68,20 @@ def test_a_check_that_would_end_past_the_runs_bound_is_not_started(tmp_path, mon
     assert user_loop.run(tmp_path, only="host-bound", total_s=10.0) == 1
     run = json.loads((tmp_path / "user_loop_run.json").read_text())
     assert {c["status"] for c in run["checks"]} == {"not run"}
+
+
+def test_the_band_holds_the_side_by_side_figure_where_there_is_one(tmp_path, monkeypatch):
+    # compare's reported step 20 % off loops taken before and after it (the host's speed moved), its turn within
+    # 1 % of a loop's block side by side: the run passes; 5 % off side by side: it fails
+    def check(paired):
+        def fake(model, shape, mode, names, turn=None, loop_s=None):
+            return {"rows": [{"backend": n, "shape": shape.name, "workload": mode, "compare_ms": 12.0, "loop_ms": 10.0,
+                              "ratio": 1.2, "paired_ratio": paired} for n in names]}
+        return fake
+
+    monkeypatch.setattr(user_loop, "_model", lambda *a: None)
+    monkeypatch.setattr(user_loop, "check", check(1.01))
+    assert user_loop.run(tmp_path, only="gemma3/train") == 0
+    monkeypatch.setattr(user_loop, "check", check(1.05))
+    assert user_loop.run(tmp_path, only="gemma3/train") == 1
+    assert user_loop.checked({"ratio": 1.2}) == 1.2  # no side-by-side figure: the reported step's
