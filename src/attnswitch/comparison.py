@@ -25,7 +25,7 @@ from .lengths import Lengths
 from .numerics import REFERENCES, grad_numerics, numerics, token_agreement
 from .profiling import profile
 from .profiling.compiled import compiled_forward
-from .ranking import BUSY_PREFIX, rank, ranked, verdict
+from .ranking import BUSY_PREFIX, one_busy, rank, ranked, verdict
 from .request import DEFAULT, Request
 from .results import BackendResult, Numerics, Report, SweepPoint
 from .serving import serving_estimate
@@ -199,9 +199,9 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
     serving, lines = _serving(points, lengths, requests)
     if lengths is not None:
         workload["lengths_from"] = lengths.source or "given"
-    # every shape's, once; a busy machine said once (each shape's probes differ only in their figures)
+    # every shape's, once; a busy machine said once, with every sign any shape showed
     busy = [c for c in said if c.startswith(BUSY_PREFIX)]
-    cautions = tuple(dict.fromkeys(c for c in said if not c.startswith(BUSY_PREFIX))) + tuple(busy[:1])
+    cautions = tuple(dict.fromkeys(c for c in said if not c.startswith(BUSY_PREFIX))) + one_busy(busy)
     decision, v, points = decide_sweep(points, verdicts, list(last.backends), workload, last.environment, serving,
                                        lines, cautions)
     return dataclasses.replace(last, backends=tuple(ranked(list(last.backends), v)), ranking=v.order,

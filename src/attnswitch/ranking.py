@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -27,8 +28,9 @@ from .candidate import Candidate
 from .results import BackendResult, Margin, candidates
 from .stats import paired_margin
 
-__all__ = ["Verdict", "verdict", "against", "told_apart", "rank", "ranked", "ruled_out", "busy_host", "BUSY_LOAD",
-           "BUSY_SPREAD", "BUSY_DRIFT", "BUSY_PREFIX", "gate_cautions", "NUMERICS", "DEFECT", "MISMATCH", "UNTIMED"]
+__all__ = ["Verdict", "verdict", "against", "told_apart", "rank", "ranked", "ruled_out", "busy_host", "one_busy",
+           "BUSY_LOAD", "BUSY_SPREAD", "BUSY_DRIFT", "BUSY_PREFIX", "gate_cautions", "NUMERICS", "DEFECT", "MISMATCH",
+           "UNTIMED"]
 
 #: a fixed task's time varying by more than this (median over fastest, or after over before) on the host
 BUSY_SPREAD = 1.25
@@ -290,8 +292,8 @@ def busy_host(host: Mapping | None, results: Iterable[BackendResult] = ()) -> tu
             said.append(f"its time changed {max(drift, 1 / drift):.2f}x from before the timing to after it")
     moved = host.get("round_drift")
     if moved is not None and moved > BUSY_DRIFT:
-        said.append(f"every backend's step moved {moved:.2f}x together from one round to another: compare them by "
-                    "their vs-pick ratios, paired per round, rather than by their times")
+        said.append(f"every backend's step was {moved:.2f}x slower in its slower rounds than in its faster ones: "
+                    "compare them by their vs-pick ratios, paired per round, rather than by their times")
     apart = [(b.host_ms / b.time_ms, b.backend) for b in results
              if b.ok and b.timer == "wall-clock" and b.host_ms and b.time_ms]
     worst = max(apart, key=lambda x: max(x[0], 1 / x[0]), default=None)
@@ -299,5 +301,20 @@ def busy_host(host: Mapping | None, results: Iterable[BackendResult] = ()) -> tu
         said.append(f"`{worst[1]}`'s host time per step, measured apart, was {worst[0]:.2f}x its time in the rounds")
     if not said:
         return ()
+    return (_busy_line(said),)
+
+
+def _busy_line(said: Iterable[str]) -> str:
     return (f"{BUSY_PREFIX} ({'; '.join(said)}): intervals are wider and host times less certain; rerun on an idle "
-            "machine for a sharper answer.",)
+            "machine for a sharper answer.")
+
+
+def one_busy(lines: Iterable[str]) -> tuple[str, ...]:
+    """Busy-machine cautions of several measurements (a sweep's shapes) as one: each kind of sign once, as the
+    first measurement that showed it said it."""
+    kinds: dict[str, str] = {}
+    for line in lines:
+        inner = line[len(BUSY_PREFIX) + 2:line.index("): ")] if line.startswith(BUSY_PREFIX + " (") else ""
+        for clause in inner.split("; ") if inner else ():
+            kinds.setdefault(re.sub(r"[\d.]+", "#", clause.split(":")[0]), clause)
+    return (_busy_line(kinds.values()),) if kinds else ()

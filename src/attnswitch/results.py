@@ -129,7 +129,7 @@ class GenerateStats:
     step_ms_p99: float | None = None
     step_host_ms: float | None = None  # host time of a decode forward (until it returns), median
     step_gpu_ms: float | None = None  # GPU time of a decode forward (CUDA events), median
-    steps_timed: int = 0  # decode steps the step figures above come from (every round's)
+    steps_timed: int = 0  # decode steps the step figures above come from (the rounds the time is from)
     workload_wall_ms: float | None = None  # the whole workload's median wall time: a check on ``time_ms``
     tokens: int = 0  # new tokens the workload generates (every prompt, every sequence of the batch)
     tokens_per_s: float | None = None  # ``tokens`` over the workload's steady time (``time_ms``)
@@ -187,6 +187,7 @@ class BackendResult:
     timer: str = ""  # "cuda-events" or "wall-clock"
     time_ms: float | None = None  # median steady time per forward, unprofiled
     time_samples_ms: tuple[float, ...] = ()
+    time_sample_rounds: tuple[int, ...] = ()  # the round each sample was taken in (a generate's: none)
     time_rounds_ms: tuple[tuple[float, ...], ...] = ()  # per round, the units paired across backends
     noise_pct: float | None = None  # half the interquartile range over the median
     margin: Margin | None = None  # against the pick: the median paired ratio and its interval

@@ -644,15 +644,20 @@ def _prompt_turn(target: Target, name: str, p: int, prompts: int, timed: Callabl
     row = [0.0] * prompts
     row[p] = units[0] if units else ms
     timing.units.append(row)
+    r = len(timing.units) - 1
     for k, v in figures.items():
         timing.steps[k].extend(v)
+        timing.step_rounds.setdefault(k, []).extend([(r,)] * len(v))
     timing.pending[p] = ms
+    timing.pending_rounds.append(r)
     timing.nonfinite = timing.nonfinite or watch.first()
     if len(timing.pending) == prompts:
         whole = sum(timing.pending.values())
         timing.samples.append(whole)
         timing.steps["wall"].append(whole)
+        timing.step_rounds.setdefault("wall", []).append(tuple(timing.pending_rounds))
         timing.pending.clear()
+        timing.pending_rounds.clear()
 
 
 def _timed_wall(target: Target, c) -> float:

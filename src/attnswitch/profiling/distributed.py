@@ -17,10 +17,10 @@ import torch.nn as nn
 
 from ..dist import gather, world
 from ..results import BackendResult
-from .rounds import Timing
-from .summarize import with_timing
+from .rounds import shared_rounds
+from .summarize import timing_of, with_timing
 
-__all__ = ["distribution_of", "agree_ok", "merge_results", "gather_traces", "merged_report_backends"]
+__all__ = ["distribution_of", "agree_ok", "merge_results", "gather_traces", "merged_report_backends", "retimed"]
 
 
 def _layout(device_map: dict) -> str:
@@ -103,8 +103,11 @@ def merge_results(per_rank: list[BackendResult]) -> BackendResult:
         if r.attn_kernels_per_call != r0.attn_kernels_per_call:
             notes.append(f"rank {i} ran {r.attn_kernels_per_call} attention kernels per call, rank 0 "
                          f"{r0.attn_kernels_per_call}")
-    # each step (and each paired unit) is as slow as the slowest rank's; a generate's step figures are rank 0's
-    merged = with_timing(r0, Timing(samples, units, per_prompt=r0.generate is not None)) if samples else r0
+    # each step (and each paired unit) is as slow as the slowest rank's, in the round rank 0 took it in (ranks run
+    # the rounds in lockstep); a generate's step figures are rank 0's
+    timing = timing_of(dataclasses.replace(r0, time_samples_ms=tuple(samples), time_rounds_ms=tuple(map(tuple, units)),
+                                           time_sample_rounds=r0.time_sample_rounds[:n]))
+    merged = with_timing(r0, timing) if samples else r0
     return dataclasses.replace(
         merged, notes=tuple(dict.fromkeys(notes)), kernels=total("kernels"), memcpys=total("memcpys"),
         memsets=total("memsets"), ops=total("ops"),
@@ -146,4 +149,14 @@ def merged_report_backends(results: list[BackendResult], trace_dir) -> list[Back
     every = gather(results)
     rank_traces = gather_traces(results, trace_dir)
     merged = [merge_results([rank_results[i] for rank_results in every]) for i in range(len(results))]
-    return [dataclasses.replace(b, rank_trace_paths=rank_traces.get(b.backend, ())) for b in merged]
+    return [dataclasses.replace(b, rank_trace_paths=rank_traces.get(b.backend, ())) for b in retimed(merged)]
+
+
+def retimed(results: list[BackendResult]) -> list[BackendResult]:
+    """Every timed result's time from the rounds all of them took (``rounds.shared_rounds``), as one process's
+    are (merging ranks forward by forward takes each time anew)."""
+    timings = {b.backend: timing_of(b) for b in results if b.ok and b.time_rounds_ms}
+    if not timings:
+        return results
+    shared = shared_rounds(timings)
+    return [with_timing(b, timings[b.backend], shared) if b.backend in timings else b for b in results]

@@ -30,9 +30,12 @@ class Timing:
     samples: list[float] = field(default_factory=list)
     units: list[list[float]] = field(default_factory=list)
     by_round: list[list[float]] = field(default_factory=list)
+    # a generate's: the rounds each of its ``steps`` figures came from (a whole workload's: all its prompts')
+    step_rounds: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
     per_prompt: bool = False  # a generate's: units per prompt
     steps: dict[str, list[float]] | None = None  # a generate's: ttft, interval, host, gpu (ms); wall per workload
     pending: dict[int, float] = field(default_factory=dict)  # a generate's prompts timed since its last workload
+    pending_rounds: list[int] = field(default_factory=list)  # the rounds they were timed in
     nonfinite: object = None  # results.NonFinite: a NaN or Inf its untimed steps or kept outputs showed
 
     def time_ms(self, rounds: Sequence[int] | None = None) -> float | None:
@@ -70,14 +73,34 @@ def shared_rounds(timings: Mapping[str, Timing], names: Iterable[str] | None = N
 
 def round_drift(timings: Mapping[str, Timing], rounds: Sequence[int]) -> float | None:
     """How far the machine's speed moved between ``rounds``, from the backends' times themselves: per round,
-    the median over backends of each one's unit over its own median unit; the largest of those over the
-    smallest (1.0: no round was slower than another). None with fewer than two rounds."""
-    if len(rounds) < 2:
+    the median over backends of each unit over the median of its backend's units at its position (a
+    generate's prompt: prompts of different lengths are not a change of speed); the upper quintile of those
+    over the lower one (1.0: no round slower than another; a quantile rather than the extremes, so that a
+    steady machine's noise over many rounds does not read as a change). None with fewer than two backends
+    (one backend's rounds cannot tell the machine from itself) or three rounds."""
+    ts = [t for t in timings.values() if any(_took(t.units[r]) for r in rounds if r < len(t.units))]
+    if len(ts) < 2 or len(rounds) < 3:
         return None
-    ts = list(timings.values())
-    mids = {id(t): median([x for r in rounds for x in t.units[r] if x > 0]) for t in ts}
-    per = [median([x / mids[id(t)] for t in ts for x in t.units[r] if x > 0 and mids[id(t)]]) for r in rounds]
-    return max(per) / min(per) if per and min(per) > 0 else None
+    per = []
+    for r in rounds:
+        ratios = []
+        for t in ts:
+            for i, x in enumerate(t.units[r]):
+                at = [u[i] for u in (t.units[q] for q in rounds) if len(u) > i and u[i] > 0]
+                if x > 0 and at:
+                    ratios.append(x / median(at))
+        if ratios:
+            per.append(median(ratios))
+    low, high = _quantile(per, 0.2), _quantile(per, 0.8)
+    return high / low if per and low > 0 else None
+
+
+def _quantile(xs: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``xs``, interpolated between order statistics."""
+    s = sorted(xs)
+    k = (len(s) - 1) * q
+    i = int(k)
+    return s[i] + (s[min(i + 1, len(s) - 1)] - s[i]) * (k - i)
 
 
 def prompt_values(units: list[list[float]]) -> list[list[float]]:

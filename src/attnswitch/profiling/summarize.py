@@ -16,7 +16,7 @@ from .occupancy import DeviceLimits
 from .rounds import Timing
 from .trace import Trace
 
-__all__ = ["backend_fields", "layer_stats", "with_timing"]
+__all__ = ["backend_fields", "layer_stats", "with_timing", "timing_of"]
 
 
 def with_timing(result: BackendResult, timing: Timing, rounds: Sequence[int] | None = None) -> BackendResult:
@@ -28,7 +28,7 @@ def with_timing(result: BackendResult, timing: Timing, rounds: Sequence[int] | N
     t = timing.time_ms(rounds)
     g = result.generate
     if g is not None and timing.steps is not None:
-        st = timing.steps
+        st = {k: _of_rounds(timing, k, rounds) for k in timing.steps}
         g = dataclasses.replace(
             g, ttft_ms=median(st["ttft"]) if st["ttft"] else g.ttft_ms,
             step_ms_p50=percentile(st["interval"], 50) if st["interval"] else g.step_ms_p50,
@@ -40,9 +40,33 @@ def with_timing(result: BackendResult, timing: Timing, rounds: Sequence[int] | N
     if g is not None and t:
         g = dataclasses.replace(g, tokens_per_s=g.tokens / (t / 1e3))
     units = tuple(tuple(u) for u in timing.units)
+    at = tuple(r for r, xs in enumerate(timing.by_round) for _ in xs) if not timing.per_prompt else ()
     return dataclasses.replace(result, time_ms=t, time_samples_ms=tuple(timing.samples),
+                               time_sample_rounds=at if len(at) == len(timing.samples) else (),
                                noise_pct=noise_pct(timing.spread()),
                                time_rounds_ms=units, generate=g)
+
+
+def _of_rounds(timing: Timing, k: str, rounds: Sequence[int] | None) -> list[float]:
+    """A generate's ``k`` figures (``Timing.steps``) from ``rounds`` alone where each figure's rounds are known
+    (a whole workload's: every one of its prompts' in them), so that they come from the rounds its time does."""
+    values, at = timing.steps[k], timing.step_rounds.get(k)
+    if rounds is None or at is None or len(at) != len(values):
+        return values
+    keep = set(rounds)
+    return [x for x, rs in zip(values, at) if all(r in keep for r in rs)] or values
+
+
+def timing_of(result: BackendResult) -> Timing:
+    """The timing rounds a result's figures were taken from, as far as it keeps them: its samples (in their
+    rounds, where it says which) and units (``with_timing`` of it gives it back its time)."""
+    by_round: list[list[float]] = [[] for _ in result.time_rounds_ms]
+    if len(result.time_sample_rounds) == len(result.time_samples_ms):
+        for x, r in zip(result.time_samples_ms, result.time_sample_rounds):
+            if r < len(by_round):
+                by_round[r].append(x)
+    return Timing(list(result.time_samples_ms), [list(u) for u in result.time_rounds_ms],
+                  by_round=by_round if any(by_round) else [], per_prompt=result.generate is not None)
 
 
 def _counted(c) -> tuple[tuple[str, float], ...]:
