@@ -64,9 +64,16 @@ PAIRED_ROUNDS = 6
 
 
 def checked(row: dict) -> float:
-    """The figure a row is held to the band by: compare's turn over the user's loop side by side where measured,
-    else compare's reported step over the loops before and after it."""
-    return row.get("paired_ratio", row["ratio"])
+    """The figure a row is held to the band by: compare's turn over the user's loop side by side where measured
+    and, where the loops before and after the compare agree within the band (the host held its speed, so they
+    can judge the reported step), whichever of that and the reported step over them is farther from 1; the
+    reported step's ratio alone where nothing was measured side by side."""
+    if "paired_ratio" not in row:
+        return row["ratio"]
+    before, after = row.get("loop_before_ms"), row.get("loop_after_ms")
+    steady = before and after and LOW <= after / before <= HIGH
+    figures = [row["paired_ratio"], row["ratio"]] if steady else [row["paired_ratio"]]
+    return max(figures, key=lambda x: max(x, 1 / x))
 
 
 def _side_by_side(pairs) -> dict:
@@ -174,9 +181,12 @@ def user_loop(work, names: list[str], repeats: int, steps: int = STEPS) -> dict[
     step = _step(model, work.mode)
     out: dict[str, list] = {n: [] for n in names}
     gc.collect()
-    gc.freeze()  # what lives now is not scanned again: a collection per turn costs no more than the turn's garbage
+    freeze = gc.get_freeze_count() == 0  # (a caller's freeze is the caller's to undo)
+    if freeze:
+        gc.freeze()  # what lives now is not scanned again: a collection per turn costs no more than its garbage
     with _grad_mode(model, work.mode), contextlib.ExitStack() as stack:
-        stack.callback(gc.unfreeze)
+        if freeze:
+            stack.callback(gc.unfreeze)
         for _ in range(repeats):
             for name in [n for n in names if isinstance(out[n], list)]:
                 args = list(work.calls(steps + 1))
@@ -208,22 +218,26 @@ def paired(work, names: list[str], rounds: int, turn: int) -> dict[str, list[tup
     out: dict[str, list] = {n: [] for n in names}
 
     def turn_of(name: str) -> float:
-        return median(timed_rounds(target, [name], iters=turn, rounds=1, budget_s=0).timings[name].samples)
+        # two rounds, the second's turn kept: a candidate's first turn waits for the device after its untimed
+        # step, its later ones go on from it, as in compare's rounds
+        done = timed_rounds(target, [name], iters=2 * turn, rounds=2, budget_s=0).timings[name]
+        return median(done.by_round[1])
 
-    def block_of(name: str) -> float:
+    def block_of(name: str) -> float | None:
         got = user_loop(work, [name], 1)[name]
-        if not isinstance(got, list):
-            raise RuntimeError(f"{name}'s loop failed: {got}")
-        return got[0]
+        return got[0] if isinstance(got, list) else None
 
     for r in range(rounds):
-        for name in names:
+        for name in [n for n in names if isinstance(out[n], list)]:
             if r % 2 == 0:
                 a, b = turn_of(name), block_of(name)
             else:
                 b, a = block_of(name), turn_of(name)
+            if b is None:  # its loop failed here: no figure side by side (its row keeps the others)
+                out[name] = None
+                continue
             out[name].append((a, b))
-    return out
+    return {n: v for n, v in out.items() if v}
 
 
 def _block(step, args: list, cuda: bool) -> float:
@@ -270,10 +284,11 @@ def check(model, shape: Shape, mode: str, names: list[str], turn: int | None = N
     None), and the loop of every candidate the compare ranked (``after``: its per-kind ones too). No loop runs
     inside the compare: one started from its progress line ran under the switch of its turn and its finiteness
     watch, and read up to 20 % slow. A row per ranked candidate: ``loop_ms`` the median of all its blocks
-    (before and after pooled: the host's speed drifts by tens of percent within a minute on a shared machine, so
-    more blocks, spread over the run, make the steadier figure); blocks per backend from the steps' length
-    (``_repeats``: ``loop_s`` seconds a loop). The compare's samples and each phase's device allocations
-    (``cudaMalloc``s: a step that allocates device memory waits for it) go with the rows."""
+    (before and after pooled; a per-kind candidate's after alone, the compare names it: the host's speed drifts
+    by tens of percent within a minute on a shared machine, so more blocks, spread over the run, make the
+    steadier figure); blocks per backend from the steps' length (``_repeats``: ``loop_s`` seconds a loop). The
+    compare's samples and each phase's device allocations (``cudaMalloc``s: a step that allocates device memory
+    waits for it) go with the rows."""
     batch, seq = shape.sizes[mode]
     work = make_workload(model, batch=batch, seq=seq, mode=mode)
     warm = user_loop(work, names, 1)
