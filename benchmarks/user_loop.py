@@ -15,9 +15,9 @@ default's). A row per candidate the compare ranked: ``compare_ms`` (its reported
 the loop's blocks, before and after pooled) and their ``ratio``. Then, side by side (``paired``), in each of 6
 rounds one turn of compare's timing rounds and one block of the loop per backend, seconds apart: ``paired_ratio``,
 the median over rounds of the turn's step over the block's, with its 95 % interval. The band is held to
-``paired_ratio`` (``checked``): on a shared machine the host's speed moves by up to 2x within a minute, and loops
-taken before and after a compare then disagree with each other by more than the band; ``ratio`` says how far the
-reported step was from them.
+``paired_ratio`` and, where the loops before and after agree within it and the compare's rounds show no change of
+the host's speed, to ``ratio`` too (``checked``): on a shared machine the host's speed moves by up to 2x within a
+minute, and loops taken before and after a compare then cannot judge the reported step to 3 %.
 
 The shapes (``SHAPES``): a Qwen3-shaped model (6 layers, hidden 2048, 16 query and 8 key-value heads of 128) at
 sizes where the GPU sets the step (``device-bound``) and where the host nearly or wholly does (``host-bound``: B2
@@ -48,6 +48,7 @@ import attnswitch
 from attnswitch.comparison import compare
 from attnswitch.device import device_of
 from attnswitch.env import environment
+from attnswitch.ranking import BUSY_DRIFT
 from attnswitch.request import FIRST_ROUNDS, ITERS
 from attnswitch.stats import median, paired_margin
 from attnswitch.workload import make_workload
@@ -64,14 +65,16 @@ PAIRED_ROUNDS = 6
 
 
 def checked(row: dict) -> float:
-    """The figure a row is held to the band by: compare's turn over the user's loop side by side where measured
-    and, where the loops before and after the compare agree within the band (the host held its speed, so they
-    can judge the reported step), whichever of that and the reported step over them is farther from 1; the
-    reported step's ratio alone where nothing was measured side by side."""
+    """The figure a row is held to the band by: compare's turn over the user's loop side by side where measured and,
+    where the loops before and after the compare agree within the band and the compare's rounds show no change
+    of the host's speed (``ranking.BUSY_DRIFT``; then they can judge the reported step), whichever of that and
+    the reported step over them is farther from 1; the reported step's ratio alone where nothing was measured
+    side by side."""
     if "paired_ratio" not in row:
         return row["ratio"]
     before, after = row.get("loop_before_ms"), row.get("loop_after_ms")
-    steady = before and after and LOW <= after / before <= HIGH
+    drift = row.get("round_drift")  # the compare's own rounds: did the host's speed move inside them?
+    steady = before and after and LOW <= after / before <= HIGH and (drift is None or drift <= BUSY_DRIFT)
     figures = [row["paired_ratio"], row["ratio"]] if steady else [row["paired_ratio"]]
     return max(figures, key=lambda x: max(x, 1 / x))
 
@@ -181,7 +184,8 @@ def user_loop(work, names: list[str], repeats: int, steps: int = STEPS) -> dict[
     step = _step(model, work.mode)
     out: dict[str, list] = {n: [] for n in names}
     gc.collect()
-    freeze = gc.get_freeze_count() == 0  # (a caller's freeze is the caller's to undo)
+    freeze = gc.get_freeze_count() == 0  # (a caller's freeze, or collector turned off, is the caller's to undo)
+    enabled = gc.isenabled()
     if freeze:
         gc.freeze()  # what lives now is not scanned again: a collection per turn costs no more than its garbage
     with _grad_mode(model, work.mode), contextlib.ExitStack() as stack:
@@ -199,7 +203,8 @@ def user_loop(work, names: list[str], repeats: int, steps: int = STEPS) -> dict[
                 except Exception as e:  # (a backend that cannot run these inputs: compare says why)
                     out[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 finally:
-                    gc.enable()
+                    if enabled:
+                        gc.enable()
                     del args
     return out
 
@@ -317,6 +322,7 @@ def check(model, shape: Shape, mode: str, names: list[str], turn: int | None = N
                      and sets["before"] else None,
                      "loop_after_ms": round(median(sets["after"]), 4), "blocks": len(blocks),
                      **_side_by_side(side.get(b.backend)),
+                     "round_drift": (report.settings.get("host") or {}).get("round_drift"),
                      "batch": batch, "seq": seq, **({"turn": turn} if turn else {})})
     left_out = {b.backend: (b.status, b.reasons[:1]) for b in report.backends if not b.ok}
     samples = {b.backend: {"samples": [round(x, 4) for x in b.time_samples_ms],

@@ -2,6 +2,7 @@
 host-bound decode step took 11 ms in some rounds and 23 ms in others), so a backend timed in more rounds than
 another must not read faster or slower for the stretch of time it was timed in."""
 
+import dataclasses
 import random
 import types
 
@@ -13,7 +14,7 @@ from attnswitch.profiling.capture import timed_rounds
 from attnswitch.profiling.distributed import merge_results, retimed
 from attnswitch.profiling.rounds import Timing, round_drift, shared_rounds, still_open
 from attnswitch.profiling.summarize import timing_of, with_timing
-from attnswitch.ranking import _unsteady, busy_host, one_busy
+from attnswitch.ranking import BUSY_PREFIX, _unsteady, busy_host, one_busy
 from attnswitch.render.sections import _timing_text
 from attnswitch.results import BackendResult, GenerateStats
 from attnswitch.stats import paired_margin
@@ -166,3 +167,43 @@ def test_a_sweeps_busy_caution_keeps_every_sign_any_shape_showed():
     assert "a fixed task's time varied 1.5x" in line and "2.00x slower in its slower rounds" in line
     assert "1.6x" not in line  # a sign is said once, as the first shape showed it
     assert one_busy([]) == ()
+
+
+def _generate(rounds: int, prompts: int, slow_from: int) -> dict[str, Timing]:
+    out = {n: Timing(per_prompt=True) for n in ("a", "b")}
+    for r in range(rounds):
+        for n, t in out.items():
+            row = [0.0] * prompts
+            row[r % prompts] = (10.0 + r % prompts) * (2.0 if r >= slow_from else 1.0) * (1.1 if n == "b" else 1.0)
+            t.units.append(row)
+    return out
+
+
+def test_a_generates_drift_is_told_from_prompts_timed_more_than_once_and_not_guessed_otherwise():
+    # the default generate: 5 prompts in 6 rounds, one of them timed twice: the machine's speed cannot be told
+    # from the prompts' own lengths, so nothing is said (rather than 1.0, "steady")
+    one_pass = _generate(6, 5, 3)
+    assert round_drift(one_pass, shared_rounds(one_pass)) is None
+    # every prompt timed four times, half the rounds 2x slow: told
+    repeated = _generate(16, 2, 8)
+    assert round_drift(repeated, shared_rounds(repeated)) == pytest.approx(2.0, rel=0.05)
+    # rounds past a backend's own are not an error
+    assert round_drift(repeated, list(range(20))) == pytest.approx(2.0, rel=0.05)
+
+
+def test_ranks_merged_time_a_backend_as_one_process_does_when_another_failed_after_its_rounds():
+    rounds = {"a": [10.0] * 6 + [20.0] * 10, "b": [11.0] * 6 + [22.0] * 10, "bad": [12.0] * 6 + [None] * 10}
+    one = _results(rounds)
+    one = [dataclasses.replace(b, status="failed") if b.backend == "bad" else b for b in one]  # NaN, say
+    merged = retimed([merge_results([r, r]) for r in one])
+    assert [b.time_ms for b in merged if b.ok] == pytest.approx([b.time_ms for b in one if b.ok]) == [10.0, 11.0]
+
+
+def test_busy_cautions_in_another_form_are_kept_whole_and_backends_signs_merge():
+    host = {"cpus": 2, "probe_before_ms": [1.0, 1.0], "probe_after_ms": [1.0, 1.0]}
+    naive = busy_host(host, [BackendResult("naive", "ok", timer="wall-clock", time_ms=10.0, host_ms=20.0)])
+    math_ = busy_host(host, [BackendResult("math", "ok", timer="wall-clock", time_ms=10.0, host_ms=30.0)])
+    (line,) = one_busy(naive + math_)
+    assert "`naive`" in line and "`math`" not in line
+    odd = [BUSY_PREFIX + ".", BUSY_PREFIX + " (load average 9.0 on 2 CPUs)"]
+    assert one_busy(odd) == tuple(odd)

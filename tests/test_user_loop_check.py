@@ -97,8 +97,10 @@ def test_a_reported_step_off_a_steady_hosts_loops_fails_even_where_its_turn_side
     # loops around the compare, and those agree with each other: the reported step is wrong, not the host
     row = {"ratio": 1.9, "paired_ratio": 1.01, "loop_before_ms": 10.0, "loop_after_ms": 10.1}
     assert user_loop.checked(row) == 1.9
-    # the loops before and after disagree by 30 % (the host's speed moved): only the side-by-side figure judges
+    # the loops before and after disagree by 30 % (the host's speed moved), or agree while the compare's own
+    # rounds were 3x slower in some than in others: only the side-by-side figure judges
     assert user_loop.checked({**row, "loop_after_ms": 13.0}) == 1.01
+    assert user_loop.checked({**row, "round_drift": 3.5}) == 1.01
 
 
 def test_the_loop_leaves_a_callers_frozen_heap_frozen():
@@ -117,3 +119,9 @@ def test_the_loop_leaves_a_callers_frozen_heap_frozen():
         gc.unfreeze()
     user_loop.user_loop(work, ["math"], 1, steps=1)
     assert gc.get_freeze_count() == 0  # its own freeze undone
+    gc.disable()
+    try:
+        user_loop.user_loop(work, ["math"], 1, steps=1)
+        assert not gc.isenabled()  # nor a collector the caller turned off
+    finally:
+        gc.enable()

@@ -313,8 +313,13 @@ def one_busy(lines: Iterable[str]) -> tuple[str, ...]:
     """Busy-machine cautions of several measurements (a sweep's shapes) as one: each kind of sign once, as the
     first measurement that showed it said it."""
     kinds: dict[str, str] = {}
+    other: list[str] = []
     for line in lines:
-        inner = line[len(BUSY_PREFIX) + 2:line.index("): ")] if line.startswith(BUSY_PREFIX + " (") else ""
-        for clause in inner.split("; ") if inner else ():
-            kinds.setdefault(re.sub(r"[\d.]+", "#", clause.split(":")[0]), clause)
-    return (_busy_line(kinds.values()),) if kinds else ()
+        start, end = BUSY_PREFIX + " (", line.rfind("): ")
+        if not line.startswith(start) or end < len(start):
+            other.append(line)  # not as busy_host writes it: kept whole
+            continue
+        for clause in line[len(start):end].split("; "):
+            # a kind of sign: its words, without its figures or the backend it names
+            kinds.setdefault(re.sub(r"[\d.]+", "#", re.sub(r"`[^`]*`", "`#`", clause)), clause)
+    return tuple(dict.fromkeys(other)) + ((_busy_line(kinds.values()),) if kinds else ())

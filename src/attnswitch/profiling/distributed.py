@@ -155,8 +155,9 @@ def merged_report_backends(results: list[BackendResult], trace_dir) -> list[Back
 def retimed(results: list[BackendResult]) -> list[BackendResult]:
     """Every timed result's time from the rounds all of them took (``rounds.shared_rounds``), as one process's
     are (merging ranks forward by forward takes each time anew)."""
-    timings = {b.backend: timing_of(b) for b in results if b.ok and b.time_rounds_ms}
+    # every backend timed, as in one process (one failed after its rounds, for NaN say, took the first ones)
+    timings = {b.backend: timing_of(b) for b in results if b.time_rounds_ms}
     if not timings:
         return results
     shared = shared_rounds(timings)
-    return [with_timing(b, timings[b.backend], shared) if b.backend in timings else b for b in results]
+    return [with_timing(b, timings[b.backend], shared) if b.backend in timings and b.ok else b for b in results]

@@ -74,25 +74,28 @@ def shared_rounds(timings: Mapping[str, Timing], names: Iterable[str] | None = N
 def round_drift(timings: Mapping[str, Timing], rounds: Sequence[int]) -> float | None:
     """How far the machine's speed moved between ``rounds``, from the backends' times themselves: per round,
     the median over backends of each unit over the median of its backend's units at its position (a
-    generate's prompt: prompts of different lengths are not a change of speed); the upper quintile of those
-    over the lower one (1.0: no round slower than another; a quantile rather than the extremes, so that a
-    steady machine's noise over many rounds does not read as a change). None with fewer than two backends
-    (one backend's rounds cannot tell the machine from itself) or three rounds."""
+    generate's prompt: prompts of different lengths are not a change of speed; a prompt timed in one of the
+    rounds alone says nothing of the machine and is left out); the upper quintile of those over the lower one
+    (1.0: no round slower than another; quintiles rather than the extremes, so that a steady machine's noise
+    over many rounds does not read as a change). None where it cannot be told: fewer than two backends (one
+    backend's rounds cannot tell the machine from itself), or fewer than three rounds to compare."""
     ts = [t for t in timings.values() if any(_took(t.units[r]) for r in rounds if r < len(t.units))]
-    if len(ts) < 2 or len(rounds) < 3:
+    if len(ts) < 2:
         return None
     per = []
     for r in rounds:
         ratios = []
         for t in ts:
-            for i, x in enumerate(t.units[r]):
-                at = [u[i] for u in (t.units[q] for q in rounds) if len(u) > i and u[i] > 0]
-                if x > 0 and at:
+            for i, x in enumerate(t.units[r] if r < len(t.units) else ()):
+                at = [u[i] for u in (t.units[q] for q in rounds if q < len(t.units)) if len(u) > i and u[i] > 0]
+                if x > 0 and len(at) > 1:
                     ratios.append(x / median(at))
         if ratios:
             per.append(median(ratios))
+    if len(per) < 3:
+        return None
     low, high = _quantile(per, 0.2), _quantile(per, 0.8)
-    return high / low if per and low > 0 else None
+    return high / low if low > 0 else None
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:
