@@ -212,7 +212,8 @@ def user_loop(work, names: list[str], repeats: int, steps: int = STEPS) -> dict[
 def paired(work, names: list[str], rounds: int, turn: int) -> dict[str, list[tuple[float, float]]]:
     """Compare's timed turn and a user's loop, side by side: in each of ``rounds`` rounds, for each backend in
     turn, one turn of the timing rounds compare's numbers come from (``capture.timed_rounds`` of that backend
-    alone, one round of ``turn`` timed steps: the switch, an untimed step, the steps back to back) and one
+    alone, two rounds of ``turn`` timed steps, the second's kept: the switch, an untimed step that does not wait
+    for the device, the steps back to back) and one
     block of the user's loop (``user_loop``), in an order that alternates from round to round. Per backend,
     per round: (the turn's median step, the block's step), ms, taken seconds apart, so that the host's speed
     is the same for both, where compare's figure against loops taken before and after it carries whatever
@@ -279,7 +280,6 @@ def bounded(seconds: float):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-
 
 
 def check(model, shape: Shape, mode: str, names: list[str], turn: int | None = None,

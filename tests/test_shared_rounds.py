@@ -14,7 +14,7 @@ from attnswitch.profiling.capture import timed_rounds
 from attnswitch.profiling.distributed import merge_results, retimed
 from attnswitch.profiling.rounds import Timing, round_drift, shared_rounds, still_open
 from attnswitch.profiling.summarize import timing_of, with_timing
-from attnswitch.ranking import BUSY_PREFIX, _unsteady, busy_host, one_busy
+from attnswitch.ranking import _unsteady, busy_host, busy_over
 from attnswitch.render.sections import _timing_text
 from attnswitch.results import BackendResult, GenerateStats
 from attnswitch.stats import paired_margin
@@ -161,12 +161,12 @@ def test_a_generates_step_figures_come_from_the_rounds_its_time_does(monkeypatch
 
 
 def test_a_sweeps_busy_caution_keeps_every_sign_any_shape_showed():
-    first = busy_host({"cpus": 2, "probe_before_ms": [1.0, 1.5], "probe_after_ms": [1.0, 1.1]})
-    second = busy_host({"cpus": 2, "round_drift": 2.0, "probe_before_ms": [1.0, 1.6], "probe_after_ms": [1.0, 1.1]})
-    (line,) = one_busy(first + second)
+    first = {"cpus": 2, "probe_before_ms": [1.0, 1.5], "probe_after_ms": [1.0, 1.1]}
+    second = {"cpus": 2, "round_drift": 2.0, "probe_before_ms": [1.0, 1.6], "probe_after_ms": [1.0, 1.1]}
+    (line,) = busy_over([(first, ()), (second, ())])
     assert "a fixed task's time varied 1.5x" in line and "2.00x slower in its slower rounds" in line
     assert "1.6x" not in line  # a sign is said once, as the first shape showed it
-    assert one_busy([]) == ()
+    assert busy_over([]) == ()
 
 
 def _generate(rounds: int, prompts: int, slow_from: int) -> dict[str, Timing]:
@@ -199,11 +199,11 @@ def test_ranks_merged_time_a_backend_as_one_process_does_when_another_failed_aft
     assert [b.time_ms for b in merged if b.ok] == pytest.approx([b.time_ms for b in one if b.ok]) == [10.0, 11.0]
 
 
-def test_busy_cautions_in_another_form_are_kept_whole_and_backends_signs_merge():
+def test_a_sweeps_busy_signs_of_two_backends_merge_into_one():
     host = {"cpus": 2, "probe_before_ms": [1.0, 1.0], "probe_after_ms": [1.0, 1.0]}
-    naive = busy_host(host, [BackendResult("naive", "ok", timer="wall-clock", time_ms=10.0, host_ms=20.0)])
-    math_ = busy_host(host, [BackendResult("math", "ok", timer="wall-clock", time_ms=10.0, host_ms=30.0)])
-    (line,) = one_busy(naive + math_)
+    naive = [BackendResult("naive", "ok", timer="wall-clock", time_ms=10.0, host_ms=20.0)]
+    math_ = [BackendResult("math", "ok", timer="wall-clock", time_ms=10.0, host_ms=30.0)]
+    (line,) = busy_over([(host, naive), (host, math_)])
     assert "`naive`" in line and "`math`" not in line
-    odd = [BUSY_PREFIX + ".", BUSY_PREFIX + " (load average 9.0 on 2 CPUs)"]
-    assert one_busy(odd) == tuple(odd)
+    # the signs are merged as data, never read back from a caution's words: a steady shape adds nothing
+    assert busy_over([(host, ()), (None, ())]) == ()

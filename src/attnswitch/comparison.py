@@ -25,7 +25,7 @@ from .lengths import Lengths
 from .numerics import REFERENCES, grad_numerics, numerics, token_agreement
 from .profiling import profile
 from .profiling.compiled import compiled_forward
-from .ranking import BUSY_PREFIX, one_busy, rank, ranked, verdict
+from .ranking import BUSY_PREFIX, busy_over, rank, ranked, verdict
 from .request import DEFAULT, Request
 from .results import BackendResult, Numerics, Report, SweepPoint
 from .serving import serving_estimate
@@ -177,7 +177,7 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
     trace_dir, before = kw.pop("trace_dir", None), kw.pop("time_before", None) or {}
     # every length the deployment meets: each shape's, and every length of the mix (not only those measured)
     deployed = sorted({s for _, s, _ in shapes3} | set(lengths.lengths if lengths is not None else ()))
-    points, last, spent, said, verdicts = [], None, {k: round(v, 3) for k, v in before.items()}, [], []
+    points, last, spent, said, verdicts, hosts = [], None, {k: round(v, 3) for k, v in before.items()}, [], [], []
     for (batch, seq, new), work in zip(shapes3, works):
         if progress:
             progress(f"batch {batch}, {'prompt' if new else 'seq'} {seq}" + (f", {new} new tokens" if new else ""))
@@ -188,6 +188,7 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
                                           ranking=last.ranking, ties=last.ties))
         verdicts.append(verdict(last.backends, last.settings.get("host")))
         said += last.cautions
+        hosts.append((last.settings.get("host"), last.backends))
         for k, v in last.settings.get("time_s", {}).items():  # the time account of every shape, summed
             spent[k] = round(spent.get(k, 0) + v, 3)
     if "total" in spent:  # each shape's total is its own: the time spent before the sweep counts once more
@@ -199,9 +200,8 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
     serving, lines = _serving(points, lengths, requests)
     if lengths is not None:
         workload["lengths_from"] = lengths.source or "given"
-    # every shape's, once; a busy machine said once, with every sign any shape showed
-    busy = [c for c in said if c.startswith(BUSY_PREFIX)]
-    cautions = tuple(dict.fromkeys(c for c in said if not c.startswith(BUSY_PREFIX))) + one_busy(busy)
+    # every shape's, once; a busy machine said once, with every kind of sign any shape showed
+    cautions = tuple(dict.fromkeys(c for c in said if not c.startswith(BUSY_PREFIX))) + busy_over(hosts)
     decision, v, points = decide_sweep(points, verdicts, list(last.backends), workload, last.environment, serving,
                                        lines, cautions)
     return dataclasses.replace(last, backends=tuple(ranked(list(last.backends), v)), ranking=v.order,

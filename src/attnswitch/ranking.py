@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -28,9 +27,9 @@ from .candidate import Candidate
 from .results import BackendResult, Margin, candidates
 from .stats import paired_margin
 
-__all__ = ["Verdict", "verdict", "against", "told_apart", "rank", "ranked", "ruled_out", "busy_host", "one_busy",
-           "BUSY_LOAD", "BUSY_SPREAD", "BUSY_DRIFT", "BUSY_PREFIX", "gate_cautions", "NUMERICS", "DEFECT", "MISMATCH",
-           "UNTIMED"]
+__all__ = ["Verdict", "verdict", "against", "told_apart", "rank", "ranked", "ruled_out", "busy_host", "busy_over",
+           "busy_signs", "busy_line", "BUSY_LOAD", "BUSY_SPREAD", "BUSY_DRIFT", "BUSY_PREFIX", "gate_cautions",
+           "NUMERICS", "DEFECT", "MISMATCH", "UNTIMED"]
 
 #: a fixed task's time varying by more than this (median over fastest, or after over before) on the host
 BUSY_SPREAD = 1.25
@@ -271,55 +270,52 @@ def ranked(results: list[BackendResult], v: Verdict) -> list[BackendResult]:
 
 
 def busy_host(host: Mapping | None, results: Iterable[BackendResult] = ()) -> tuple[str, ...]:
-    """A caution where the machine was busy while measuring, from the load probes around the timing
-    rounds (load average, a fixed task timed before and after), the rounds themselves (every backend's
-    step slower in some rounds than in others: ``rounds.round_drift``) and, on a CPU, host times of the same
-    steps measured apart; empty where nothing says so."""
+    """A caution where the machine was busy while measuring (``busy_signs``); empty where nothing says so."""
+    return busy_over([(host, results)])
+
+
+def busy_over(measured: Iterable[tuple[Mapping | None, Iterable[BackendResult]]]) -> tuple[str, ...]:
+    """One caution for several measurements (a sweep's shapes: each one's host probes and results): each kind of
+    sign once, as the first measurement that showed it said it; empty where none says the machine was busy."""
+    signs: dict[str, str] = {}
+    for host, results in measured:
+        for kind, sign in busy_signs(host, results).items():
+            signs.setdefault(kind, sign)
+    return (busy_line(signs),) if signs else ()
+
+
+def busy_signs(host: Mapping | None, results: Iterable[BackendResult] = ()) -> dict[str, str]:
+    """What says the machine was busy, by kind of sign: the load probes around the timing rounds (load
+    average, a fixed task timed before and after), the rounds themselves (every backend's step slower in some
+    rounds than in others: ``rounds.round_drift``) and, on a CPU, host times of the same steps measured apart."""
     if not host:
-        return ()
-    said = []
+        return {}
+    said = {}
     cpus = host.get("cpus") or 1
     loads = [x for x in (host.get("load_before"), host.get("load_after")) if x is not None]
     if loads and max(loads) > cpus + BUSY_LOAD:
-        said.append(f"load average {max(loads):.1f} on {cpus} CPUs")
+        said["load"] = f"load average {max(loads):.1f} on {cpus} CPUs"
     probes = [p for p in (host.get("probe_before_ms"), host.get("probe_after_ms")) if p]
     spread = max((max(p) / min(p) for p in probes if min(p) > 0), default=1.0)
     if spread > BUSY_SPREAD:
-        said.append(f"a fixed task's time varied {spread:.1f}x")
+        said["spread"] = f"a fixed task's time varied {spread:.1f}x"
     if len(probes) == 2:
         drift = statistics.median(probes[1]) / statistics.median(probes[0])
         if max(drift, 1 / drift) > BUSY_DRIFT:
-            said.append(f"its time changed {max(drift, 1 / drift):.2f}x from before the timing to after it")
+            said["drift"] = f"its time changed {max(drift, 1 / drift):.2f}x from before the timing to after it"
     moved = host.get("round_drift")
     if moved is not None and moved > BUSY_DRIFT:
-        said.append(f"every backend's step was {moved:.2f}x slower in its slower rounds than in its faster ones: "
-                    "compare them by their vs-pick ratios, paired per round, rather than by their times")
+        said["rounds"] = (f"every backend's step was {moved:.2f}x slower in its slower rounds than in its faster "
+                          "ones: compare them by their vs-pick ratios, paired per round, rather than by their times")
     apart = [(b.host_ms / b.time_ms, b.backend) for b in results
              if b.ok and b.timer == "wall-clock" and b.host_ms and b.time_ms]
     worst = max(apart, key=lambda x: max(x[0], 1 / x[0]), default=None)
     if worst is not None and max(worst[0], 1 / worst[0]) > BUSY_DRIFT:
-        said.append(f"`{worst[1]}`'s host time per step, measured apart, was {worst[0]:.2f}x its time in the rounds")
-    if not said:
-        return ()
-    return (_busy_line(said),)
+        said["apart"] = f"`{worst[1]}`'s host time per step, measured apart, was {worst[0]:.2f}x its time in the rounds"
+    return said
 
 
-def _busy_line(said: Iterable[str]) -> str:
-    return (f"{BUSY_PREFIX} ({'; '.join(said)}): intervals are wider and host times less certain; rerun on an idle "
-            "machine for a sharper answer.")
-
-
-def one_busy(lines: Iterable[str]) -> tuple[str, ...]:
-    """Busy-machine cautions of several measurements (a sweep's shapes) as one: each kind of sign once, as the
-    first measurement that showed it said it."""
-    kinds: dict[str, str] = {}
-    other: list[str] = []
-    for line in lines:
-        start, end = BUSY_PREFIX + " (", line.rfind("): ")
-        if not line.startswith(start) or end < len(start):
-            other.append(line)  # not as busy_host writes it: kept whole
-            continue
-        for clause in line[len(start):end].split("; "):
-            # a kind of sign: its words, without its figures or the backend it names
-            kinds.setdefault(re.sub(r"[\d.]+", "#", re.sub(r"`[^`]*`", "`#`", clause)), clause)
-    return tuple(dict.fromkeys(other)) + ((_busy_line(kinds.values()),) if kinds else ())
+def busy_line(signs: Mapping[str, str]) -> str:
+    """The caution of ``busy_signs`` (of one measurement, or merged over a sweep's shapes: each kind once)."""
+    return (f"{BUSY_PREFIX} ({'; '.join(signs.values())}): intervals are wider and host times less certain; rerun "
+            "on an idle machine for a sharper answer.")

@@ -79,17 +79,15 @@ def round_drift(timings: Mapping[str, Timing], rounds: Sequence[int]) -> float |
     (1.0: no round slower than another; quintiles rather than the extremes, so that a steady machine's noise
     over many rounds does not read as a change). None where it cannot be told: fewer than two backends (one
     backend's rounds cannot tell the machine from itself), or fewer than three rounds to compare."""
-    ts = [t for t in timings.values() if any(_took(t.units[r]) for r in rounds if r < len(t.units))]
-    if len(ts) < 2:
+    # each backend's units in those rounds, and the median at each position measured more than once
+    units = [[t.units[r] if r < len(t.units) else [] for r in rounds] for t in timings.values()]
+    units = [u for u in units if any(map(_took, u))]
+    if len(units) < 2:
         return None
+    mids = [{i: median(v) for i, v in enumerate(prompt_values(u)) if len(v) > 1} for u in units]
     per = []
-    for r in rounds:
-        ratios = []
-        for t in ts:
-            for i, x in enumerate(t.units[r] if r < len(t.units) else ()):
-                at = [u[i] for u in (t.units[q] for q in rounds if q < len(t.units)) if len(u) > i and u[i] > 0]
-                if x > 0 and len(at) > 1:
-                    ratios.append(x / median(at))
+    for k in range(len(rounds)):
+        ratios = [x / mid[i] for u, mid in zip(units, mids) for i, x in enumerate(u[k]) if x > 0 and i in mid]
         if ratios:
             per.append(median(ratios))
     if len(per) < 3:
