@@ -158,11 +158,14 @@ def run(out: Path, smoke: bool = False, only: str | None = None, total_s: float 
             done["checks"][c.name] = {"status": "not run", "why": f"{left:.0f} s of the run's bound left"}
             (out / "layer_kinds.json").write_text(json.dumps(done, indent=1, default=str))
             continue
+        def said(line: str, t0=t0, name=c.name) -> None:  # where a check's time goes, should it run past its bound
+            print(f"  {time.perf_counter() - t0:6.1f} s {name}: {line}", flush=True)
+
         try:
             with bounded(c.bound_s):
                 model = _model(c.model, smoke).to(device, dtype).eval()
                 report = attnswitch.compare(model, _inputs(c, model, smoke, device, dtype),
-                                            backends=[b for b in backends if b not in c.skip],
+                                            backends=[b for b in backends if b not in c.skip], progress=said,
                                             model_name=f"{c.model}-shaped ({c.name})", **dict(c.options),
                                             **({"warmup": 0, "iters": 2, "rounds": 2} if smoke else {}))
             folder = out / c.name

@@ -7,14 +7,16 @@ steps under ``attnswitch.backend(...)``, on the same model and inputs, in the sa
     python -m benchmarks.user_loop OUT --smoke    # a CPU: tiny models, the same logic, no verdict on the numbers
     python -m benchmarks.user_loop OUT --only=host-bound/train,gemma3   # some of the checks
     python -m benchmarks.user_loop OUT --only=decode --turn=5   # compare timing 5 steps per backend per round
+    python -m benchmarks.user_loop OUT --total=250    # no check started that would not end within 250 s
 
 For each shape and workload (``check``): a user's loop of every backend (``user_loop``) before the compare and after
 it, never inside it, and ``compare`` of every backend (its defaults, numerics left out: they run no timed step, and
 their float32 copy of the model costs minutes here; ``--turn=N``: N timed steps per backend per round instead of the
 default's). A row per candidate the compare ranked: ``compare_ms`` (its reported step), ``loop_ms`` (the median of
-the loop's blocks, before and after pooled) and their ``ratio``. Then, side by side (``paired``), in each of 6
-rounds one turn of compare's timing rounds and one block of the loop per backend, seconds apart: ``paired_ratio``,
-the median over rounds of the turn's step over the block's, with its 95 % interval. The band is held to
+the loop's blocks, before and after pooled) and their ``ratio``. Then, side by side (``paired``), in each of 6-24
+rounds (as many as fit ``PAIRED_S``) one turn of compare's timing rounds and one block of the loop per backend,
+seconds apart: ``paired_ratio``, the median over rounds of the turn's step over the block's, with its 95 %
+interval. The band is held to
 ``paired_ratio`` and, where the loops before and after agree within it and the compare's rounds show no change of
 the host's speed, to ``ratio`` too (``checked``): on a shared machine the host's speed moves by up to 2x within a
 minute, and loops taken before and after a compare then cannot judge the reported step to 3 %.
@@ -54,14 +56,19 @@ from attnswitch.stats import median, paired_margin
 from attnswitch.workload import make_workload
 
 __all__ = ["Shape", "SHAPES", "SMOKE", "user_loop", "check", "run", "main", "folder_main", "bounded", "OverTime",
-           "LOW", "HIGH", "TOTAL_S", "LOOP_S", "MAX_REPEATS", "PAIRED_ROUNDS", "paired", "checked"]
+           "LOW", "HIGH", "TOTAL_S", "LOOP_S", "MAX_REPEATS", "PAIRED_ROUNDS", "PAIRED_S", "MAX_PAIRED_ROUNDS",
+           "paired", "checked"]
 
 #: the band every ratio must fall in
 LOW, HIGH = 0.97, 1.03
 #: the whole run's time bound (s): a check that would not end within it is not started
 TOTAL_S = 520.0
-#: rounds of compare's turn and the user's loop side by side (``paired``): 6, the fewest a 95 % interval needs
+#: rounds of compare's turn and the user's loop side by side (``paired``): at least 6, the fewest a 95 % interval
+#: needs, and as many more as fit ``PAIRED_S`` seconds (``MAX_PAIRED_ROUNDS`` at most): a host-bound step of a few
+#: milliseconds moves by 5-10 % from one turn to the next on a shared host, and only more rounds narrow its median
 PAIRED_ROUNDS = 6
+PAIRED_S = 20.0
+MAX_PAIRED_ROUNDS = 24
 
 
 def checked(row: dict) -> float:
@@ -283,7 +290,7 @@ def bounded(seconds: float):
 
 
 def check(model, shape: Shape, mode: str, names: list[str], turn: int | None = None,
-          loop_s: float = LOOP_S) -> dict:
+          loop_s: float = LOOP_S, paired_s: float = PAIRED_S) -> dict:
     """One shape and workload: a user's loop of every backend once (each warm at this shape; how long its steps take),
     the loop again (``before``), ``compare`` (``turn``: timed steps per backend per round, its default where
     None), and the loop of every candidate the compare ranked (``after``: its per-kind ones too). No loop runs
@@ -307,7 +314,8 @@ def check(model, shape: Shape, mode: str, names: list[str], turn: int | None = N
     ranked = [b.backend for b in report.backends if b.ok and b.time_ms is not None]
     after = mallocs.of("loop after", lambda: user_loop(work, ranked, repeats))
     per_turn = turn or max(1, ITERS // FIRST_ROUNDS)  # compare's timed steps per backend per round
-    side = mallocs.of("side by side", lambda: paired(work, ranked, PAIRED_ROUNDS, per_turn))
+    n_paired = _paired_rounds(warm, ranked, per_turn, paired_s)
+    side = mallocs.of("side by side", lambda: paired(work, ranked, n_paired, per_turn))
     rows, loops = [], {}
     for b in report.backends:
         sets = {k: v.get(b.backend) for k, v in (("before", before), ("after", after), ("warm", warm))}
@@ -332,6 +340,17 @@ def check(model, shape: Shape, mode: str, names: list[str], turn: int | None = N
             "side_by_side": {n: [[round(a, 4), round(b, 4)] for a, b in v] for n, v in side.items()},
             "turn": turn, "compare_samples": samples, "device_mallocs": mallocs.counts,
             "host": report.settings.get("host"), "time_s": report.settings.get("time_s")}
+
+
+def _paired_rounds(warm: dict, names: list[str], turn: int, seconds: float = PAIRED_S) -> int:
+    """Rounds side by side: as many as fill ``seconds`` at the steps' length in the warm-up loop (a round: per
+    backend two of compare's turns and their untimed steps, and a block of the loop with its untimed step), at
+    least ``PAIRED_ROUNDS``, at most ``MAX_PAIRED_ROUNDS``."""
+    steps = [median(warm[n]) for n in names if isinstance(warm.get(n), list) and warm[n]]
+    per_round_s = sum((2 * (turn + 1) + STEPS + 1) * ms for ms in steps) / 1e3
+    if per_round_s <= 0:
+        return PAIRED_ROUNDS
+    return max(PAIRED_ROUNDS, min(MAX_PAIRED_ROUNDS, int(seconds / per_round_s)))
 
 
 def _repeats(warm: dict, names: list[str], least: int, loop_s: float = LOOP_S) -> int:
@@ -388,7 +407,8 @@ def run(out: Path, smoke: bool = False, only: str | None = None, total_s: float 
                 if shape.model not in models:
                     models.clear()  # one model held at a time
                     models[shape.model] = _model(shape.model, smoke, device, dtype)
-                done = check(models[shape.model], shape, mode, names, turn, 0.5 if smoke else LOOP_S)
+                done = check(models[shape.model], shape, mode, names, turn,
+                             *((0.5, 0.0) if smoke else (LOOP_S, PAIRED_S)))
             rows += done.pop("rows")
             checks.append({"check": key, "status": "ok", **done})
         except (OverTime, Exception) as e:
@@ -433,8 +453,9 @@ def folder_main(argv, doc: str, run_in) -> int:
 def main(argv=None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     turn = next((int(a.split("=", 1)[1]) for a in args if a.startswith("--turn=")), None)
-    return folder_main([a for a in args if not a.startswith("--turn=")], __doc__,
-                       lambda out, **kw: run(out, turn=turn, **kw))
+    total = next((float(a.split("=", 1)[1]) for a in args if a.startswith("--total=")), TOTAL_S)
+    return folder_main([a for a in args if not a.startswith(("--turn=", "--total="))], __doc__,
+                       lambda out, **kw: run(out, turn=turn, total_s=total, **kw))
 
 
 if __name__ == "__main__":

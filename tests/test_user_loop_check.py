@@ -40,7 +40,7 @@ def test_the_smoke_run_writes_a_row_per_backend_shape_and_workload(tmp_path):
 
 
 def _fake_checks(monkeypatch, ratios: dict, sleep_s: float = 0.0):
-    def check(model, shape, mode, names, turn=None, loop_s=None):
+    def check(model, shape, mode, names, turn=None, loop_s=None, paired_s=None):
         time.sleep(sleep_s)
         r = ratios.get(f"{shape.name}/{mode}", 1.0)
         return {"rows": [{"backend": n, "shape": shape.name, "workload": mode, "compare_ms": 10.0 * r,
@@ -79,7 +79,7 @@ def test_the_band_holds_the_side_by_side_figure_where_there_is_one(tmp_path, mon
     # compare's reported step 20 % off loops taken before and after it (the host's speed moved), its turn within
     # 1 % of a loop's block side by side: the run passes; 5 % off side by side: it fails
     def check(paired):
-        def fake(model, shape, mode, names, turn=None, loop_s=None):
+        def fake(model, shape, mode, names, turn=None, loop_s=None, paired_s=None):
             return {"rows": [{"backend": n, "shape": shape.name, "workload": mode, "compare_ms": 12.0, "loop_ms": 10.0,
                               "ratio": 1.2, "paired_ratio": paired} for n in names]}
         return fake
@@ -125,3 +125,20 @@ def test_the_loop_leaves_a_callers_frozen_heap_frozen():
         assert not gc.isenabled()  # nor a collector the caller turned off
     finally:
         gc.enable()
+
+
+def test_rounds_side_by_side_fill_their_seconds_within_their_bounds():
+    # a 4 ms step, 2 backends, a turn of 2: a round is 2 x (2 x 3 + 6) x 4 ms = 96 ms; 20 s hold 208 rounds: 24 at most
+    warm = {"a": [4.0, 4.0], "b": [4.0], "c": "RuntimeError: cannot run"}
+    assert user_loop._paired_rounds(warm, ["a", "b", "c"], 2, 20.0) == user_loop.MAX_PAIRED_ROUNDS
+    assert user_loop._paired_rounds(warm, ["a", "b"], 2, 1.0) == 10  # 1 s / 96 ms
+    assert user_loop._paired_rounds(warm, ["a", "b"], 2, 0.0) == user_loop.PAIRED_ROUNDS  # 6 at least
+    assert user_loop._paired_rounds({"c": "error"}, ["c"], 2) == user_loop.PAIRED_ROUNDS
+
+
+def test_the_command_line_takes_the_runs_bound(tmp_path, monkeypatch):
+    got = {}
+    monkeypatch.setattr(user_loop, "run", lambda out, **kw: got.update(kw) or 0)
+    assert user_loop.main([str(tmp_path), "--total=250", "--turn=5", "--only=gemma3"]) == 0
+    assert got == {"turn": 5, "total_s": 250.0, "smoke": False, "only": "gemma3"}
+    assert user_loop.main([str(tmp_path)]) == 0 and got["total_s"] == user_loop.TOTAL_S
