@@ -193,3 +193,20 @@ def test_the_first_plot_is_the_ranked_time_with_the_tie_marked_as_the_table_has_
         assert (t if name in r.ties else a) == m.ratio and (t is None) == (name not in r.ties)
         assert err is None if name == r.pick else err == (m.low, m.high)
     assert first.categories[0] == r.pick and set(first.categories) == set(r.ranking)
+
+
+@pytest.mark.parametrize("rounds", [2, 6])
+def test_the_recommendation_and_the_reports_timing_text_say_what_the_brackets_are_in_the_same_words(rounds):
+    # two rounds: the brackets are the whole range of the ratios (50 % coverage), which tells nothing apart; six:
+    # the 95 % interval. The recommendation's Margins line and the Summary's note are written from one sentence.
+    from attnswitch.stats import bracket_words
+
+    results = [fixed("flash", [10.0, 10.1, 9.9, 10.0, 10.2, 10.0][:rounds]),
+               fixed("naive", [15.0, 15.5, 15.2, 15.1, 15.3, 15.4][:rounds])]
+    r = report_of(results)
+    words = bracket_words(next(b for b in r.backends if b.backend == "naive").margin.coverage)
+    assert (words == "its 95% interval") == (rounds == 6)
+    md = to_markdown(r)
+    assert words in r.recommendation and md.count(words) >= 2, md
+    if rounds == 2:
+        assert "naive" in r.ties and "95% interval" not in r.recommendation

@@ -1,6 +1,7 @@
 """The answer in a form to ship: how to run the pick in a serving process, what the measurement ran with,
 and when to measure again (``deploy_info``, a report's ``deploy``); the policy file ``--out`` writes
-(``policy.json``), and ``load_policy``, which applies exactly what was measured.
+(``policy.json``), and ``load_policy``, which applies the selection that was measured (a compiled pick's
+``torch.compile`` mode is ``MeasuredPolicy.compile``: the compile is the caller's, as the Deploy snippet shows).
 
 Pure over a report's fields, but for ``load_policy``, which reads a file and the running process's
 versions.
@@ -160,7 +161,9 @@ class MeasuredPolicy:
     compile: str | None = None  # the torch.compile mode it was measured under (None: uncompiled)
 
     def apply(self, model):
-        """``attnswitch.patch(model, selection)``: every thread, until ``attnswitch.unpatch(model)``."""
+        """``attnswitch.patch(model, selection)``: every thread, until ``attnswitch.unpatch(model)``. The attention
+        only: where it was measured compiled (``compile`` not None), compile ``model.forward`` in that mode after
+        this, as the report's Deploy snippet does."""
         from .switch import patch
 
         return patch(model, self.selection)

@@ -8,7 +8,7 @@ from .candidate import Candidate
 from .kinds import kind_of
 from .ranking import NUMERICS, Verdict, gate_cautions, ruled_out
 from .results import BackendResult, candidates
-from .stats import LEVEL, paired_margin
+from .stats import bracket_words, covers, paired_margin
 
 __all__ = ["reasons", "recommend_sweep", "sweep_lines", "name_of", "EAGER_NOTE", "ANSWER_WIDTH"]
 
@@ -58,11 +58,9 @@ def _margin_lines(by: dict[str, BackendResult], v: Verdict) -> list[str]:
         lo, hi = min(m.pairs for m in margins), max(m.pairs for m in margins)
         pairs = f"{lo}" if lo == hi else f"{lo}–{hi}"
         level = min(m.coverage for m in margins)
-        lines.append(f"Margins: the median ratio of its time to the pick's and its {LEVEL:.0%} interval, over {pairs} "
-                     "paired rounds; slower only where the interval excludes 1." if level >= LEVEL - 1e-9 else
-                     f"Margins: the median ratio of its time to the pick's and the range of the ratios, over {pairs} "
-                     f"paired rounds: too few to cover {LEVEL:.0%} (the range covers {level:.0%}), so nothing is told "
-                     "apart; time more rounds for an answer.")
+        lines.append(f"Margins: the median ratio of its time to the pick's and {bracket_words(level)}, over {pairs} "
+                     "paired rounds; " + ("slower only where the interval excludes 1." if covers(level) else
+                                          "time more rounds for an answer."))
     elif len(v.ties) > 1:
         lines.append("No paired rounds tell these backends apart: time them in more rounds for an answer.")
     return lines

@@ -13,7 +13,8 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["median", "noise_pct", "percentile", "LEVEL", "EQUIVALENT", "median_interval", "Margin", "paired_margin"]
+__all__ = ["median", "noise_pct", "percentile", "LEVEL", "EQUIVALENT", "median_interval", "Margin", "paired_margin",
+           "covers", "bracket_words"]
 
 #: the confidence asked of every interval the project prints
 LEVEL = 0.95
@@ -72,6 +73,21 @@ def median_interval(xs: Sequence[float], level: float = LEVEL) -> tuple[float, f
     while k + 1 <= (n + 1) // 2 and 1 - 2 * _below(n, k + 1) >= level:
         k += 1
     return xs[k - 1], xs[n - k], 1 - 2 * _below(n, k)
+
+
+def covers(coverage: float, level: float = LEVEL) -> bool:
+    """Whether a bracket of that coverage is the ``level`` interval (it is the whole range of the ratios below)."""
+    return coverage >= level - 1e-9
+
+
+def bracket_words(coverage: float, level: float = LEVEL) -> str:
+    """What a margin's brackets are, at the lowest ``coverage`` among them: its ``level`` interval, or, with too few
+    paired rounds for one (fewer than 6 at 95 %), the whole range of its ratios, which tells nothing apart. The
+    recommendation's Margins line and the report's timing text both say it in these words."""
+    if covers(coverage, level):
+        return f"its {level:.0%} interval"
+    return (f"the range of its ratios (too few paired rounds to cover {level:.0%}: it covers {coverage:.0%}, "
+            "and nothing is told apart)")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..kinds import kind_of
-from ..stats import LEVEL
+from ..stats import LEVEL, bracket_words
 from . import charts
 from .document import Block, Callout, Code, Figure, Heading, Section, Table, Text, drop_empty_columns
 from .gates import defects_section, headroom_text, peak_section
@@ -284,10 +284,7 @@ def _bracket(report) -> str:
     range of the ratios (less coverage, and nothing told apart)."""
     covered = [b.margin.coverage for b in report.backends if getattr(b, "margin", None) is not None
                and b.backend != report.pick]
-    if covered and min(covered) < LEVEL - 1e-9:
-        return (f"the range of its ratios (too few paired rounds to cover {LEVEL:.0%}: it covers {min(covered):.0%}, "
-                "and nothing is told apart)")
-    return "its 95 % interval"
+    return bracket_words(min(covered, default=LEVEL))
 
 
 def _timing_text(report) -> str:
