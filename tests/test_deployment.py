@@ -264,3 +264,16 @@ def test_the_kernel_families_a_candidate_runs():
     assert kernel_families("prefill=cudnn/decode=flash") == ("cudnn", "flash")
     assert kernel_families("prefill=auto/decode=naive", CUDNN_OP) == ("cudnn",)
     assert kernel_families("naive") == () and kernel_families("my-kernel", ("my_op",)) == ()
+
+
+def test_the_measured_with_line_names_what_changes_a_run_not_how_the_image_was_built():
+    from attnswitch.env import relevant_env
+
+    started = {"CUDA_VISIBLE_DEVICES": "0", "CUDA_LAUNCH_BLOCKING": "1", "TORCHINDUCTOR_CACHE_DIR": "/c",
+               "NVIDIA_TF32_OVERRIDE": "0", "OMP_NUM_THREADS": "4", "PYTORCH_CUDA_ALLOC_CONF": "expandable",
+               "CUDA_HOME": "/usr/local/cuda", "CUDAHOSTCXX": "/opt/gcc/bin/g++", "CUDA_VERSION": "13.0.2",
+               "NCCL_VERSION": "2.28.3-1", "TORCH_CUDA_ARCH_LIST": "9.0a", "HF_TOKEN": "hf_x", "CUDA_API_KEY": "k",
+               "HOME": "/root"}
+    assert relevant_env(started) == {k: started[k] for k in (
+        "CUDA_LAUNCH_BLOCKING", "CUDA_VISIBLE_DEVICES", "NVIDIA_TF32_OVERRIDE", "OMP_NUM_THREADS",
+        "PYTORCH_CUDA_ALLOC_CONF", "TORCHINDUCTOR_CACHE_DIR")}

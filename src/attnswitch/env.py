@@ -20,6 +20,9 @@ __all__ = ["environment", "package_version", "relevant_env"]
 _RELEVANT = re.compile(r"^(TORCH|PYTORCH|TORCHINDUCTOR|TORCHDYNAMO|CUDA|CUDNN|CUBLAS|NCCL|TRITON|NVIDIA_TF32|OMP_NUM_|"
                        r"MKL_NUM_|HF_HUB_OFFLINE|TRANSFORMERS_OFFLINE)")
 _SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|KEY|CREDENTIAL", re.IGNORECASE)
+#: of those, the ones that say how the image was built, not what runs (a toolkit's path and version, the
+#: architectures extensions are compiled for): they made the Deploy section's "Measured with" line unreadable
+_BUILD = re.compile(r"^(CUDA_HOME|CUDA_PATH|CUDA_ROOT|CUDAHOSTCXX|CUDACXX|TORCH_CUDA_ARCH_LIST|\w+_VERSION)$")
 
 
 def relevant_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -27,7 +30,8 @@ def relevant_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     with them (taken when attnswitch first read its environment: libraries set some of their own later,
     inductor its cache folder)."""
     environ = _STARTED if environ is None else environ
-    return {k: v for k, v in sorted(environ.items()) if _RELEVANT.match(k) and not _SECRET.search(k)}
+    return {k: v for k, v in sorted(environ.items())
+            if _RELEVANT.match(k) and not _SECRET.search(k) and not _BUILD.match(k)}
 
 
 _STARTED = dict(os.environ)
