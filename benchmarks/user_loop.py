@@ -50,6 +50,7 @@ import attnswitch
 from attnswitch.comparison import compare
 from attnswitch.device import device_of
 from attnswitch.env import environment
+from attnswitch.profiling.capture import steps_per_round
 from attnswitch.ranking import BUSY_DRIFT
 from attnswitch.request import FIRST_ROUNDS, ITERS
 from attnswitch.stats import median, paired_margin
@@ -313,7 +314,7 @@ def check(model, shape: Shape, mode: str, names: list[str], turn: int | None = N
                                                    model_name=f"{shape.model} ({shape.name})", **steps))
     ranked = [b.backend for b in report.backends if b.ok and b.time_ms is not None]
     after = mallocs.of("loop after", lambda: user_loop(work, ranked, repeats))
-    per_turn = turn or max(1, ITERS // FIRST_ROUNDS)  # compare's timed steps per backend per round
+    per_turn = turn or steps_per_round(ITERS, FIRST_ROUNDS)[-1]  # compare's timed steps per backend per round
     n_paired = _paired_rounds(warm, ranked, per_turn, paired_s)
     side = mallocs.of("side by side", lambda: paired(work, ranked, n_paired, per_turn))
     rows, loops = [], {}

@@ -61,8 +61,8 @@ from .stepstats import mode_fields, prompt_units
 from .summarize import backend_fields
 from .trace import Trace
 
-__all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "frozen_heap", "remove_temporary", "Target",
-           "Profiled", "PROGRESS_EVERY_S"]
+__all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "steps_per_round", "frozen_heap", "remove_temporary",
+           "Target", "Profiled", "PROGRESS_EVERY_S"]
 
 
 try:  # a C++ range: about a tenth of record_function's host cost, which matters once per module call
@@ -516,6 +516,13 @@ class _Pace:
         self.round_started = now
 
 
+def steps_per_round(iters: int, rounds: int) -> list[int]:
+    """Timed steps per backend in each of the first rounds (not a generate's): ``iters`` spread over
+    ``min(rounds, iters)`` rounds, the first ones a step longer where they do not divide evenly."""
+    first = max(1, min(rounds, iters))
+    return [iters // first + (1 if r < iters % first else 0) for r in range(first)]
+
+
 def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 6, budget_s: float | None = None,
                  clock: Callable[[], float] = time.perf_counter,
                  progress: Callable[[str], None] | None = None) -> Rounds:
@@ -544,7 +551,7 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
         per_round = [1] * first
     else:
         prompts, first = 1, max(1, min(rounds, iters))
-        per_round = [iters // first + (1 if r < iters % first else 0) for r in range(first)]
+        per_round = steps_per_round(iters, rounds)
     timings = {n: Timing(per_prompt=generate, steps={k: [] for k in STEP_FIGURES} if generate else None)
                for n in names}
     pace = _Pace(progress, clock, first, len(names), budget_s)
