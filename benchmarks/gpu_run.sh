@@ -108,9 +108,10 @@ if [[ $parts == *ranking* ]]; then
 fi
 if [[ $parts == *userloop* ]]; then
   mkdir -p $S/userloop
-  # the check's own bound 10 s inside the call's: a check it cannot finish is not started (its files stay whole)
+  # the check's own bound 30 s inside the call's (imports, a device call no alarm interrupts, the files written):
+  # a check it cannot finish is not started
   run_for ${USERLOOP_S:-580} python3 -m benchmarks.user_loop $S/userloop ${USERLOOP:+--only=$USERLOOP} \
-    --total=$(( $(bound ${USERLOOP_S:-580}) - 10 )) ${USERLOOP_TURN:+--turn=$USERLOOP_TURN} 2>&1 | tee $S/userloop/log.txt
+    --total=$(( $(bound ${USERLOOP_S:-580}) - 30 )) ${USERLOOP_TURN:+--turn=$USERLOOP_TURN} 2>&1 | tee $S/userloop/log.txt
   cp $S/userloop/user_loop_check.json $S/userloop/user_loop_run.json $OUT/ 2>/dev/null; pack userloop
 fi
 if [[ $parts == *gensweep* ]]; then

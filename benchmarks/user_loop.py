@@ -217,15 +217,17 @@ def user_loop(work, names: list[str], repeats: int, steps: int = STEPS) -> dict[
     return out
 
 
-def paired(work, names: list[str], rounds: int, turn: int) -> dict[str, list[tuple[float, float]]]:
-    """Compare's timed turn and a user's loop, side by side: in each of ``rounds`` rounds, for each backend in
+def paired(work, names: list[str], turn: int, seconds: float = PAIRED_S, least: int = PAIRED_ROUNDS,
+           most: int = MAX_PAIRED_ROUNDS, clock=time.perf_counter) -> dict[str, list[tuple[float, float]]]:
+    """Compare's timed turn and a user's loop, side by side: in each round, for each backend in
     turn, one turn of the timing rounds compare's numbers come from (``capture.timed_rounds`` of that backend
     alone, two rounds of ``turn`` timed steps, the second's kept: the switch, an untimed step that does not wait
     for the device, the steps back to back) and one
     block of the user's loop (``user_loop``), in an order that alternates from round to round. Per backend,
     per round: (the turn's median step, the block's step), ms, taken seconds apart, so that the host's speed
     is the same for both, where compare's figure against loops taken before and after it carries whatever
-    the speed did in between."""
+    the speed did in between. Rounds: as many as fit ``seconds`` at the first round's length (``clock``; the
+    turns' and blocks' garbage collections and untimed steps included), ``least`` to ``most``."""
     from attnswitch.profiling.capture import Target, timed_rounds
 
     target = Target.of(work)
@@ -241,7 +243,9 @@ def paired(work, names: list[str], rounds: int, turn: int) -> dict[str, list[tup
         got = user_loop(work, [name], 1)[name]
         return got[0] if isinstance(got, list) else None
 
-    for r in range(rounds):
+    rounds, r = least, 0
+    while r < rounds:
+        t0 = clock()
         for name in [n for n in names if isinstance(out[n], list)]:
             if r % 2 == 0:
                 a, b = turn_of(name), block_of(name)
@@ -251,6 +255,10 @@ def paired(work, names: list[str], rounds: int, turn: int) -> dict[str, list[tup
                 out[name] = None
                 continue
             out[name].append((a, b))
+        if r == 0:
+            took = clock() - t0
+            rounds = max(least, min(most, int(seconds / took))) if took > 0 else least
+        r += 1
     return {n: v for n, v in out.items() if v}
 
 
@@ -315,8 +323,7 @@ def check(model, shape: Shape, mode: str, names: list[str], turn: int | None = N
     ranked = [b.backend for b in report.backends if b.ok and b.time_ms is not None]
     after = mallocs.of("loop after", lambda: user_loop(work, ranked, repeats))
     per_turn = turn or steps_per_round(ITERS, FIRST_ROUNDS)[-1]  # compare's timed steps per backend per round
-    n_paired = _paired_rounds(warm, ranked, per_turn, paired_s)
-    side = mallocs.of("side by side", lambda: paired(work, ranked, n_paired, per_turn))
+    side = mallocs.of("side by side", lambda: paired(work, ranked, per_turn, paired_s))
     rows, loops = [], {}
     for b in report.backends:
         sets = {k: v.get(b.backend) for k, v in (("before", before), ("after", after), ("warm", warm))}
@@ -341,17 +348,6 @@ def check(model, shape: Shape, mode: str, names: list[str], turn: int | None = N
             "side_by_side": {n: [[round(a, 4), round(b, 4)] for a, b in v] for n, v in side.items()},
             "turn": turn, "compare_samples": samples, "device_mallocs": mallocs.counts,
             "host": report.settings.get("host"), "time_s": report.settings.get("time_s")}
-
-
-def _paired_rounds(warm: dict, names: list[str], turn: int, seconds: float = PAIRED_S) -> int:
-    """Rounds side by side: as many as fill ``seconds`` at the steps' length in the warm-up loop (a round: per
-    backend two of compare's turns and their untimed steps, and a block of the loop with its untimed step), at
-    least ``PAIRED_ROUNDS``, at most ``MAX_PAIRED_ROUNDS``."""
-    steps = [median(warm[n]) for n in names if isinstance(warm.get(n), list) and warm[n]]
-    per_round_s = sum((2 * (turn + 1) + STEPS + 1) * ms for ms in steps) / 1e3
-    if per_round_s <= 0:
-        return PAIRED_ROUNDS
-    return max(PAIRED_ROUNDS, min(MAX_PAIRED_ROUNDS, int(seconds / per_round_s)))
 
 
 def _repeats(warm: dict, names: list[str], least: int, loop_s: float = LOOP_S) -> int:
@@ -453,8 +449,15 @@ def folder_main(argv, doc: str, run_in) -> int:
 
 def main(argv=None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    turn = next((int(a.split("=", 1)[1]) for a in args if a.startswith("--turn=")), None)
-    total = next((float(a.split("=", 1)[1]) for a in args if a.startswith("--total=")), TOTAL_S)
+    try:
+        turn = next((int(a.split("=", 1)[1]) for a in args if a.startswith("--turn=")), None)
+        total = next((float(a.split("=", 1)[1]) for a in args if a.startswith("--total=")), TOTAL_S)
+        if (turn is not None and turn < 1) or not 0 < total < float("inf"):
+            raise ValueError
+    except ValueError:
+        print("--turn takes a whole number of steps (1 or more), --total a number of seconds above 0\n\n" + __doc__,
+              file=sys.stderr)
+        return 2
     return folder_main([a for a in args if not a.startswith(("--turn=", "--total="))], __doc__,
                        lambda out, **kw: run(out, turn=turn, total_s=total, **kw))
 

@@ -127,13 +127,25 @@ def test_the_loop_leaves_a_callers_frozen_heap_frozen():
         gc.enable()
 
 
-def test_rounds_side_by_side_fill_their_seconds_within_their_bounds():
-    # a 4 ms step, 2 backends, a turn of 2: a round is 2 x (2 x 3 + 6) x 4 ms = 96 ms; 20 s hold 208 rounds: 24 at most
-    warm = {"a": [4.0, 4.0], "b": [4.0], "c": "RuntimeError: cannot run"}
-    assert user_loop._paired_rounds(warm, ["a", "b", "c"], 2, 20.0) == user_loop.MAX_PAIRED_ROUNDS
-    assert user_loop._paired_rounds(warm, ["a", "b"], 2, 1.0) == 10  # 1 s / 96 ms
-    assert user_loop._paired_rounds(warm, ["a", "b"], 2, 0.0) == user_loop.PAIRED_ROUNDS  # 6 at least
-    assert user_loop._paired_rounds({"c": "error"}, ["c"], 2) == user_loop.PAIRED_ROUNDS
+def test_rounds_side_by_side_fill_their_seconds_at_the_first_rounds_length(monkeypatch):
+    # a fake clock: each backend's turn and block take 0.5 s together, so a round of 2 backends takes 1 s (the
+    # garbage collections inside included, as measured): 10 s hold 10 rounds; 100 s 24 at most; 1 s 6 at least
+    now = [0.0]
+    monkeypatch.setattr(user_loop, "user_loop", lambda work, names, n: now.__setitem__(0, now[0] + 0.25) or
+                        {names[0]: [4.0]})
+    import attnswitch.profiling.capture as capture
+
+    class Done:
+        def __init__(self, name):
+            self.timings = {name: type("T", (), {"by_round": [[9.0], [4.2]]})()}
+
+    monkeypatch.setattr(capture, "Target", type("Target", (), {"of": staticmethod(lambda w: None)}))
+    monkeypatch.setattr(capture, "timed_rounds", lambda target, names, **kw: now.__setitem__(0, now[0] + 0.25) or
+                        Done(names[0]))
+    for seconds, rounds in ((10.0, 10), (100.0, user_loop.MAX_PAIRED_ROUNDS), (1.0, user_loop.PAIRED_ROUNDS)):
+        got = user_loop.paired(None, ["a", "b"], 2, seconds, clock=lambda: now[0])
+        assert {n: len(v) for n, v in got.items()} == {"a": rounds, "b": rounds}
+        assert got["a"][0] == (4.2, 4.0)  # (the turn's second round, the block)
 
 
 def test_the_command_line_takes_the_runs_bound(tmp_path, monkeypatch):
@@ -142,3 +154,10 @@ def test_the_command_line_takes_the_runs_bound(tmp_path, monkeypatch):
     assert user_loop.main([str(tmp_path), "--total=250", "--turn=5", "--only=gemma3"]) == 0
     assert got == {"turn": 5, "total_s": 250.0, "smoke": False, "only": "gemma3"}
     assert user_loop.main([str(tmp_path)]) == 0 and got["total_s"] == user_loop.TOTAL_S
+
+
+@pytest.mark.parametrize("bad", ["--total=garbage", "--total=", "--total=nan", "--total=-5", "--turn=x", "--turn=0"])
+def test_a_bad_bound_or_turn_on_the_command_line_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys, bad):
+    monkeypatch.setattr(user_loop, "run", lambda out, **kw: pytest.fail("ran"))
+    assert user_loop.main([str(tmp_path), bad]) == 2
+    assert "--turn takes a whole number" in capsys.readouterr().err
