@@ -204,9 +204,40 @@ def test_the_recommendation_and_the_reports_timing_text_say_what_the_brackets_ar
     results = [fixed("flash", [10.0, 10.1, 9.9, 10.0, 10.2, 10.0][:rounds]),
                fixed("naive", [15.0, 15.5, 15.2, 15.1, 15.3, 15.4][:rounds])]
     r = report_of(results)
-    words = bracket_words(next(b for b in r.backends if b.backend == "naive").margin.coverage)
+    words = bracket_words([next(b for b in r.backends if b.backend == "naive").margin.coverage])
     assert (words == "its 95% interval") == (rounds == 6)
     md = to_markdown(r)
     assert words in r.recommendation and md.count(words) >= 2, md
     if rounds == 2:
         assert "naive" in r.ties and "95% interval" not in r.recommendation
+
+
+def test_eager_timed_in_fewer_rounds_does_not_change_what_the_brackets_are_said_to_be():
+    # eager is ranked as the reference, never a candidate: its short margin is not among those the Margins line
+    # describes, and the report's note and chart must say the same as that line
+    from attnswitch.render.charts import ranking_chart
+    from attnswitch.stats import bracket_words, margin_coverages
+
+    results = [fixed("flash", [10.0, 10.1, 9.9, 10.0, 10.2, 10.0]),
+               fixed("naive", [15.0, 15.5, 15.2, 15.1, 15.3, 15.4]), fixed("eager", [16.0, 16.4])]
+    r = report_of(results)
+    words = bracket_words(margin_coverages(r.backends, r.pick))
+    assert words == "its 95% interval" and words in r.recommendation and words in to_markdown(r)
+    assert "range of its ratios" not in to_markdown(r)
+    assert ranking_chart(r.backends, r.pick, r.ties).y_label.endswith("(95% interval)")
+
+
+def test_a_mix_of_rounds_says_which_brackets_are_ranges():
+    from attnswitch.render.charts import ranking_chart
+    from attnswitch.stats import bracket_words, margin_coverages
+
+    results = [fixed("flash", [10.0, 10.1, 9.9, 10.0, 10.2, 10.0]),
+               fixed("naive", [15.0, 15.5, 15.2, 15.1, 15.3, 15.4]), fixed("math", [17.0, 17.2])]
+    r = report_of(results)
+    words = bracket_words(margin_coverages(r.backends, r.pick))
+    assert words.startswith("its 95% interval, or, for a backend timed in fewer paired rounds, the range of its ratios")
+    assert words in r.recommendation and words in to_markdown(r)
+    assert "slower only where the interval excludes 1" in r.recommendation
+    only_short = report_of([fixed("flash", [10.0, 10.1]), fixed("math", [17.0, 17.2])])
+    chart = ranking_chart(only_short.backends, only_short.pick, only_short.ties)
+    assert chart.y_label.endswith("(range of the ratios)")

@@ -57,9 +57,9 @@ def _margin_lines(by: dict[str, BackendResult], v: Verdict) -> list[str]:
     if margins:
         lo, hi = min(m.pairs for m in margins), max(m.pairs for m in margins)
         pairs = f"{lo}" if lo == hi else f"{lo}–{hi}"
-        level = min(m.coverage for m in margins)
-        lines.append(f"Margins: the median ratio of its time to the pick's and {bracket_words(level)}, over {pairs} "
-                     "paired rounds; " + ("slower only where the interval excludes 1." if covers(level) else
+        covered = [m.coverage for m in margins]
+        lines.append(f"Margins: the median ratio of its time to the pick's and {bracket_words(covered)}, over {pairs} "
+                     "paired rounds; " + ("slower only where the interval excludes 1." if covers(max(covered)) else
                                           "time more rounds for an answer."))
     elif len(v.ties) > 1:
         lines.append("No paired rounds tell these backends apart: time them in more rounds for an answer.")

@@ -14,7 +14,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 __all__ = ["median", "noise_pct", "percentile", "LEVEL", "EQUIVALENT", "median_interval", "Margin", "paired_margin",
-           "covers", "bracket_words"]
+           "covers", "bracket_words", "bracket_label",
+           "margin_coverages"]
 
 #: the confidence asked of every interval the project prints
 LEVEL = 0.95
@@ -80,14 +81,32 @@ def covers(coverage: float, level: float = LEVEL) -> bool:
     return coverage >= level - 1e-9
 
 
-def bracket_words(coverage: float, level: float = LEVEL) -> str:
-    """What a margin's brackets are, at the lowest ``coverage`` among them: its ``level`` interval, or, with too few
-    paired rounds for one (fewer than 6 at 95 %), the whole range of its ratios, which tells nothing apart. The
-    recommendation's Margins line and the report's timing text both say it in these words."""
-    if covers(coverage, level):
+def bracket_words(coverages: Iterable[float], level: float = LEVEL) -> str:
+    """What the brackets of margins of these ``coverages`` are: the ``level`` interval, or, with too few paired
+    rounds for one (fewer than 6 at 95 %), the whole range of the ratios, which tells nothing apart (for the
+    backends timed in too few rounds only, where the others have their interval). The recommendation's Margins
+    line, the report's timing note and its chart's axis all say it in these words."""
+    coverages = list(coverages) or [level]
+    low = min(coverages)
+    if covers(low, level):
         return f"its {level:.0%} interval"
-    return (f"the range of its ratios (too few paired rounds to cover {level:.0%}: it covers {coverage:.0%}, "
-            "and nothing is told apart)")
+    short = (f"the range of its ratios (too few paired rounds to cover {level:.0%}: it covers {low:.0%}, "
+             "and nothing is told apart)")
+    if not covers(max(coverages), level):
+        return short
+    return f"its {level:.0%} interval, or, for a backend timed in fewer paired rounds, {short}"
+
+
+def margin_coverages(backends, pick: str | None) -> list[float]:
+    """The coverage of each candidate's margin against the pick (results' ``BackendResult``s; ``eager`` left out,
+    as ``results.candidates`` does: it is ranked as the reference, never picked): what the brackets are."""
+    return [b.margin.coverage for b in backends if b.backend not in ("eager", pick)
+            and getattr(b, "margin", None) is not None]
+
+
+def bracket_label(coverages: Iterable[float], level: float = LEVEL) -> str:
+    """``bracket_words`` in a few words (a chart's axis)."""
+    return f"{level:.0%} interval" if covers(min(list(coverages) or [level]), level) else "range of the ratios"
 
 
 @dataclass(frozen=True)

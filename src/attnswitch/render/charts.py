@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from ..stats import bracket_label, margin_coverages
 from .document import Bars, Lines, has_data
 
 __all__ = ["LAYER_KINDS", "layer_kind", "ranking_chart", "time_by_kind_chart", "attention_time_chart",
@@ -66,8 +67,8 @@ def ranking_chart(backends, pick: str | None, ties, unit: str = "per forward") -
     series = tuple((label, tuple(b.margin.ratio if g == key else None for g, b in zip(groups, ranked)))
                    for key, label in labels)
     return _kept(Bars(f"Time {unit} against the pick, `{pick}`", names, series,
-                      "× the pick's time (95 % interval)", stacked=True, limit=(1.0,) * len(names),
-                      limit_label="the pick", errors=errors))
+                      f"× the pick's time ({bracket_label(margin_coverages(ranked, pick))})", stacked=True,
+                      limit=(1.0,) * len(names), limit_label="the pick", errors=errors))
 
 
 def _device_kinds(ok) -> tuple:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..kinds import kind_of
-from ..stats import LEVEL, bracket_words
+from ..stats import bracket_words, margin_coverages
 from . import charts
 from .document import Block, Callout, Code, Figure, Heading, Section, Table, Text, drop_empty_columns
 from .gates import defects_section, headroom_text, peak_section
@@ -282,9 +282,7 @@ def _recommendation(report, opts: Options) -> Section | None:
 def _bracket(report) -> str:
     """What the brackets of ``vs pick`` are: a 95 % interval, or with too few paired rounds for one the whole
     range of the ratios (less coverage, and nothing told apart)."""
-    covered = [b.margin.coverage for b in report.backends if getattr(b, "margin", None) is not None
-               and b.backend != report.pick]
-    return bracket_words(min(covered, default=LEVEL))
+    return bracket_words(margin_coverages(report.backends, report.pick))
 
 
 def _timing_text(report) -> str:
