@@ -273,6 +273,8 @@ def test_the_measured_with_line_names_what_changes_a_run_not_how_the_image_was_b
                "NVIDIA_TF32_OVERRIDE": "0", "OMP_NUM_THREADS": "4", "PYTORCH_CUDA_ALLOC_CONF": "expandable",
                "CUDA_HOME": "/usr/local/cuda", "CUDAHOSTCXX": "/opt/gcc/bin/g++", "CUDA_VERSION": "13.0.2",
                "NCCL_VERSION": "2.28.3-1", "TORCH_CUDA_ARCH_LIST": "9.0a", "HF_TOKEN": "hf_x", "CUDA_API_KEY": "k",
+               "PYTORCH_BUILD_NUMBER": "1", "TORCH_NVCC_FLAGS": "-Xfatbin", "CUDNN_LIB_DIR": "/l",
+               "CUDA_TOOLKIT_ROOT_DIR": "/t",
                "HOME": "/root"}
     assert relevant_env(started) == {k: started[k] for k in (
         "CUDA_LAUNCH_BLOCKING", "CUDA_VISIBLE_DEVICES", "NVIDIA_TF32_OVERRIDE", "OMP_NUM_THREADS",

@@ -162,8 +162,8 @@ class MeasuredPolicy:
 
     def apply(self, model):
         """``attnswitch.patch(model, selection)``: every thread, until ``attnswitch.unpatch(model)``. The attention
-        only: where it was measured compiled (``compile`` not None), compile ``model.forward`` in that mode after
-        this, as the report's Deploy snippet does."""
+        only: where it was measured compiled (``compile`` not None), compile after this as the report's Deploy
+        snippet does (``model.forward`` in that mode; a generate's decode steps alone)."""
         from .switch import patch
 
         return patch(model, self.selection)

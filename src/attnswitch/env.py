@@ -22,7 +22,9 @@ _RELEVANT = re.compile(r"^(TORCH|PYTORCH|TORCHINDUCTOR|TORCHDYNAMO|CUDA|CUDNN|CU
 _SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|KEY|CREDENTIAL", re.IGNORECASE)
 #: of those, the ones that say how the image was built, not what runs (a toolkit's path and version, the
 #: architectures extensions are compiled for): they made the Deploy section's "Measured with" line unreadable
-_BUILD = re.compile(r"^(CUDA_HOME|CUDA_PATH|CUDA_ROOT|CUDAHOSTCXX|CUDACXX|TORCH_CUDA_ARCH_LIST|\w+_VERSION)$")
+_BUILD = re.compile(r"^(CUDA_HOME|CUDA_PATH|CUDA_ROOT|CUDA_TOOLKIT_ROOT_DIR|CUDA_BIN_PATH|CUDA_NVCC_EXECUTABLE|"
+                    r"CUDAHOSTCXX|CUDACXX|CUDA_ARCH_LIST|CUDNN_\w+_DIR|TORCH_CUDA_ARCH_LIST|TORCH_NVCC_FLAGS|"
+                    r"\w+_VERSION|\w+_BUILD_NUMBER)$")
 
 
 def relevant_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
