@@ -279,3 +279,20 @@ def test_the_measured_with_line_names_what_changes_a_run_not_how_the_image_was_b
     assert relevant_env(started) == {k: started[k] for k in (
         "CUDA_LAUNCH_BLOCKING", "CUDA_VISIBLE_DEVICES", "NVIDIA_TF32_OVERRIDE", "OMP_NUM_THREADS",
         "PYTORCH_CUDA_ALLOC_CONF", "TORCHINDUCTOR_CACHE_DIR")}
+
+
+def test_the_commands_own_compile_threads_setting_is_not_reported_as_what_the_user_ran_with(tmp_path):
+    # the command sets TORCHINDUCTOR_COMPILE_THREADS=1 for itself and inductor its cache folder: neither is the
+    # user's, and a Deploy line naming them told the user to set them
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR")}
+    code = ("import os; import attnswitch.cli; "
+            "os.environ['TORCHINDUCTOR_COMPILE_THREADS'] = '1'; os.environ['TORCHINDUCTOR_CACHE_DIR'] = '/x'; "
+            "from attnswitch.env import relevant_env; print(sorted(relevant_env()))")
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "CUDA_LAUNCH_BLOCKING": "1"}, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "TORCHINDUCTOR" not in out.stdout and "CUDA_LAUNCH_BLOCKING" in out.stdout

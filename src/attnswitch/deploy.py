@@ -82,7 +82,8 @@ def _remeasure(environment: Mapping, workload: Mapping, sweep) -> list[str]:
     out = []
     if env.get("gpu"):
         out.append(f"on another GPU than {env['gpu']}")
-    out.append(" or ".join(f"another {k} than {env[k]}" for k in ("torch", "cudnn", "transformers") if env.get(k)))
+    versions = " or ".join(f"another {k} than {env[k]}" for k in ("torch", "cudnn", "transformers") if env.get(k))
+    out.append(f"with {versions}" if versions else "")
     lens = work.get("prompt_lens") or ([work["seq"]] if "seq" in work else [])
     if sweep:
         lens = [p.seq for p in sweep]

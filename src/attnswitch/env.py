@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import platform
 import re
 import shutil
@@ -12,6 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
+from ._started import ENVIRON as _STARTED
 from .device import default_device
 
 __all__ = ["environment", "package_version", "relevant_env"]
@@ -28,15 +28,13 @@ _BUILD = re.compile(r"^(CUDA_HOME|CUDA_PATH|CUDA_ROOT|CUDA_TOOLKIT_ROOT_DIR|CUDA
 
 
 def relevant_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment variables that matter to what runs (never a secret), as the process was started
-    with them (taken when attnswitch first read its environment: libraries set some of their own later,
-    inductor its cache folder)."""
+    """The environment variables that matter to what runs (never a secret), as they were when attnswitch was
+    first imported (``_started``: the command line sets some of its own later, inductor its cache folder)."""
     environ = _STARTED if environ is None else environ
     return {k: v for k, v in sorted(environ.items())
             if _RELEVANT.match(k) and not _SECRET.search(k) and not _BUILD.match(k)}
 
 
-_STARTED = dict(os.environ)
 
 
 def package_version(name: str) -> str | None:
