@@ -121,7 +121,9 @@ class Shape:
 
 # bounds: a compare of six backends (up to 30 s of more rounds for those still tied), three loops and the rounds
 # side by side; on an H200 the host-bound training check took 50 s, the Gemma-3 one 49 s with two loops and none
-# side by side (three checks of a shape fit TOTAL_S: one call of the device tool each)
+# side by side; on an H100 with 6-11 rounds side by side the checks took 44-68 s, but device-bound prefill 144 s and
+# training 194 s (the host-bound and Gemma-3 shapes fit TOTAL_S, one call of the device tool each; the device-bound
+# one takes two: --only=device-bound/prefill,device-bound/decode, then device-bound/train)
 SHAPES = (
     Shape("device-bound", "qwen3", {"prefill": (8, 4096), "decode": (32, 8192), "train": (4, 4096)}, 2, 215.0),
     Shape("host-bound", "qwen3", {"prefill": (1, 1024), "decode": (1, 1024), "train": (2, 2048)}, 5, 110.0),
