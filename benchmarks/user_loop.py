@@ -442,10 +442,14 @@ def folder_main(argv, doc: str, run_in) -> int:
     ``doc`` and exit 2 without a folder."""
     args = list(sys.argv[1:] if argv is None else argv)
     only = next((a.split("=", 1)[1] for a in args if a.startswith("--only=")), None)
-    folder = next((a for a in args if not a.startswith("--")), None)
-    if folder is None:
-        print(doc, file=sys.stderr)
+    folders = [a for a in args if not a.startswith("--")]
+    unknown = [a for a in args if a.startswith("--") and not a.startswith("--only=") and a != "--smoke"]
+    if len(folders) != 1 or unknown:  # (``--only gemma3`` would run every check, into a folder named gemma3)
+        why = f"not an option here: {' '.join(unknown)}" if unknown else \
+            f"one output folder, not {len(folders)} ({' '.join(folders)})" if folders else "an output folder is needed"
+        print(f"{why} (options take their value after '=')\n\n{doc}", file=sys.stderr)
         return 2
+    folder = folders[0]
     return run_in(Path(folder), smoke="--smoke" in args, only=only)
 
 

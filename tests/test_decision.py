@@ -212,19 +212,22 @@ def test_the_recommendation_and_the_reports_timing_text_say_what_the_brackets_ar
         assert "naive" in r.ties and "95% interval" not in r.recommendation
 
 
-def test_eager_timed_in_fewer_rounds_does_not_change_what_the_brackets_are_said_to_be():
-    # eager is ranked as the reference, never a candidate: its short margin is not among those the Margins line
-    # describes, and the report's note and chart must say the same as that line
+def test_eager_timed_in_fewer_rounds_is_described_where_its_bracket_is_shown():
+    # eager is ranked as the reference, never a candidate: the Margins line describes the candidates' margins it
+    # lists (95 % intervals); the Summary shows eager's too, a range of 2 rounds, and its note and chart say so
     from attnswitch.render.charts import ranking_chart
     from attnswitch.stats import bracket_words, margin_coverages
 
     results = [fixed("flash", [10.0, 10.1, 9.9, 10.0, 10.2, 10.0]),
                fixed("naive", [15.0, 15.5, 15.2, 15.1, 15.3, 15.4]), fixed("eager", [16.0, 16.4])]
     r = report_of(results)
-    words = bracket_words(margin_coverages(r.backends, r.pick))
-    assert words == "its 95% interval" and words in r.recommendation and words in to_markdown(r)
-    assert "range of its ratios" not in to_markdown(r)
-    assert ranking_chart(r.backends, r.pick, r.ties).y_label.endswith("(95% interval)")
+    assert bracket_words(margin_coverages(r.backends, r.pick, eager=False)) == "its 95% interval"
+    assert "its 95% interval, over 6 paired rounds" in r.recommendation
+    shown = bracket_words(margin_coverages(r.backends, r.pick))
+    assert shown.startswith("its 95% interval, or, for a backend timed in fewer paired rounds, the range")
+    assert shown in to_markdown(r)
+    assert ranking_chart(r.backends, r.pick, r.ties).y_label.endswith(
+        "(95% interval; with fewer rounds, the range of the ratios)")
 
 
 def test_a_mix_of_rounds_says_which_brackets_are_ranges():
@@ -238,6 +241,7 @@ def test_a_mix_of_rounds_says_which_brackets_are_ranges():
     assert words.startswith("its 95% interval, or, for a backend timed in fewer paired rounds, the range of its ratios")
     assert words in r.recommendation and words in to_markdown(r)
     assert "slower only where the interval excludes 1" in r.recommendation
+    assert ranking_chart(r.backends, r.pick, r.ties).y_label.endswith("with fewer rounds, the range of the ratios)")
     only_short = report_of([fixed("flash", [10.0, 10.1]), fixed("math", [17.0, 17.2])])
     chart = ranking_chart(only_short.backends, only_short.pick, only_short.ties)
     assert chart.y_label.endswith("(range of the ratios)")

@@ -161,3 +161,11 @@ def test_a_bad_bound_or_turn_on_the_command_line_is_refused_before_anything_runs
     monkeypatch.setattr(user_loop, "run", lambda out, **kw: pytest.fail("ran"))
     assert user_loop.main([str(tmp_path), bad]) == 2
     assert "--turn takes a whole number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["--only", "gemma3"], ["--turn", "5"], ["--turns=5"], ["--total", "250"], [],
+                                  ["--smokes"]])
+def test_an_option_it_does_not_take_or_a_second_folder_is_refused(tmp_path, monkeypatch, capsys, args):
+    monkeypatch.setattr(user_loop, "run", lambda out, **kw: pytest.fail("ran"))
+    assert user_loop.main([str(tmp_path), *args] if args else []) == 2
+    assert "options take their value after '='" in capsys.readouterr().err

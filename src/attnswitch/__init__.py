@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 
-from . import _started  # noqa: F401  (the environment before anything here or in torch sets a variable)
 from ._versions import require_supported_versions
 
 require_supported_versions()

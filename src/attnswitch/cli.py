@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import options, outfolder
+from ._own_env import set_default
 from .errors import Terminated, sigterm_as_interrupt
 from .request import BUDGET_CAP_S, DEFAULT, DEFAULTS, FIRST_ROUNDS, ITERS, PROFILE_ITERS, REQUESTS, Request, Steps
 
@@ -616,7 +617,7 @@ def run() -> None:
     """
     with sigterm_as_interrupt():
         try:
-            os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+            set_default("TORCHINDUCTOR_COMPILE_THREADS", "1")  # (attnswitch's own: not in Measured-with)
             code = main()
             try:
                 sys.stdout.flush()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 import shutil
@@ -11,7 +12,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
-from ._started import ENVIRON as _STARTED
+from ._own_env import OWN
 from .device import default_device
 
 __all__ = ["environment", "package_version", "relevant_env"]
@@ -27,12 +28,29 @@ _BUILD = re.compile(r"^(CUDA_HOME|CUDA_PATH|CUDA_ROOT|CUDA_TOOLKIT_ROOT_DIR|CUDA
                     r"\w+_VERSION|\w+_BUILD_NUMBER)$")
 
 
+#: a launcher's own settings (torchrun's), new in every run
+_LAUNCHER = re.compile(r"^TORCHELASTIC_")
+
+
+def _inductor_default_cache() -> str | None:
+    """The cache folder inductor sets for itself where none was given (a default, not a user's choice)."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+        return default_cache_dir()
+    except Exception:  # (another torch: no such helper)
+        return None
+
+
 def relevant_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment variables that matter to what runs (never a secret), as they were when attnswitch was
-    first imported (``_started``: the command line sets some of its own later, inductor its cache folder)."""
-    environ = _STARTED if environ is None else environ
-    return {k: v for k, v in sorted(environ.items())
-            if _RELEVANT.match(k) and not _SECRET.search(k) and not _BUILD.match(k)}
+    """The environment variables that matter to what runs (never a secret), as they are now (``environ``: this
+    process's), less what is not a user's choice: the variables attnswitch set for itself (``_own_env``), the
+    cache folder inductor sets where none was given, a launcher's own, and how the image was built."""
+    if environ is None:
+        environ = {k: v for k, v in os.environ.items() if k not in OWN}
+        if environ.get("TORCHINDUCTOR_CACHE_DIR") == _inductor_default_cache():
+            environ.pop("TORCHINDUCTOR_CACHE_DIR")
+    return {k: v for k, v in sorted(environ.items()) if _RELEVANT.match(k) and not _SECRET.search(k)
+            and not _BUILD.match(k) and not _LAUNCHER.match(k)}
 
 
 

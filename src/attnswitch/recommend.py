@@ -56,11 +56,12 @@ def _margin_lines(by: dict[str, BackendResult], v: Verdict) -> list[str]:
     margins = [v.margins[n] for n in candidates(v.order) if n in v.margins and n != v.pick]
     if margins:
         lo, hi = min(m.pairs for m in margins), max(m.pairs for m in margins)
-        pairs = f"{lo}" if lo == hi else f"{lo}–{hi}"
+        pairs = (f"{lo}" if lo == hi else f"{lo}–{hi}") + (" paired round" if hi == 1 else " paired rounds")
         covered = [m.coverage for m in margins]
-        lines.append(f"Margins: the median ratio of its time to the pick's and {bracket_words(covered)}, over {pairs} "
-                     "paired rounds; " + ("slower only where the interval excludes 1." if covers(max(covered)) else
-                                          "time more rounds for an answer."))
+        last = ("slower only where the interval excludes 1." if covers(max(covered)) else
+                "time more rounds for an answer.")
+        lines.append(f"Margins: the median ratio of its time to the pick's and {bracket_words(covered)}, over {pairs}; "
+                     + last)
     elif len(v.ties) > 1:
         lines.append("No paired rounds tell these backends apart: time them in more rounds for an answer.")
     return lines

@@ -97,16 +97,21 @@ def bracket_words(coverages: Iterable[float], level: float = LEVEL) -> str:
     return f"its {level:.0%} interval, or, for a backend timed in fewer paired rounds, {short}"
 
 
-def margin_coverages(backends, pick: str | None) -> list[float]:
-    """The coverage of each candidate's margin against the pick (results' ``BackendResult``s; ``eager`` left out,
-    as ``results.candidates`` does: it is ranked as the reference, never picked): what the brackets are."""
-    return [b.margin.coverage for b in backends if b.backend not in ("eager", pick)
+def margin_coverages(backends, pick: str | None, eager: bool = True) -> list[float]:
+    """The coverage of each margin against the pick (results' ``BackendResult``s): what the brackets shown are.
+    ``eager=False``: the candidates' alone (``results.candidates``: eager is ranked as the reference, never
+    picked, and the recommendation's Margins line describes the candidates' margins it lists)."""
+    return [b.margin.coverage for b in backends if b.backend != pick and (eager or b.backend != "eager")
             and getattr(b, "margin", None) is not None]
 
 
 def bracket_label(coverages: Iterable[float], level: float = LEVEL) -> str:
     """``bracket_words`` in a few words (a chart's axis)."""
-    return f"{level:.0%} interval" if covers(min(list(coverages) or [level]), level) else "range of the ratios"
+    coverages = list(coverages) or [level]
+    if covers(min(coverages), level):
+        return f"{level:.0%} interval"
+    return "range of the ratios" if not covers(max(coverages), level) else \
+        f"{level:.0%} interval; with fewer rounds, the range of the ratios"
 
 
 @dataclass(frozen=True)

@@ -330,9 +330,10 @@ def _deploy(report, opts: Options) -> Section | None:
         blocks.append(Text(("What that loses: " if d.plain else "No transformers/PyTorch-only equivalent: ")
                            + "; ".join(d.plain_loses) + ".", "note"))
     env = d.env or {}
+    versions = ", ".join(f"{k} {v}" for k, v in d.versions.items())
     blocks.append(Text("Measured with " + (", ".join(f"{k}={v}" for k, v in env.items()) if env else
                                            "no environment variable that changes what runs")
-                       + "; " + ", ".join(f"{k} {v}" for k, v in d.versions.items()) + ".", "note"))
+                       + (f"; {versions}" if versions else "") + ".", "note"))
     if d.remeasure:
         blocks.append(Text("Measure again " + "; ".join(d.remeasure) + ".", "note"))
     return Section("Deploy", tuple(blocks), key="deploy")
