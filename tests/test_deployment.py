@@ -285,6 +285,8 @@ def test_measured_with_names_the_users_settings_not_attnswitchs_own_nor_inductor
     # the command sets TORCHINDUCTOR_COMPILE_THREADS=1 for itself and inductor its default cache folder, torchrun
     # its own TORCHELASTIC_* variables: none is the user's (a Deploy line naming them told the user to set them);
     # what the user sets, before or after importing attnswitch, is reported as it is when measured
+    import torch._inductor.runtime.cache_dir_utils  # noqa: F401  (loaded, as inductor is where it set the folder)
+
     from attnswitch import _own_env
     from attnswitch.env import _inductor_default_cache, relevant_env
 
@@ -294,8 +296,8 @@ def test_measured_with_names_the_users_settings_not_attnswitchs_own_nor_inductor
     monkeypatch.setattr("attnswitch.env.OWN", _own_env.OWN)
     _own_env.set_default("TORCHINDUCTOR_COMPILE_THREADS", "1")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
-    if _inductor_default_cache() is not None:
-        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", _inductor_default_cache())
+    assert _inductor_default_cache() is not None
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", _inductor_default_cache())
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # the user's, set after the import
     got = relevant_env()
     assert got.get("PYTORCH_CUDA_ALLOC_CONF") == "expandable_segments:True"

@@ -7,6 +7,7 @@ import platform
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 
@@ -33,10 +34,11 @@ _LAUNCHER = re.compile(r"^TORCHELASTIC_")
 
 
 def _inductor_default_cache() -> str | None:
-    """The cache folder inductor sets for itself where none was given (a default, not a user's choice)."""
+    """The cache folder inductor sets for itself where none was given (a default, not a user's choice); None
+    where inductor's module that sets it is not loaded (then it set nothing, and importing it costs a second)."""
+    module = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
     try:
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-        return default_cache_dir()
+        return module.default_cache_dir() if module is not None else None
     except Exception:  # (another torch: no such helper)
         return None
 
@@ -47,7 +49,7 @@ def relevant_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     cache folder inductor sets where none was given, a launcher's own, and how the image was built."""
     if environ is None:
         environ = {k: v for k, v in os.environ.items() if k not in OWN}
-        if environ.get("TORCHINDUCTOR_CACHE_DIR") == _inductor_default_cache():
+        if "TORCHINDUCTOR_CACHE_DIR" in environ and environ["TORCHINDUCTOR_CACHE_DIR"] == _inductor_default_cache():
             environ.pop("TORCHINDUCTOR_CACHE_DIR")
     return {k: v for k, v in sorted(environ.items()) if _RELEVANT.match(k) and not _SECRET.search(k)
             and not _BUILD.match(k) and not _LAUNCHER.match(k)}
