@@ -150,6 +150,7 @@ def run(out: Path, smoke: bool = False, only: str | None = None, total_s: float 
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     backends = GPU_BACKENDS if cuda else CPU_BACKENDS
     todo = [c for c in CHECKS if not only or c.name in only.split(",")]
+    # each check's own backends in its record (a check may leave some out: ``Check.skip``)
     done = {"environment": environment(), "smoke": smoke, "backends": backends, "checks": {}}
     t_start = time.perf_counter()
     for c in todo:
@@ -172,7 +173,8 @@ def run(out: Path, smoke: bool = False, only: str | None = None, total_s: float 
             folder.mkdir(exist_ok=True)
             report.to_json(folder / "report.json")
             report.to_markdown(folder / "report.md")
-            done["checks"][c.name] = {"status": "ok", **summary(report)}
+            done["checks"][c.name] = {"status": "ok", "backends": [b for b in backends if b not in c.skip],
+                                      **summary(report)}
         except (OverTime, Exception) as e:
             done["checks"][c.name] = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
         finally:

@@ -31,6 +31,7 @@ def test_the_smoke_run_writes_each_checks_report_and_the_summary(tmp_path):
     done = json.loads((tmp_path / "layer_kinds.json").read_text())
     got = done["checks"]["gemma3-prefill"]
     assert got["status"] == "ok" and set(done["checks"]) == {"gemma3-prefill"}
+    assert got["backends"] == layer_kinds.CPU_BACKENDS  # what this check compared (a check may leave some out)
     report = json.loads((tmp_path / "gemma3-prefill" / "report.json").read_text())
     assert report["decision"]["pick"] == got["pick"]
     # every backend that ran has its attention time for both kinds of the model
