@@ -162,19 +162,19 @@ def run(out: Path, smoke: bool = False, only: str | None = None, total_s: float 
         def said(line: str, t0=t0, name=c.name) -> None:  # where a check's time goes, should it run past its bound
             print(f"  {time.perf_counter() - t0:6.1f} s {name}: {line}", flush=True)
 
+        compared = [b for b in backends if b not in c.skip]
         try:
             with bounded(c.bound_s):
                 model = _model(c.model, smoke).to(device, dtype).eval()
                 report = attnswitch.compare(model, _inputs(c, model, smoke, device, dtype),
-                                            backends=[b for b in backends if b not in c.skip], progress=said,
+                                            backends=compared, progress=said,
                                             model_name=f"{c.model}-shaped ({c.name})", **dict(c.options),
                                             **({"warmup": 0, "iters": 2, "rounds": 2} if smoke else {}))
             folder = out / c.name
             folder.mkdir(exist_ok=True)
             report.to_json(folder / "report.json")
             report.to_markdown(folder / "report.md")
-            done["checks"][c.name] = {"status": "ok", "backends": [b for b in backends if b not in c.skip],
-                                      **summary(report)}
+            done["checks"][c.name] = {"status": "ok", "backends": compared, **summary(report)}
         except (OverTime, Exception) as e:
             done["checks"][c.name] = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
         finally:

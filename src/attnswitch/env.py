@@ -27,8 +27,6 @@ _SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|KEY|CREDENTIAL", re.IGNORECASE)
 _BUILD = re.compile(r"^(CUDA_HOME|CUDA_PATH|CUDA_ROOT|CUDA_TOOLKIT_ROOT_DIR|CUDA_BIN_PATH|CUDA_NVCC_EXECUTABLE|"
                     r"CUDAHOSTCXX|CUDACXX|CUDA_ARCH_LIST|CUDNN_\w+_DIR|TORCH_CUDA_ARCH_LIST|TORCH_NVCC_FLAGS|"
                     r"\w+_VERSION|\w+_BUILD_NUMBER)$")
-
-
 #: a launcher's own settings (torchrun's), new in every run
 _LAUNCHER = re.compile(r"^TORCHELASTIC_")
 
@@ -53,8 +51,6 @@ def relevant_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
             environ.pop("TORCHINDUCTOR_CACHE_DIR")
     return {k: v for k, v in sorted(environ.items()) if _RELEVANT.match(k) and not _SECRET.search(k)
             and not _BUILD.match(k) and not _LAUNCHER.match(k)}
-
-
 
 
 def package_version(name: str) -> str | None:

@@ -14,8 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 __all__ = ["median", "noise_pct", "percentile", "LEVEL", "EQUIVALENT", "median_interval", "Margin", "paired_margin",
-           "covers", "bracket_words", "bracket_label",
-           "margin_coverages"]
+           "covers", "bracket_words", "bracket_label", "margin_coverages"]
 
 #: the confidence asked of every interval the project prints
 LEVEL = 0.95
@@ -81,20 +80,24 @@ def covers(coverage: float, level: float = LEVEL) -> bool:
     return coverage >= level - 1e-9
 
 
+def _brackets(coverages: Iterable[float], level: float) -> tuple[str, float]:
+    """``("interval" | "range" | "mixed", the lowest coverage)``: whether the brackets of margins of these
+    coverages are all ``level`` intervals, all ranges of too few rounds, or some of each."""
+    coverages = list(coverages) or [level]
+    low, high = min(coverages), max(coverages)
+    return ("interval" if covers(low, level) else "range" if not covers(high, level) else "mixed"), low
+
+
 def bracket_words(coverages: Iterable[float], level: float = LEVEL) -> str:
     """What the brackets of margins of these ``coverages`` are: the ``level`` interval, or, with too few paired
     rounds for one (fewer than 6 at 95 %), the whole range of the ratios, which tells nothing apart (for the
     backends timed in too few rounds only, where the others have their interval). The recommendation's Margins
-    line, the report's timing note and its chart's axis all say it in these words."""
-    coverages = list(coverages) or [level]
-    low = min(coverages)
-    if covers(low, level):
-        return f"its {level:.0%} interval"
+    line, the report's timing note and its chart's axis (``bracket_label``) all say it in these words."""
+    kind, low = _brackets(coverages, level)
     short = (f"the range of its ratios (too few paired rounds to cover {level:.0%}: it covers {low:.0%}, "
              "and nothing is told apart)")
-    if not covers(max(coverages), level):
-        return short
-    return f"its {level:.0%} interval, or, for a backend timed in fewer paired rounds, {short}"
+    return {"interval": f"its {level:.0%} interval", "range": short,
+            "mixed": f"its {level:.0%} interval, or, for a backend timed in fewer paired rounds, {short}"}[kind]
 
 
 def margin_coverages(backends, pick: str | None, eager: bool = True) -> list[float]:
@@ -107,11 +110,9 @@ def margin_coverages(backends, pick: str | None, eager: bool = True) -> list[flo
 
 def bracket_label(coverages: Iterable[float], level: float = LEVEL) -> str:
     """``bracket_words`` in a few words (a chart's axis)."""
-    coverages = list(coverages) or [level]
-    if covers(min(coverages), level):
-        return f"{level:.0%} interval"
-    return "range of the ratios" if not covers(max(coverages), level) else \
-        f"{level:.0%} interval; with fewer rounds, the range of the ratios"
+    kind, _ = _brackets(coverages, level)
+    return {"interval": f"{level:.0%} interval", "range": "range of the ratios",
+            "mixed": f"{level:.0%} interval; with fewer rounds, the range of the ratios"}[kind]
 
 
 @dataclass(frozen=True)
@@ -129,13 +130,13 @@ class Margin:
     @property
     def decided(self) -> bool:
         """The interval excludes 1 at the project's confidence: one of the two is faster."""
-        return self.coverage >= LEVEL - 1e-9 and (self.low > 1.0 or self.high < 1.0)
+        return covers(self.coverage) and (self.low > 1.0 or self.high < 1.0)
 
     @property
     def equal(self) -> bool:
         """The interval lies within ``EQUIVALENT`` of 1 at the project's confidence: a tie, told apart from
         a difference too small to matter."""
-        return (self.coverage >= LEVEL - 1e-9 and self.low >= 1 / (1 + EQUIVALENT)
+        return (covers(self.coverage) and self.low >= 1 / (1 + EQUIVALENT)
                 and self.high <= 1 + EQUIVALENT)
 
     @property

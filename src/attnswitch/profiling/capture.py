@@ -550,8 +550,8 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
         first = max(iters * prompts, rounds, MIN_PAIRS)
         per_round = [1] * first
     else:
-        prompts, first = 1, max(1, min(rounds, iters))
         per_round = steps_per_round(iters, rounds)
+        prompts, first = 1, len(per_round)
     timings = {n: Timing(per_prompt=generate, steps={k: [] for k in STEP_FIGURES} if generate else None)
                for n in names}
     pace = _Pace(progress, clock, first, len(names), budget_s)
