@@ -309,3 +309,21 @@ def test_measured_with_names_the_users_settings_not_attnswitchs_own_nor_inductor
     monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS")
     _own_env.set_default("TORCHINDUCTOR_COMPILE_THREADS", "1")
     assert "TORCHINDUCTOR_COMPILE_THREADS" not in relevant_env()
+
+
+def test_cudnns_version_is_printed_as_its_release_wherever_a_report_names_it():
+    # torch reports cuDNN as one integer (91900); a reader compares it with release notes that say 9.19.0
+    from attnswitch._versions import version_text
+    from attnswitch.deploy import deploy_info
+    from attnswitch.render.sections import Options, _deploy, about
+
+    env = {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "cudnn": 91900, "transformers": "5.17.0"}
+    assert version_text("cudnn", 91900) == "9.19.0" and version_text("cudnn", 8907) == "8.9.7"
+    assert version_text("torch", "2.11.0+cu130") == "2.11.0+cu130" and version_text("cudnn", None) == "None"
+    d = deploy_info("flash", env, {"mode": "prefill", "batch": 1, "seq": 128, "dtype": "bfloat16"})
+    assert any("another cudnn than 9.19.0" in line for line in d.remeasure) and "91900" not in " ".join(d.remeasure)
+    report = type("R", (), {"environment": env, "deploy": d,
+                            "workload": {"description": "batch 1, seq 128", "dtype": "bf16"}})()
+    text = " ".join(getattr(b, "text", "") or "" for b in _deploy(report, Options()).blocks)
+    assert "cudnn 9.19.0" in text and "91900" not in text
+    assert "cuDNN 9.19.0" in about(report)

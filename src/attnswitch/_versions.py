@@ -1,4 +1,5 @@
-"""The supported range of torch and transformers, checked at import with a clear message.
+"""Versions: the supported range of torch and transformers, checked at import with a clear message, and how a
+version is read (``version_of``) and printed (``version_text``: cuDNN's integer as its release).
 
 Each version is read off the package's own version line where it has one, without importing the package
 (a few hundred microseconds); ``importlib.metadata`` (tens of milliseconds at every start of the command,
@@ -10,14 +11,15 @@ from __future__ import annotations
 import os
 from importlib.machinery import PathFinder
 
-__all__ = ["MINIMUM", "require_supported_versions"]
+__all__ = ["MINIMUM", "require_supported_versions", "version_of", "version_text"]
 
 MINIMUM = {"torch": (2, 11), "transformers": (5, 17)}
 #: the file of each package whose line ``__version__ = "..."`` says its version, and how far into it
 _VERSION_FILES = {"torch": ("version.py", 4000), "transformers": ("__init__.py", 4000)}
 
 
-def _parse(v: str) -> tuple[int, ...]:
+def _leading(v: str) -> tuple[int, ...]:
+    """The first two numbers of a version, whatever follows them (nightlies' ``2.12.0.dev20260101`` too)."""
     digits = "".join(c if c.isdigit() else " " for c in v.split("+")[0])
     return tuple(int(x) for x in digits.split()[:2])
 
@@ -62,5 +64,34 @@ def require_supported_versions(found: dict[str, str] | None = None) -> None:
         have = found.get(pkg) if found is not None else _installed(pkg)
         if have is None:
             raise ImportError(f"attnswitch needs {pkg}>={'.'.join(map(str, low))}, which is not installed")
-        if _parse(have) < low:
+        if _leading(have) < low:
             raise ImportError(f"attnswitch needs {pkg}>={'.'.join(map(str, low))}; found {pkg} {have}")
+
+
+def version_of(value) -> tuple[int, ...] | None:
+    """A version as a tuple: ``"2.13.0+cu130"`` -> (2, 13, 0); cuDNN's integer (``torch.backends.cudnn.version()``:
+    92000 -> (9, 20, 0), 8907 -> (8, 9, 7)); None where there is none."""
+    import re  # (here: the command answers Ctrl-C before importing anything it can do without)
+
+    if value is None or value == "":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value <= 0:
+            return None
+        return (value // 10000, value // 100 % 100, value % 100) if value >= 10000 else \
+            (value // 1000, value // 100 % 10, value % 100)
+    text = str(value).split("+")[0].strip()
+    if text.isdigit() and len(text) >= 4:  # cuDNN's integer, as text (92000)
+        return version_of(int(text))
+    if not re.fullmatch(r"v?\d+(\.\d+)*([a-z]+\d*)?", text):  # 2.13.0, 9.20, 92000, 2.13.0a0; not -1 or "x"
+        return None
+    nums = re.findall(r"\d+", text)
+    return tuple(int(n) for n in nums[:3]) or None
+
+
+def version_text(key: str, value) -> str:
+    """A version as a report prints it: cuDNN's integer as its release (91900 -> ``9.19.0``), others as given."""
+    if key == "cudnn" and isinstance(value, int) and not isinstance(value, bool):
+        v = version_of(value)
+        return ".".join(map(str, v)) if v else str(value)
+    return str(value)

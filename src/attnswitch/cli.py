@@ -281,12 +281,13 @@ def _printed(s: Session, report) -> bool:
 def _env(s: Session) -> int:
     import torch
 
+    from ._versions import version_text
     from .backends import auto_choice
     from .device import default_device
     from .env import environment
 
     for k, v in environment().items():
-        s.out.print(f"{k:>18}: {v}")
+        s.out.print(f"{k:>18}: {version_text(k, v)}")
     dev = default_device()
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     q = torch.zeros(1, 16, 1024, 64, device=dev, dtype=dtype)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from . import candidate, catalog
+from ._versions import version_of
 from .kinds import kind_of
 from .options import OptionError
 
@@ -118,25 +119,6 @@ def table() -> tuple[Defect, ...]:
 
 
 # -- versions and the GPU ---------------------------------------------------------------------------
-
-def version_of(value) -> tuple[int, ...] | None:
-    """A version as a tuple: ``"2.13.0+cu130"`` -> (2, 13, 0); cuDNN's integer (``torch.backends.cudnn.version()``:
-    92000 -> (9, 20, 0), 8907 -> (8, 9, 7)); None where there is none."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value <= 0:
-            return None
-        return (value // 10000, value // 100 % 100, value % 100) if value >= 10000 else \
-            (value // 1000, value // 100 % 10, value % 100)
-    text = str(value).split("+")[0].strip()
-    if text.isdigit() and len(text) >= 4:  # cuDNN's integer, as text (92000)
-        return version_of(int(text))
-    if not re.fullmatch(r"v?\d+(\.\d+)*([a-z]+\d*)?", text):  # 2.13.0, 9.20, 92000, 2.13.0a0; not -1 or "x"
-        return None
-    nums = re.findall(r"\d+", text)
-    return tuple(int(n) for n in nums[:3]) or None
-
 
 def _cmp(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     n = max(len(a), len(b))

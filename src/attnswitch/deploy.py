@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import candidate, catalog
+from ._versions import version_text
 from .compiling import MODES
 from .kinds import Kind, kind_of
 from .results import Deploy
@@ -82,7 +83,8 @@ def _remeasure(environment: Mapping, workload: Mapping, sweep) -> list[str]:
     out = []
     if env.get("gpu"):
         out.append(f"on another GPU than {env['gpu']}")
-    versions = " or ".join(f"another {k} than {env[k]}" for k in ("torch", "cudnn", "transformers") if env.get(k))
+    versions = " or ".join(f"another {k} than {version_text(k, env[k])}"
+                           for k in ("torch", "cudnn", "transformers") if env.get(k))
     out.append(f"with {versions}" if versions else "")
     lens = work.get("prompt_lens") or ([work["seq"]] if "seq" in work else [])
     if sweep:

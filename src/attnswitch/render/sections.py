@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from .._versions import version_text
 from ..kinds import kind_of
 from ..stats import bracket_words, margin_coverages
 from . import charts
@@ -82,7 +83,7 @@ def about(report) -> str:
     parts = [report.workload.get("description", ""), report.workload.get("dtype", ""), dev,
              f"torch {e.get('torch')}", f"transformers {e.get('transformers')}"]
     if e.get("cudnn"):
-        parts.append(f"cuDNN {e.get('cudnn')}")
+        parts.append(f"cuDNN {version_text('cudnn', e.get('cudnn'))}")
     return " · ".join(p for p in parts if p)
 
 
@@ -330,7 +331,7 @@ def _deploy(report, opts: Options) -> Section | None:
         blocks.append(Text(("What that loses: " if d.plain else "No transformers/PyTorch-only equivalent: ")
                            + "; ".join(d.plain_loses) + ".", "note"))
     env = d.env or {}
-    versions = ", ".join(f"{k} {v}" for k, v in d.versions.items())
+    versions = ", ".join(f"{k} {version_text(k, v)}" for k, v in d.versions.items())
     blocks.append(Text("Measured with " + (", ".join(f"{k}={v}" for k, v in env.items()) if env else
                                            "no environment variable that changes what runs")
                        + (f"; {versions}" if versions else "") + ".", "note"))
