@@ -37,3 +37,23 @@ def test_the_smoke_run_writes_each_checks_report_and_the_summary(tmp_path):
     # every backend that ran has its attention time for both kinds of the model
     assert all(set(v) == {"sliding_attention", "full_attention"} for v in got["attn_us_by_kind"].values())
     assert done["environment"]["torch"]
+
+
+def test_the_call_trace_names_each_backends_attention_op_and_where_its_mask_is_converted(tmp_path):
+    from benchmarks import call_trace
+
+    assert call_trace.main([str(tmp_path), "--tiny", "--backends=flash,math,auto"]) == 0
+    rows = {r["backend"]: r for r in json.loads((tmp_path / "call_trace.json").read_text())["rows"]}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in rows["flash"]["top_ops_per_call"]
+    assert "aten::_scaled_dot_product_attention_math" in rows["math"]["top_ops_per_call"]
+    assert rows["auto"]["top_ops_per_call"]["aten::scaled_dot_product_attention"] == 1.0  # one per layer's call
+    # the sliding layer's boolean mask becomes a float one for a forced backend (one layer of the two)
+    assert rows["flash"]["top_ops_per_call"].get("aten::where") == 0.5
+    assert "aten::where" not in rows["auto"]["top_ops_per_call"]
+
+
+@pytest.mark.parametrize("argv", [["--tiny"], ["o", "--mode=train"], ["o", "--seq=x"], ["o", "--what=1"]])
+def test_the_call_trace_refuses_what_it_cannot_run_with_usage(argv, capsys):
+    from benchmarks import call_trace
+
+    assert call_trace.main(argv) == 2 and "call_trace" in capsys.readouterr().err
