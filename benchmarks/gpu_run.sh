@@ -14,6 +14,7 @@
 #   compiled   every backend compiled against uncompiled (COMPILED_MODELS, COMPILED_WORKLOADS narrow them)
 #   peak       % of peak through attnswitch's profiler path against an independent CUDA-event loop
 #   startup    the command's imports split, and flex's first compile (empty and warm caches)
+#   calltrace  the ops per attention call and each memcpy's source, Gemma-3 decode and prefill at 8k
 #   kinds      a backend per layer kind: Gemma-3-1B-shaped and encoder-decoder compares (KINDS narrows)
 set -u
 export PYTHONUNBUFFERED=1
@@ -113,6 +114,13 @@ if [[ $parts == *userloop* ]]; then
   run_for ${USERLOOP_S:-580} python3 -m benchmarks.user_loop $S/userloop ${USERLOOP:+--only=$USERLOOP} \
     --total=$(( $(bound ${USERLOOP_S:-580}) - 30 )) ${USERLOOP_TURN:+--turn=$USERLOOP_TURN} 2>&1 | tee $S/userloop/log.txt
   cp $S/userloop/user_loop_check.json $S/userloop/user_loop_run.json $OUT/ 2>/dev/null; pack userloop
+fi
+if [[ $parts == *calltrace* ]]; then
+  mkdir -p $S/calltrace/decode $S/calltrace/prefill
+  for m in decode prefill; do
+    run_for ${CALLTRACE_S:-90} python3 -m benchmarks.call_trace $S/calltrace/$m --mode=$m 2>&1 | grep -v USDT | tee $S/calltrace/$m/log.txt
+  done
+  pack calltrace
 fi
 if [[ $parts == *gensweep* ]]; then
   mkdir -p $S/gensweep
