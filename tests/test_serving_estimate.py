@@ -254,6 +254,44 @@ def test_a_compiled_picks_deploy_snippet_switches_then_compiles_what_was_measure
     assert (policy.selection, policy.compile) == ("flash", mode)
 
 
+_COMPILED_SNIPPET = """
+import torch, attnswitch
+from conftest import tiny
+from attnswitch.deploy import deploy_info
+from attnswitch.hf import owners
+
+real = torch.compile
+torch.compile = lambda fn, mode=None, **kw: real(fn, backend="eager")  # Dynamo itself; inductor takes minutes
+model = tiny("llama")
+ids = torch.randint(0, 100, (2, 8))
+with torch.no_grad():
+    want = model(input_ids=ids).logits
+d = deploy_info("flash+compile", {"torch": torch.__version__}, {"mode": "prefill", "batch": 2, "seq": 8})
+exec(d.attnswitch, {"model": model})  # the report's own text, as a user copies it
+with torch.no_grad():
+    torch.testing.assert_close(model(input_ids=ids).logits, want, atol=1e-5, rtol=1e-5)
+model.forward = type(model).forward.__get__(model)  # uncompiled again: its first forward is watched
+with torch.no_grad():
+    model(input_ids=ids)
+assert owners.info_of(model).observed
+print("ran")
+"""
+
+
+def test_a_compiled_picks_deploy_snippet_runs_as_written_under_dynamo():
+    # the switch, then the model's forward compiled, then its first forward: Dynamo entered that frame with the
+    # switch's watch (a torch function mode) on the stack and traced Llama's forward wrongly (arange(...,
+    # device=torch.Size)). Only as a process's first switched forward: in a process of its own
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    r = subprocess.run([sys.executable, "-c", _COMPILED_SNIPPET], capture_output=True, text=True, timeout=300,
+                       env={**__import__("os").environ, "PYTHONPATH": str(tests)})
+    assert r.returncode == 0 and r.stdout.strip() == "ran", r.stderr[-3000:]
+
+
 def test_a_policy_file_that_names_a_compiled_pick_in_its_selection_reads_as_backend_and_mode(tmp_path):
     import json
 

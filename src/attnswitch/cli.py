@@ -527,6 +527,13 @@ def _no_space(e: OSError, outcome: _Outcome) -> str:
     return f"no space left on device{where}{left}"
 
 
+def _no_memory(e: BaseException, outcome: _Outcome) -> str:
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    left = f"; {_left(outcome.folder, outcome.kept)}" if outcome.folder else ""
+    return (f"out of memory outside attention (the model's own layers at this --batch and --seq): {first}; "
+            f"try a smaller --batch or --seq{left}")
+
+
 def _console(**kw):
     """A rich Console that raises ``BrokenPipeError`` when its reader goes away (rich's own ends the
     process with exit 1, which says that nothing ran), and prints nothing more after."""
@@ -578,11 +585,14 @@ def _main(argv: list[str], started: float, outcome: _Outcome, said: dict) -> int
         _error(err, _no_space(e, outcome))
         return EXIT_BAD_INPUT
     except Exception as e:  # an UnsupportedModel is bad input; anything else the model or a kernel raised is not
-        from .errors import UnsupportedModel
+        from .errors import UnsupportedModel, out_of_memory
 
         if isinstance(e, UnsupportedModel):
             _error(err, e)
             return EXIT_BAD_INPUT
+        if isinstance(e, MemoryError) or out_of_memory(e):  # the model itself, outside any backend's row
+            _error(err, _no_memory(e, outcome))
+            return EXIT_NOTHING_RAN
         raise
     finally:
         if getattr(args, "tp", False) and "torch" in sys.modules:

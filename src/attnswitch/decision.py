@@ -160,7 +160,7 @@ def _none(results: list[BackendResult], eager_ran: bool, cautions: tuple[str, ..
     ran = [b for b in results if b.ok and b.backend not in catalog.MODEL_LEVEL]
     if eager_ran and not ran:
         named = [f"`{b.backend}`" for b in results if not b.ok and b.backend not in catalog.MODEL_LEVEL]
-        why = (f"{', '.join(named)} did not run here: see the reasons in the report." if named else
+        why = (f"{', '.join(named)} did not run here: why, for each, under Not run." if named else
                "Name the backends to choose among.")
         return Decision("none", headline="Only `eager` ran: the model's own attention has nothing to be chosen "
                         "against.", reasons=(*first, why), cautions=cautions)
@@ -171,11 +171,11 @@ def _none(results: list[BackendResult], eager_ran: bool, cautions: tuple[str, ..
             out.setdefault(why, []).append(f"`{b.backend}`")
     if not out:
         return Decision("none", headline="No backend ran these inputs.",
-                        reasons=(*first, "See the reasons in the report."), cautions=cautions)
+                        reasons=(*first, "Why, for each: under Not run."), cautions=cautions)
     said = "; ".join(f"{why} ({', '.join(names)})" for why, names in out.items())
     return Decision("none", headline=_fit(f"Every backend that ran is ruled out: {said}.",
                                           "Every backend that ran is ruled out (below)."),
-                    reasons=(*first, f"Ruled out: {said}.", "See the reasons in the report."), cautions=cautions)
+                    reasons=(*first, f"Ruled out: {said}.", "Why, for each: under Not run."), cautions=cautions)
 
 
 def recommend(results: list[BackendResult], v: Verdict, workload: dict | None = None) -> str:

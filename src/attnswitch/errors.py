@@ -7,7 +7,8 @@ import signal
 import threading
 from collections.abc import Iterator
 
-__all__ = ["BackendUnavailable", "UnsupportedModel", "Refused", "Terminated", "sigterm_as_interrupt"]
+__all__ = ["BackendUnavailable", "UnsupportedModel", "Refused", "Terminated", "sigterm_as_interrupt",
+           "out_of_memory"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -44,6 +45,15 @@ class Refused(RuntimeError):
     def __init__(self, *reasons: str):
         self.reasons = [str(r) for r in reasons]
         super().__init__("; ".join(self.reasons))
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is an allocation that failed: CUDA's ``torch.OutOfMemoryError``, or the CPU allocator's
+    ``RuntimeError`` (``DefaultCPUAllocator: can't allocate memory``), which has no type of its own."""
+    if type(e).__name__ == "OutOfMemoryError":
+        return True
+    text = str(e) if isinstance(e, RuntimeError) else ""
+    return "can't allocate memory" in text or "CUDA out of memory" in text
 
 
 class Terminated(KeyboardInterrupt):

@@ -425,7 +425,7 @@ def guarded_call(self: nn.Module, *args, **kwargs):
     if outer is not None:
         fwd.watch = outer.watch  # (the outer forward's watch sees this one's calls)
         fwd.wrap = fwd.wrap or fwd.watch is not None
-    elif info is not None and not info.observed:
+    elif info is not None and not info.observed and not _compiled_forward(self):
         watch = fwd.watch = observe.Watch(self, info.owned, _INSIDE)  # (not compiling: see above)
         fwd.wrap = True
     token = _FORWARD.set(fwd)
@@ -448,6 +448,13 @@ def guarded_call(self: nn.Module, *args, **kwargs):
     if outer is None and info.layers and _GRAD_ON() and info.checkpointing():
         recompute.note(info, type(self).__name__, fwd.sel, out)
     return out
+
+
+def _compiled_forward(model: nn.Module) -> bool:
+    """``model.forward = torch.compile(model.forward)``: Dynamo, entering that frame with a torch function mode on
+    the stack, traces the model wrongly (torch 2.11-2.13: ``arange(..., device=torch.Size)`` in Llama's forward),
+    so such a forward is not watched; the model's first uncompiled one is."""
+    return hasattr(model.__dict__.get("forward"), "_torchdynamo_orig_callable")
 
 
 def _unswitched_recordable(model: nn.Module, out):

@@ -22,6 +22,7 @@ from ..backends import names as registered
 from ..defects import check as check_defects
 from ..dist import world
 from ..env import environment
+from ..errors import out_of_memory
 from ..hf import require_interface
 from ..hf.layerkinds import bind as check_kinds
 from ..hf.layerkinds import kind_map
@@ -31,7 +32,7 @@ from ..request import Request, Steps
 from ..results import Report
 from ..switch import backend as use_backend
 from . import perkind
-from .capture import Target, frozen_heap, prepare_backend, timed_rounds
+from .capture import Target, frozen_heap, prepare_backend, release_memory, timed_rounds
 from .ceiling import measure as measure_ceiling
 from .compiled import merged_modes, paid_back
 from .distributed import agree_ok, distribution_of, merged_report_backends
@@ -113,11 +114,16 @@ def _prepared(t: Target, names: list[str], progress, spent: dict, **kw) -> list:
     # (CUDA context, cuBLAS handles, allocator growth). It runs the naive backend, which uses no SDPA
     # kernel: each SDPA backend's own first call (cuDNN's plan building) stays cold; uncompiled, so that
     # no candidate's compile is paid here.
-    with torch.no_grad(), use_backend("naive", model=t.model):
-        if t.kind.generates:
-            t.workload.short(2).step()
-        else:
-            t.fn(next(t.calls(1)))
+    try:
+        with torch.no_grad(), use_backend("naive", model=t.model):
+            if t.kind.generates:
+                t.workload.short(2).step()
+            else:
+                t.fn(next(t.calls(1)))
+    except (RuntimeError, MemoryError) as e:  # naive's scores (s x s) need not fit where a fused kernel's do
+        if not (isinstance(e, MemoryError) or out_of_memory(e)):
+            raise
+        release_memory(t.device)  # the first backend pays the process-wide warm-up; each backend's own OOM is its row
     results = []
 
     def prepare(name):

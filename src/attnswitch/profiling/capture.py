@@ -43,7 +43,7 @@ from torch.autograd.profiler import record_function
 from .. import candidate, dist, finite, instrument, stderr
 from ..backends import recording_notes, resolve_name
 from ..device import default_device, device_of, devices_of, sync
-from ..errors import BackendUnavailable, UnsupportedModel
+from ..errors import BackendUnavailable, UnsupportedModel, out_of_memory
 from ..kinds import Kind, kind_of
 from ..request import BUDGET_CAP_S
 from ..results import BackendResult
@@ -62,7 +62,7 @@ from .summarize import backend_fields
 from .trace import Trace
 
 __all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "steps_per_round", "frozen_heap", "remove_temporary",
-           "Target", "Profiled", "PROGRESS_EVERY_S"]
+           "Target", "Profiled", "PROGRESS_EVERY_S", "release_memory"]
 
 
 try:  # a C++ range: about a tenth of record_function's host cost, which matters once per module call
@@ -223,7 +223,7 @@ class Profiled:
     shapes: tuple = ()  # peak.AttnShape per call site
 
 
-def _release(dev: torch.device) -> None:
+def release_memory(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
         torch.cuda.empty_cache()
@@ -392,12 +392,12 @@ def prepare_backend(target: Target, name: str, *, warmup: int = 1, iters: int = 
         return finite.failed(BackendResult(name, "ok"), e.found)
     except UnsupportedModel:
         raise
-    except torch.OutOfMemoryError as e:
-        _release(target.device)
-        return BackendResult(name, "failed", (f"out of memory: {str(e).splitlines()[0]}",))
-    except (RuntimeError, ValueError, NotImplementedError) as e:
-        _release(target.device)
-        return BackendResult(name, "failed", (f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",))
+    except (RuntimeError, ValueError, NotImplementedError, MemoryError) as e:  # (torch.OutOfMemoryError too)
+        release_memory(target.device)
+        first = str(e).splitlines()[0] if str(e) else ""
+        if isinstance(e, MemoryError) or out_of_memory(e):
+            return BackendResult(name, "failed", (f"out of memory: {first}",))
+        return BackendResult(name, "failed", (f"{type(e).__name__}: {first}",))
 
 
 #: the longest the timing rounds go without a word of progress, in seconds

@@ -288,15 +288,15 @@ def _bracket(report) -> str:
 
 def _timing_text(report) -> str:
     """How the time column was measured, and how to read the margins against the pick."""
-    timer = next((b.timer for b in report.backends if b.timer), "")
+    timer = next((f" ({b.timer})" for b in report.backends if b.timer), "")  # none where nothing was timed
     st = report.settings
     host = st.get("host") or {}
     k = kind_of(report.workload)
     if k.name == "generate":
         how = (f"time/{k.short}: each prompt's median over the rounds (its decode steps at their median), "
-               f"summed over prompts ({timer})")
+               f"summed over prompts{timer}")
     else:
-        how = f"time/{k.short}: the median of unprofiled {k.timed} ({timer})"
+        how = f"time/{k.short}: the median of unprofiled {k.timed}{timer}"
     rounds = host.get("rounds")
     stopped = host.get("stopped")
     shared = host.get("shared_rounds")
