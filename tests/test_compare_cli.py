@@ -234,6 +234,54 @@ def test_out_of_memory_on_one_backend_is_recorded_and_the_others_run(monkeypatch
     assert r["math"].ok and r["naive"].ok and "flash" not in r.ranking
 
 
+_CPU_OOM = "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried"
+
+
+def test_s_by_s_scores_that_do_not_fit_fail_naive_alone_not_the_warm_up_nor_a_fused_backend(monkeypatch):
+    # the step before every backend runs naive: where its scores do not fit (a long sequence), a fused kernel may
+    # still, and naive itself is a failed row, as any backend that runs out of memory (the CPU's allocator says
+    # so in a RuntimeError)
+    m, _ = load_model("tiny-llama", layers=1)
+    w = make_workload(m, batch=1, seq=16)
+    real = dispatch.run_backend
+
+    def cpu_oom_for_naive(name, call):
+        if name == "naive":
+            raise RuntimeError(_CPU_OOM)
+        return real(name, call)
+
+    monkeypatch.setattr(dispatch, "run_backend", cpu_oom_for_naive)
+    r = attnswitch.compare(m, w, backends=["flash", "naive"], warmup=0, iters=2, rounds=1)
+    assert r["naive"].status == "failed" and r["naive"].reasons[0].startswith("out of memory: ")
+    assert r["flash"].ok and r.pick == "flash"
+
+
+def test_out_of_memory_outside_attention_is_one_line_exit_1_and_the_old_report_stays(monkeypatch, tmp_path, capsys):
+    import torch.nn.functional as F
+
+    from attnswitch.cli import main
+
+    out = tmp_path / "rep"
+    assert main(["compare", "tiny-llama", "--num-layers", "1", "--seq", "16", "--backends", "flash", "--rounds", "1",
+                 "--iters", "1", "--no-numerics", "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    capsys.readouterr()
+
+    def embedding(*a, **k):
+        raise RuntimeError(_CPU_OOM)
+    monkeypatch.setattr(F, "embedding", embedding)  # the model's own first layer: before any attention
+    code = main(["compare", "tiny-llama", "--num-layers", "1", "--seq", "16", "--backends", "flash", "--rounds", "1",
+                 "--iters", "1", "--no-numerics", "--out", str(out)])
+    said = capsys.readouterr()
+    assert code == 1 and "Traceback" not in said.err and "flash failed: out of memory: " in said.out, said
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    monkeypatch.setattr("attnswitch.models.load_model", lambda *a, **k: (_ for _ in ()).throw(RuntimeError(_CPU_OOM)))
+    code = main(["compare", "tiny-llama", "--out", str(out)])  # outside any backend: one line
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and err.startswith("error: out of memory: ") and "\n" not in err, err
+    assert f"kept the previous report in {out}" in err and {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
 def test_hub_id_without_a_reachable_hub_is_a_clear_error_at_once(monkeypatch):
     import socket
     import threading

@@ -530,8 +530,7 @@ def _no_space(e: OSError, outcome: _Outcome) -> str:
 def _no_memory(e: BaseException, outcome: _Outcome) -> str:
     first = str(e).splitlines()[0] if str(e) else type(e).__name__
     left = f"; {_left(outcome.folder, outcome.kept)}" if outcome.folder else ""
-    return (f"out of memory outside attention (the model's own layers at this --batch and --seq): {first}; "
-            f"try a smaller --batch or --seq{left}")
+    return f"out of memory: {first}; a smaller --batch, --seq or model may fit{left}"
 
 
 def _console(**kw):
