@@ -126,7 +126,7 @@ def test_a_policy_round_trips_and_warns_once_where_it_was_measured_elsewhere(cpu
     doc["environment"].update(torch="1.0.0", gpu="a GPU measured elsewhere")
     other = tmp_path / "other.json"
     other.write_text(json.dumps(doc))
-    with pytest.warns(UserWarning, match=r"measured with gpu a GPU measured elsewhere \(here None\), torch 1\.0\.0"):
+    with pytest.warns(UserWarning, match=r"measured with gpu a GPU measured elsewhere \(here none\), torch 1\.0\.0"):
         load_policy(other)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -327,3 +327,7 @@ def test_cudnns_version_is_printed_as_its_release_wherever_a_report_names_it():
     text = " ".join(getattr(b, "text", "") or "" for b in _deploy(report, Options()).blocks)
     assert "cudnn 9.19.0" in text and "91900" not in text
     assert "cuDNN 9.19.0" in about(report)
+    from attnswitch.render.sections import environment_table
+    rows = dict(environment_table(type("R", (), {"environment": env, "workload": {}, "settings": {},
+                                                 "distribution": None})()).rows)
+    assert rows["cudnn"] == "9.19.0"

@@ -186,8 +186,8 @@ def _mismatches(measured: Mapping) -> list[str]:
 
     device = measured.get("device")
     here = environment(device if device in ("cpu", "cuda") else None)
-    return [f"{k} {measured[k]} (here {here.get(k)})" for k in _VERSIONS
-            if measured.get(k) is not None and str(measured.get(k)) != str(here.get(k))]
+    return [f"{k} {version_text(k, measured[k])} (here {version_text(k, here[k]) if here.get(k) else 'none'})"
+            for k in _VERSIONS if measured.get(k) is not None and str(measured.get(k)) != str(here.get(k))]
 
 
 def _shown(value) -> str:

@@ -251,7 +251,8 @@ def _setting_rows(key: str, value) -> list[tuple[str, str]]:
 def environment_table(report) -> Table:
     """The machine, the libraries, the workload and the measurement settings (what "all" left out is the Not
     run section's)."""
-    rows = [row for k, v in report.environment.items() if v not in (None, "", {}) for row in _setting_rows(k, v)]
+    rows = [row for k, v in report.environment.items() if v not in (None, "", {})
+            for row in _setting_rows(k, version_text(k, v) if k == "cudnn" else v)]
     rows += [row for k, v in report.workload.items() if v not in (None, "", {})
              for row in _setting_rows(f"workload {k}", v)]
     rows += [row for k, v in report.settings.items() if v not in (None, "", {}) and k != "not_offered"
