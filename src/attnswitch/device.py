@@ -26,8 +26,13 @@ def parse_device(arg: str | torch.device | None) -> torch.device:
         dev = torch.device(arg)
     except (RuntimeError, TypeError) as e:
         raise OptionError("{device} {given!r}: {why}", given=arg, why=str(e).splitlines()[0]) from None
+    if dev.type not in ("cpu", "cuda"):  # (meta has no data to time; mps, xpu: no SDPA backends to force)
+        raise OptionError("{device} {given}: attnswitch runs on cpu or cuda", given=arg)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise OptionError("{device} {given}: no CUDA device is available here", given=arg)
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise OptionError("{device} {given}: this machine has {n} CUDA device(s), cuda:0 to cuda:{last}", given=arg,
+                          n=torch.cuda.device_count(), last=torch.cuda.device_count() - 1)
     return dev
 
 
