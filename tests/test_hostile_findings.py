@@ -356,3 +356,12 @@ def test_defects_reads_nvccs_spelling_of_hopper_as_hopper(capsys):
     out = capsys.readouterr().out
     # "0 apply to torch 2.13.0, cuDNN 9.20, sm90a" / "[not here: GPU sm90a, not sm90]": H100/H200 are sm_90a
     assert code == 0 and out.splitlines()[0] == hopper.splitlines()[0]  # sm_90a is read as sm90: the same GPUs
+
+
+def test_check_of_a_model_with_no_attention_call_says_so_and_exits_1_not_every_backend_ok(tmp_path, capsys):
+    # printed: "cudnn ok", "efficient ok" on a CPU: every backend "ran" a forward that never called attention
+    code = cli.main(["check", str(mamba_config(tmp_path)), "--device", "cpu", "--seq", "16"])
+    printed = capsys.readouterr().out
+    assert code == cli.EXIT_NOTHING_RAN and "no attention call" in printed and " ok" not in printed, printed
+    assert cli.main(["check", "tiny-llama", "--num-layers", "1", "--seq", "16", "--backends", "naive"]) == cli.EXIT_OK
+    assert "naive          ok" in capsys.readouterr().out

@@ -12,7 +12,9 @@ from .backends import names as backend_names
 from .backends import parse_backends, recording_notes, resolve_name
 from .device import device_of
 from .errors import BackendUnavailable
+from .instrument import measuring
 from .options import OptionError
+from .results import no_attention_text
 from .switch import backend as use_backend
 
 __all__ = ["Eligibility", "CheckResult", "check"]
@@ -25,6 +27,7 @@ class Eligibility:
     reasons: tuple[str, ...] = ()
     where: str | None = None
     notes: tuple[str, ...] = ()  # layout changes made so that the backend could run
+    calls: int | None = None  # attention calls the step made through the switch (None: not counted)
 
 
 @dataclass(frozen=True)
@@ -41,10 +44,18 @@ class CheckResult:
         return iter(self.results.values())
 
     @property
+    def no_attention(self) -> bool:
+        """Backends ran, and none made an attention call (a state-space model): none of them is used at all."""
+        ran = [e for e in self if e.ok]
+        return bool(ran) and all(e.calls == 0 for e in ran)
+
+    @property
     def eligible(self) -> list[str]:
-        return [n for n, e in self.results.items() if e.ok]
+        return [] if self.no_attention else [n for n, e in self.results.items() if e.ok]
 
     def __str__(self) -> str:
+        if self.no_attention:
+            return no_attention_text()
         lines = []
         for e in self:
             head = f"{e.backend:<14} {'ok' if e.ok else 'UNAVAILABLE'}"
@@ -90,9 +101,11 @@ def check(model: nn.Module, *args, backends: Iterable[str] | str | None = None, 
     for name in names:
         with recording_notes() as notes:
             try:
-                with use_backend(name, model=model):
+                calls: list = []
+                with use_backend(name, model=model), measuring(host_times=calls):
                     step()
-                results[name] = Eligibility(name, True, notes=tuple(dict.fromkeys(n[2] for n in notes)))
+                results[name] = Eligibility(name, True, notes=tuple(dict.fromkeys(n[2] for n in notes)),
+                                            calls=len(calls))
             except OptionError:
                 raise  # bad input, not a backend that cannot run
             except BackendUnavailable as e:
