@@ -64,6 +64,35 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_out_as_it_was(before, tmp_path, 
         assert sorted(p.name for p in out.parent.iterdir()) == ["report"]  # nothing staged left beside it
 
 
+SWALLOWING = INTERRUPTING.replace("""    os.kill(os.getpid(), signal.SIGINT)
+""", """    try:  # a library on the way that ignores the interrupt, or turns it into an error of its own
+        signal.raise_signal(signal.SIGINT)  # (its handler runs inside the call, so inside the try)
+    except BaseException as e:
+        if {turned}:
+            raise ImportError("Could not import module 'PreTrainedModel'") from e
+""")
+assert SWALLOWING != INTERRUPTING
+
+
+@pytest.mark.parametrize("turned", [False, True])
+def test_ctrl_c_that_a_library_swallows_or_turns_into_an_error_still_ends_the_command_as_one(turned, tmp_path,
+                                                                                              capsys):
+    # an interrupt in an import, turned into ModuleNotFoundError by transformers' lazy modules, was a traceback and
+    # exit 1; one that a bare except swallowed let the run go on and replace the report (exit 0)
+    out = tmp_path / "report"
+    assert cli.main([*BASE, "--backends", "naive,math", "--out", str(out)]) == 0
+    capsys.readouterr()
+    found = _tree(out)
+    script = tmp_path / "swallowing.py"
+    script.write_text(SWALLOWING.format(turned=turned))
+    r = subprocess.run([sys.executable, str(script), *BASE, "--backends", "naive,interrupting", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 130, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines()[-1] == f"interrupted; kept the previous report in {out}", r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and _tree(out) == found
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report", "swallowing.py"]
+
+
 def test_a_finished_run_replaces_the_report_whole(tmp_path, capsys):
     out = tmp_path / "report"
     assert cli.main([*BASE, "--backends", "naive,math", "--out", str(out)]) == 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from .errors import Terminated, sigterm_as_interrupt
+from .errors import Terminated, raised_signal, sigterm_as_interrupt
 
 __all__ = ["main"]
 
@@ -16,11 +16,20 @@ def main() -> None:
     with sigterm_as_interrupt():
         try:
             from .cli import run
-        except KeyboardInterrupt as e:  # (exit codes as a shell reports a process ended by the signal)
-            sig = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
-            sys.stderr.write(("terminated" if sig == signal.SIGTERM else "interrupted") + "\n")
-            sys.exit(128 + sig)
+        except KeyboardInterrupt as e:
+            _signalled(e)
+        except Exception:  # a signal an import turned into another error (RuntimeError from __set_name__)
+            if raised_signal() is None:
+                raise
+            _signalled(raised_signal()())
         run()
+
+
+def _signalled(e: KeyboardInterrupt) -> None:
+    """One line, and the exit code a shell reports for a process the signal ended."""
+    sig = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
+    sys.stderr.write(("terminated" if sig == signal.SIGTERM else "interrupted") + "\n")
+    sys.exit(128 + sig)
 
 
 if __name__ == "__main__":

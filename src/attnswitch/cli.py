@@ -26,7 +26,7 @@ from pathlib import Path
 
 from . import options, outfolder
 from ._own_env import set_default
-from .errors import Terminated, sigterm_as_interrupt
+from .errors import Terminated, raised_signal, sigterm_as_interrupt
 from .request import BUDGET_CAP_S, DEFAULT, DEFAULTS, FIRST_ROUNDS, ITERS, PROFILE_ITERS, REQUESTS, Request, Steps
 
 __all__ = ["main", "run", "build_parser", "COMMANDS", "EXIT_OK", "EXIT_NOTHING_RAN", "EXIT_BAD_INPUT",
@@ -552,7 +552,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     outcome, said = _Outcome(), {}
     try:
-        return _main(list(sys.argv[1:] if argv is None else argv), started, outcome, said)
+        code = _main(list(sys.argv[1:] if argv is None else argv), started, outcome, said)
+        swallowed = raised_signal()
+        if swallowed is not None:  # a signal a library on the way ignored: the command still ends as one
+            raise swallowed
+        return code
     except KeyboardInterrupt as e:
         _say(said.get("err"), _interrupted(e, outcome))
         return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
@@ -586,6 +590,8 @@ def _main(argv: list[str], started: float, outcome: _Outcome, said: dict) -> int
     except Exception as e:  # an UnsupportedModel is bad input; anything else the model or a kernel raised is not
         from .errors import UnsupportedModel, out_of_memory
 
+        if raised_signal() is not None:  # a signal a library turned into an error (an import's ImportError)
+            raise raised_signal()() from e
         if isinstance(e, UnsupportedModel):
             _error(err, e)
             return EXIT_BAD_INPUT

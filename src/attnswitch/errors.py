@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 
 __all__ = ["BackendUnavailable", "UnsupportedModel", "Refused", "Terminated", "sigterm_as_interrupt",
-           "out_of_memory"]
+           "raised_signal", "out_of_memory"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -62,21 +62,47 @@ class Terminated(KeyboardInterrupt):
     beside a report's folder."""
 
 
+#: the signals the command's handlers raised on (``sigterm_as_interrupt``), first first: one that a library on the
+#: way swallowed (an import turning it into an ImportError, a bare ``except:``) still ends the command as one
+_RAISED: list[type[KeyboardInterrupt]] = []
+
+
 def _terminated(signum, frame):
+    _RAISED.append(Terminated)
     raise Terminated
+
+
+def _interrupt(signum, frame):
+    _RAISED.append(KeyboardInterrupt)
+    raise KeyboardInterrupt
+
+
+def raised_signal() -> type[KeyboardInterrupt] | None:
+    """The first interrupt (``KeyboardInterrupt``) or termination (``Terminated``) raised in this process inside
+    ``sigterm_as_interrupt``, or None."""
+    return _RAISED[0] if _RAISED else None
 
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """Inside the block SIGTERM raises ``Terminated`` in the main thread, unless this process was told to
-    ignore it or something else handles it already; as it was after. For a program of its own (the
-    ``attnswitch`` command): a process-wide choice."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+    ignore it or something else handles it already; SIGINT raises ``KeyboardInterrupt`` as Python's own handler
+    does; both are recorded (``raised_signal``). As it was after. For a program of its own (the ``attnswitch``
+    command): a process-wide choice."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _terminated)
+    previous = {}
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _terminated)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt)
+    if previous:
+        _RAISED.clear()  # (the block's own: none of an earlier one's)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if previous:
+            _RAISED.clear()

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from .errors import raised_signal
 from .options import OptionError
 
 __all__ = ["REPORT_ENTRIES", "check", "Staged", "previous_report"]
@@ -175,6 +176,10 @@ class Staged:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None and not self._discarded:
+            swallowed = raised_signal()
+            if swallowed is not None:  # a signal a library on the way turned into something else, or ignored
+                self._discard()
+                raise swallowed
             try:
                 with _signals_deferred():  # a signal waits until the folders are swapped, never half
                     _replace(self.path, self.final)
