@@ -319,3 +319,16 @@ def test_hub_id_without_a_reachable_hub_is_a_clear_error_at_once(monkeypatch):
     assert pauses == [] and len(lookups) <= 2, (pauses, lookups)
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
     assert not models._hub_unresolvable()  # a proxy resolves names itself: the hub is asked as usual
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--out", ""], "--out is empty"), (["--out", " "], "--out is empty"),
+    (["--seq", "16,"], "not '16,'"), (["--seq", ",16"], "not ',16'"), (["--seq", "16,16"], "names a value twice"),
+    (["--batch", "1,,2"], "not '1,,2'")])
+def test_a_list_with_a_value_left_out_or_twice_and_an_empty_out_are_one_line_exit_2(args, said, capsys):
+    # accepted before: "--seq 16," as 16, "16,16" as a sweep of one shape twice, --out "" wrote nothing, silently
+    from attnswitch.cli import main
+
+    assert main(["compare", "tiny-llama", "--seq", "16", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert said in err and len(err.splitlines()) == 1, err

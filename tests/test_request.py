@@ -58,6 +58,12 @@ REFUSED = [
         m := _spread_model(), batch_for(m), backends=["naive"], compile="default")),
     (["--compile", "default", "--tp"], lambda: Request(compile="default", tp=True).check()),
     (["--compile", "fast"], _compare(compile="fast")),
+    # a backend per phase where one phase runs: its other backend would be recommended unmeasured
+    (["--backends", "prefill=flash/decode=math"], lambda: attnswitch.compare(
+        m := tiny("llama"), batch_for(m), backends=["prefill=flash/decode=math"])),
+    (["--mode", "decode", "--backends", "naive,sliding_attention.prefill=flash/sliding_attention.decode=math"],
+     lambda: Request(mode="decode", backends="naive,sliding_attention.prefill=flash/sliding_attention.decode=math"
+                     ).check()),
 ]
 
 

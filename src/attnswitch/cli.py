@@ -72,12 +72,14 @@ class Session:
 
 def _ints(text: str) -> list[int]:
     try:
-        values = [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",")]  # ("16," and ",16" too: a list with a value left out)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer or a comma-separated list of integers, not {text!r}") \
             from None
-    if not values or any(v < 1 for v in values):
+    if any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected integers of at least 1, not {text!r}")
+    if len(set(values)) < len(values):
+        raise argparse.ArgumentTypeError(f"{text!r} names a value twice")
     return values
 
 
@@ -160,7 +162,7 @@ def _check_options(args) -> Request:
     """Bad input found in the options alone, before torch is imported: one line, before any work. The
     rules are the library's (``Request.check``): the command line only words them with its flags."""
     request = _request(args).check(_registered())
-    if getattr(args, "out", None):
+    if getattr(args, "out", None) is not None:
         outfolder.check(args.out)
     return request
 

@@ -60,6 +60,8 @@ def _nearest_existing(d: Path) -> Path:
 def check(out: str) -> None:
     """``out`` can take a report: absent (its parent folders are made), empty, or a report of an earlier
     run, and the folder it sits in can be written. Raises ``OptionError`` (about ``out``) otherwise."""
+    if not str(out).strip():  # (an unset shell variable: nothing would be written, and nothing said)
+        raise OptionError("{out} is empty: give the report a folder")
     d = Path(out)
     if d.exists() and not d.is_dir():
         raise OptionError("{out} {given}: exists and is not a folder", given=out)

@@ -155,7 +155,7 @@ class Request:
         modes = parse_compile(self.compile)
         if any(m is not None for m in modes) and (self.device_map is not None or self.tp):
             raise OptionError("{compile} runs one process's model on one device; not with {device_map} or {tp}")
-        candidate.check_backends(self.backends, registered)
+        _one_phase(self.mode, candidate.check_backends(self.backends, registered))
         if self.dtype is not None:
             options.dtype_name(self.dtype)
         options.check_placement(self.device_map, self.tp)
@@ -186,6 +186,23 @@ def _given(r: Request) -> list[str]:
     out = [name for name, left_out in _GENERATE_ONLY
            if (getattr(r, name) is not left_out if left_out in (None, DEFAULT) else len(getattr(r, name)) > 0)]
     return out + (["cache"] if r.cache != "dynamic" else [])
+
+
+def _one_phase(mode: str | None, names: list[str]) -> None:
+    """A backend per phase only where both phases run (a generate): a prefill, training or decode step runs one,
+    and the policy's other backend would be recommended unmeasured."""
+    if mode in (None, "generate"):
+        return
+    phase = "decode" if mode == "decode" else "prefill"
+    for name in names:
+        c = candidate.parse(name) if name != "all" else None
+        sels = (c.policy,) if c is not None and c.policy is not None else \
+            tuple(sel for _, sel in c.kinds.by_kind) if c is not None and c.kinds is not None else ()
+        policy = next((sel for sel in sels if isinstance(sel, candidate.Policy)), None)
+        if policy is not None:
+            raise OptionError("{given!r} is a backend per phase, and a {which} step runs only its {phase} phase: "
+                              "name that phase's backend ({backend}), or measure both phases with {mode} generate",
+                              given=name, which=mode, phase=phase, backend=getattr(policy, phase))
 
 
 def _combinations(r: Request) -> None:
