@@ -137,7 +137,7 @@ def bind(model: nn.Module, sel: Kinds) -> BoundKinds:
     unknown = [k for k in sel.kinds if k not in found]
     if unknown:
         known = ", ".join(f"{k} ({len(v)} attention module{'s' if len(v) != 1 else ''})" for k, v in found.items())
-        raise OptionError("{given} names layer kinds {model} does not have ({unknown}{hint}); its kinds: {known}",
-                          given="; ".join(sel.kinds), model=type(model).__name__, unknown=", ".join(unknown),
+        raise OptionError("{model} has no layer kind {unknown}{hint}; its layer kinds: {known}",
+                          model=type(model).__name__, unknown=" or ".join(map(repr, unknown)),
                           hint=near(unknown[0], found), known=known)
     return BoundKinds(sel.by_kind, weakref.ref(model), _module_kinds(model))
