@@ -131,6 +131,11 @@ def test_a_policy_round_trips_and_warns_once_where_it_was_measured_elsewhere(cpu
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_policy(other)  # once per file
+    doc = json.loads(path.read_text())  # measured with a setting that changes what runs, and not set here
+    doc["environment"]["env_vars"] = {**doc["environment"].get("env_vars", {}), "NVIDIA_TF32_OVERRIDE": "0"}
+    (tmp_path / "env.json").write_text(json.dumps(doc))
+    with pytest.warns(UserWarning, match=r"measured with NVIDIA_TF32_OVERRIDE=0 \(here unset\)"):
+        load_policy(tmp_path / "env.json")
 
 
 @pytest.mark.parametrize("text, message", [

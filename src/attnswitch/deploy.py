@@ -186,8 +186,14 @@ def _mismatches(measured: Mapping) -> list[str]:
 
     device = measured.get("device")
     here = environment(device if device in ("cpu", "cuda") else None)
-    return [f"{k} {version_text(k, measured[k])} (here {version_text(k, here[k]) if here.get(k) else 'none'})"
-            for k in _VERSIONS if measured.get(k) is not None and str(measured.get(k)) != str(here.get(k))]
+    out = [f"{k} {version_text(k, measured[k])} (here {version_text(k, here[k]) if here.get(k) else 'none'})"
+           for k in _VERSIONS if measured.get(k) is not None and str(measured.get(k)) != str(here.get(k))]
+    then, now = measured.get("env_vars"), here.get("env_vars") or {}
+    if isinstance(then, Mapping):  # the settings that change what runs (env.relevant_env), set or unset since
+        out += [f"{k}={then[k]} (here {f'{k}={now[k]}' if k in now else 'unset'})" for k in sorted(then)
+                if str(then[k]) != str(now.get(k))]
+        out += [f"{k} unset (here {k}={now[k]})" for k in sorted(now) if k not in then]
+    return out
 
 
 def _shown(value) -> str:
