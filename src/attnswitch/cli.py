@@ -2,7 +2,8 @@
 
 Exit codes follow what went wrong, not when it was found: 0 when every asked-for step ran (backends that cannot run
 are part of the answer); 1 when no backend could run at all, the model made no attention call through the switch,
-or the model or a kernel failed (raised whole, with its traceback); 2 for bad input (an ``options.OptionError``:
+memory ran out outside any backend's row (one line), or the model or a kernel failed (raised whole, with its
+traceback); 2 for bad input (an ``options.OptionError``:
 unknown model, unreadable config, weights that do not match it, a bad option, a backend this device cannot offer;
 an unsupported model; no space left on device); 130 when interrupted (Ctrl-C: one line, ``--out`` as it was) and
 143 when terminated (SIGTERM: the same); 141 when the reader of stdout went away (``| head``: the report is still
