@@ -332,3 +332,12 @@ def test_a_list_with_a_value_left_out_or_twice_and_an_empty_out_are_one_line_exi
     assert main(["compare", "tiny-llama", "--seq", "16", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert said in err and len(err.splitlines()) == 1, err
+
+
+def test_a_workloads_prompt_lengths_may_repeat_a_length_a_sweeps_points_may_not():
+    from attnswitch.cli import build_parser
+
+    args = build_parser().parse_args(["compare", "--mode", "generate", "--prompt-lens", "16,16,32"])
+    assert args.prompt_lens == [16, 16, 32]  # three prompts, two of one length
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["compare", "--mode", "generate", "--prompt-len", "16,16"])

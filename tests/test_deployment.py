@@ -131,11 +131,30 @@ def test_a_policy_round_trips_and_warns_once_where_it_was_measured_elsewhere(cpu
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_policy(other)  # once per file
-    doc = json.loads(path.read_text())  # measured with a setting that changes what runs, and not set here
-    doc["environment"]["env_vars"] = {**doc["environment"].get("env_vars", {}), "NVIDIA_TF32_OVERRIDE": "0"}
-    (tmp_path / "env.json").write_text(json.dumps(doc))
-    with pytest.warns(UserWarning, match=r"measured with NVIDIA_TF32_OVERRIDE=0 \(here unset\)"):
-        load_policy(tmp_path / "env.json")
+
+
+
+def test_a_policy_measured_with_a_setting_that_changes_what_runs_warns_where_it_is_unset_or_other(cpu_report,
+                                                                                                   tmp_path,
+                                                                                                   monkeypatch):
+    # written by write_policy from a report whose Deploy section says "Measured with NVIDIA_TF32_OVERRIDE=0": read
+    # where it is unset, and where it has another value; the same setting here: no warning
+    deploy = dataclasses.replace(cpu_report.deploy, env={"NVIDIA_TF32_OVERRIDE": "0"})
+    report = dataclasses.replace(cpu_report, decision=dataclasses.replace(cpu_report.decision, deploy=deploy))
+    for value, said in ((None, r"NVIDIA_TF32_OVERRIDE=0 \(here unset\)"),
+                        ("1", r"NVIDIA_TF32_OVERRIDE=0 \(here NVIDIA_TF32_OVERRIDE=1\)"), ("0", None)):
+        if value is None:
+            monkeypatch.delenv("NVIDIA_TF32_OVERRIDE", raising=False)
+        else:
+            monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", value)
+        path = write_policy(report, tmp_path / f"policy-{value}.json")
+        if said is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                load_policy(path)
+        else:
+            with pytest.warns(UserWarning, match=said):
+                load_policy(path)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -336,3 +355,19 @@ def test_cudnns_version_is_printed_as_its_release_wherever_a_report_names_it():
     rows = dict(environment_table(type("R", (), {"environment": env, "workload": {}, "settings": {},
                                                  "distribution": None})()).rows)
     assert rows["cudnn"] == "9.19.0"
+
+
+def test_what_inductor_sets_in_its_process_as_it_compiles_is_not_measured_with(monkeypatch):
+    # inductor sets TRITON_CACHE_DIR, TRITON_PTXAS_PATH, TORCH_WARM_POOL, ... in the measuring process once it
+    # compiles (flex, --compile): a Deploy line naming them, or a policy warning that they are unset where it is
+    # deployed, would be about torch's doing, not the user's. One the user set before importing attnswitch stays
+    from attnswitch import _own_env
+    from attnswitch.env import relevant_env
+
+    monkeypatch.setattr("attnswitch.env.BY_TORCH", frozenset({"TRITON_CACHE_DIR"}))
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/tmp/torchinductor_root/triton/0/abc")
+    assert "TRITON_CACHE_DIR" not in relevant_env()
+    monkeypatch.setattr("attnswitch.env.BY_TORCH", frozenset())  # set before attnswitch was imported: the user's
+    assert relevant_env()["TRITON_CACHE_DIR"] == "/tmp/torchinductor_root/triton/0/abc"
+    assert _own_env.BY_TORCH <= {"TRITON_CACHE_DIR", "TRITON_PTXAS_PATH", "TRITON_LIBDEVICE_PATH", "TORCH_WARM_POOL",
+                                 "CUBLAS_WORKSPACE_CONFIG"}

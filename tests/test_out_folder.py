@@ -325,3 +325,42 @@ def test_traces_written_where_no_folder_was_given_are_copied_out_then_removed_as
     assert [p.name for p in r.save_traces(tmp_path)] == [written.name]  # copied out while the process lives
     capture.remove_temporary()  # what the interpreter's exit, or the command line's own ending, runs
     assert not written.parent.exists() and (tmp_path / written.name).exists()
+
+
+def test_an_interrupt_caught_before_a_run_is_not_that_runs_own(tmp_path, capsys):
+    # inside one sigterm_as_interrupt block (a program running the command's main more than once), a Ctrl-C its
+    # own code caught made every later run print "interrupted", exit 130 and throw its finished report away
+    import signal
+
+    from attnswitch.errors import raised_signal, sigterm_as_interrupt
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("the test runner's SIGINT handler is not Python's own")
+    out = tmp_path / "report"
+    with sigterm_as_interrupt():
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            pass
+        assert raised_signal() is KeyboardInterrupt
+        assert cli.main([*BASE, "--backends", "naive", "--out", str(out)]) == 0
+    assert (out / "report.json").exists()
+
+
+def test_the_switchs_critical_sections_hold_back_the_commands_sigint_too():
+    # the command's SIGINT handler (which records the signal) is not Python's own: the switch's critical sections
+    # held back only Python's, so a Ctrl-C could land half-way through a switch's change of state
+    import signal
+
+    from attnswitch.errors import raised_signal, sigterm_as_interrupt
+    from attnswitch.hf.critical import interrupts_deferred
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("the test runner's SIGINT handler is not Python's own")
+    done = []
+    with sigterm_as_interrupt():
+        with pytest.raises(KeyboardInterrupt):
+            with interrupts_deferred():
+                signal.raise_signal(signal.SIGINT)
+                done.append("the rest of the block")
+        assert done == ["the rest of the block"] and raised_signal() is KeyboardInterrupt

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 
+from . import _own_env  # noqa: F401  (what the environment holds at import, before torch compiles anything)
 from ._versions import require_supported_versions
 
 require_supported_versions()

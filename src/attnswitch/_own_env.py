@@ -1,15 +1,22 @@
-"""Environment variables attnswitch sets for itself (the command line's ``TORCHINDUCTOR_COMPILE_THREADS``): not
-what a user ran with, so a report's "Measured with" line leaves them out. Imports nothing heavy: the command line
-sets them before torch is imported."""
+"""Environment variables that are not what a user ran with, so a report's "Measured with" line (and a policy's
+check against it) leaves them out: those attnswitch sets for itself (the command line's
+``TORCHINDUCTOR_COMPILE_THREADS``), and those torch sets in the process as it compiles (``BY_TORCH``) where they
+were not set when attnswitch was imported. Imports nothing heavy: the command line sets its own before torch is
+imported."""
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["OWN", "set_default"]
+__all__ = ["OWN", "BY_TORCH", "set_default"]
 
 #: the names set here, in this process
 OWN: set[str] = set()
+
+#: what inductor sets in its own process as it compiles (torch 2.11-2.13: triton_heuristics, compile_tasks,
+#: async_compile, fx_passes.numeric_utils) and that were not set when attnswitch was imported
+BY_TORCH: frozenset[str] = frozenset(k for k in ("TRITON_CACHE_DIR", "TRITON_PTXAS_PATH", "TRITON_LIBDEVICE_PATH",
+                                                 "TORCH_WARM_POOL", "CUBLAS_WORKSPACE_CONFIG") if k not in os.environ)
 
 
 def set_default(name: str, value: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import functools
 import os
 import shlex
 import sys
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from . import options, outfolder
 from ._own_env import set_default
-from .errors import Terminated, raised_signal, sigterm_as_interrupt
+from .errors import Terminated, raised_signal, signals_so_far, sigterm_as_interrupt
 from .request import BUDGET_CAP_S, DEFAULT, DEFAULTS, FIRST_ROUNDS, ITERS, PROFILE_ITERS, REQUESTS, Request, Steps
 
 __all__ = ["main", "run", "build_parser", "COMMANDS", "EXIT_OK", "EXIT_NOTHING_RAN", "EXIT_BAD_INPUT",
@@ -49,11 +50,13 @@ _CPU, _GPU = DEFAULTS["cpu"], DEFAULTS["cuda"]
 
 @dataclass
 class _Outcome:
-    """What a line about an interrupt says: the ``--out`` folder, whether it held a report, the staging."""
+    """What a line about an interrupt says: the ``--out`` folder, whether it held a report, the staging; and the
+    signals recorded before the run began (``errors.signals_so_far``)."""
 
     folder: str | None = None
     kept: bool = False
     staged: outfolder.Staged | None = None
+    signals: int = 0
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,8 @@ class Session:
 
 # -- options --------------------------------------------------------------------------------------
 
-def _ints(text: str) -> list[int]:
+def _ints(text: str, once: bool = True) -> list[int]:
+    """A comma-separated list of integers of at least 1; ``once``: each value once (a sweep's points)."""
     try:
         values = [int(x) for x in text.split(",")]  # ("16," and ",16" too: a list with a value left out)
     except ValueError:
@@ -79,7 +83,7 @@ def _ints(text: str) -> list[int]:
             from None
     if any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected integers of at least 1, not {text!r}")
-    if len(set(values)) < len(values):
+    if once and len(set(values)) < len(values):
         raise argparse.ArgumentTypeError(f"{text!r} names a value twice")
     return values
 
@@ -101,7 +105,8 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-len", type=_ints, default=None,
                    help=f"generate: prompts spread around this length (default: {_GPU.prompt_len} on a GPU, "
                         f"{_CPU.prompt_len} on a CPU), or a list (256,1024,4096) for a sweep of prompt lengths")
-    p.add_argument("--prompt-lens", type=_ints, default=None, help="generate: these prompt lengths instead")
+    p.add_argument("--prompt-lens", type=functools.partial(_ints, once=False), default=None,  # (a workload's prompts)
+                   help="generate: these prompt lengths instead")
     p.add_argument("--prompt-lens-from", default=None, metavar="FILE",
                    help="generate: the prompt lengths a deployment sees (one a line, or a JSON histogram "
                         "{\"512\": 120, ...}): a sweep at its representative lengths, weighted as the file says")
@@ -554,9 +559,10 @@ def main(argv: list[str] | None = None) -> int:
     it is one line and ``EXIT_INTERRUPTED`` (``Terminated``: ``EXIT_TERMINATED``)."""
     started = time.perf_counter()
     outcome, said = _Outcome(), {}
+    outcome.signals = signals_so_far()  # (an earlier run's, in this process, are not this one's)
     try:
         code = _main(list(sys.argv[1:] if argv is None else argv), started, outcome, said)
-        swallowed = raised_signal()
+        swallowed = raised_signal(outcome.signals)
         if swallowed is not None:  # a signal a library on the way ignored: the command still ends as one
             raise swallowed
         return code
@@ -593,8 +599,9 @@ def _main(argv: list[str], started: float, outcome: _Outcome, said: dict) -> int
     except Exception as e:  # an UnsupportedModel is bad input; anything else the model or a kernel raised is not
         from .errors import UnsupportedModel, out_of_memory
 
-        if raised_signal() is not None:  # a signal a library turned into an error (an import's ImportError)
-            raise raised_signal()() from e
+        swallowed = raised_signal(outcome.signals)
+        if swallowed is not None:  # a signal a library turned into an error (an import's ImportError)
+            raise swallowed() from e
         if isinstance(e, UnsupportedModel):
             _error(err, e)
             return EXIT_BAD_INPUT

@@ -181,18 +181,19 @@ class MeasuredPolicy:
 _WARNED: set = set()
 
 
-def _mismatches(measured: Mapping) -> list[str]:
+def _mismatches(measured: Mapping, env: Mapping | None = None) -> list[str]:
+    """The versions, GPU and (``env``: the policy's "Measured with" variables) settings the measurement had and
+    this process has not."""
     from .env import environment
 
     device = measured.get("device")
     here = environment(device if device in ("cpu", "cuda") else None)
     out = [f"{k} {version_text(k, measured[k])} (here {version_text(k, here[k]) if here.get(k) else 'none'})"
            for k in _VERSIONS if measured.get(k) is not None and str(measured.get(k)) != str(here.get(k))]
-    then, now = measured.get("env_vars"), here.get("env_vars") or {}
-    if isinstance(then, Mapping):  # the settings that change what runs (env.relevant_env), set or unset since
-        out += [f"{k}={then[k]} (here {f'{k}={now[k]}' if k in now else 'unset'})" for k in sorted(then)
-                if str(then[k]) != str(now.get(k))]
-        out += [f"{k} unset (here {k}={now[k]})" for k in sorted(now) if k not in then]
+    now = here.get("env_vars") or {}
+    if isinstance(env, Mapping):  # what it set of the variables that change what runs, since unset or changed
+        out += [f"{k}={env[k]} (here {f'{k}={now[k]}' if k in now else 'unset'})" for k in sorted(env)
+                if str(env[k]) != str(now.get(k))]
     return out
 
 
@@ -244,7 +245,7 @@ def load_policy(path: str | Path) -> MeasuredPolicy:
                              f"{_shown(value)}")
     policy = MeasuredPolicy(selection, environment, doc.get("workload") or {}, str(path), mode)
     key = str(p.resolve())
-    differ = _mismatches(policy.environment)
+    differ = _mismatches(policy.environment, doc.get("env"))
     if differ and key not in _WARNED:
         _WARNED.add(key)
         warnings.warn(f"{path} was measured with {', '.join(differ)}: the pick may not hold here; measure again "

@@ -13,7 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
-from ._own_env import OWN
+from ._own_env import BY_TORCH, OWN
 from .device import default_device
 
 __all__ = ["environment", "package_version", "relevant_env"]
@@ -43,10 +43,11 @@ def _inductor_default_cache() -> str | None:
 
 def relevant_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment variables that matter to what runs (never a secret), as they are now (``environ``: this
-    process's), less what is not a user's choice: the variables attnswitch set for itself (``_own_env``), the
-    cache folder inductor sets where none was given, a launcher's own, and how the image was built."""
+    process's), less what is not a user's choice: the variables attnswitch set for itself and those torch set as
+    it compiled (``_own_env``), the cache folder inductor sets where none was given, a launcher's own, and how the
+    image was built."""
     if environ is None:
-        environ = {k: v for k, v in os.environ.items() if k not in OWN}
+        environ = {k: v for k, v in os.environ.items() if k not in OWN and k not in BY_TORCH}
         if "TORCHINDUCTOR_CACHE_DIR" in environ and environ["TORCHINDUCTOR_CACHE_DIR"] == _inductor_default_cache():
             environ.pop("TORCHINDUCTOR_CACHE_DIR")
     return {k: v for k, v in sorted(environ.items()) if _RELEVANT.match(k) and not _SECRET.search(k)

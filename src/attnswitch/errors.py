@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 
 __all__ = ["BackendUnavailable", "UnsupportedModel", "Refused", "Terminated", "sigterm_as_interrupt",
-           "raised_signal", "out_of_memory"]
+           "raised_signal", "signals_so_far", "raise_interrupt", "out_of_memory"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -72,15 +72,21 @@ def _terminated(signum, frame):
     raise Terminated
 
 
-def _interrupt(signum, frame):
+def raise_interrupt(signum, frame):
+    """The command's SIGINT handler: ``KeyboardInterrupt``, as Python's own, recorded (``raised_signal``)."""
     _RAISED.append(KeyboardInterrupt)
     raise KeyboardInterrupt
 
 
-def raised_signal() -> type[KeyboardInterrupt] | None:
+def signals_so_far() -> int:
+    """How many signals were recorded so far (``raised_signal(since=...)``: those of a later run only)."""
+    return len(_RAISED)
+
+
+def raised_signal(since: int = 0) -> type[KeyboardInterrupt] | None:
     """The first interrupt (``KeyboardInterrupt``) or termination (``Terminated``) raised in this process inside
-    ``sigterm_as_interrupt``, or None."""
-    return _RAISED[0] if _RAISED else None
+    ``sigterm_as_interrupt`` (after the first ``since`` recorded), or None."""
+    return _RAISED[since] if len(_RAISED) > since else None
 
 
 @contextlib.contextmanager
@@ -96,7 +102,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _terminated)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        previous[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt)
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, raise_interrupt)
     if previous:
         _RAISED.clear()  # (the block's own: none of an earlier one's)
     try:

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from .errors import raised_signal
+from .errors import raised_signal, signals_so_far
 from .options import OptionError
 
 __all__ = ["REPORT_ENTRIES", "check", "Staged", "previous_report"]
@@ -164,6 +164,7 @@ class Staged:
         self.replaced = False
         self._made: list[Path] = []
         self._discarded = False
+        self._signals = signals_so_far()  # (those recorded before this report began are not its own)
 
     def __enter__(self) -> Path:
         parent = self.final.parent
@@ -178,7 +179,7 @@ class Staged:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None and not self._discarded:
-            swallowed = raised_signal()
+            swallowed = raised_signal(self._signals)
             if swallowed is not None:  # a signal a library on the way turned into something else, or ignored
                 self._discard()
                 raise swallowed

@@ -13,6 +13,8 @@ import _signal  # the C module under ``signal``: the same calls without the enum
 import threading
 from collections.abc import Callable
 
+from ..errors import raise_interrupt
+
 __all__ = ["settle", "try_locked", "interrupts_deferred", "one_registration_at_a_time"]
 
 _LOCK = threading.Lock()
@@ -53,14 +55,14 @@ def try_locked(change: Callable[[], None]) -> bool:
 
 
 class interrupts_deferred:
-    """Hold a SIGINT back for the block (main thread, Python's own handler only), then raise it. (A class, not a
-    generator: it runs twice per switch entered and left.)"""
+    """Hold a SIGINT back for the block (main thread, Python's own handler or the command's), then raise it. (A
+    class, not a generator: it runs twice per switch entered and left.)"""
 
     __slots__ = ("_previous", "_caught")
 
     def __enter__(self) -> None:
         self._previous = None
-        if _get_ident() != _main_thread().ident or _signal.getsignal(_signal.SIGINT) is not _signal.default_int_handler:
+        if _get_ident() != _main_thread().ident or _signal.getsignal(_signal.SIGINT) not in _RAISING:
             return
         caught = self._caught = []
         self._previous = _signal.signal(_signal.SIGINT, lambda signum, frame: caught.append(signum))
@@ -70,7 +72,10 @@ class interrupts_deferred:
             return
         _signal.signal(_signal.SIGINT, self._previous)
         if self._caught:
-            raise KeyboardInterrupt
+            self._previous(_signal.SIGINT, None)  # (raises, as the signal would have; the command's records it)
 
 
 _get_ident, _main_thread = threading.get_ident, threading.main_thread
+#: the handlers whose SIGINT is held back: Python's own, and the command's (``errors.sigterm_as_interrupt``), which
+#: raises as Python's does and records it
+_RAISING = (_signal.default_int_handler, raise_interrupt)
