@@ -104,7 +104,8 @@ def trace(model, name: str, mode: str, seq: int, device: str) -> dict:
     for e in under:
         if e.name.startswith("aten::"):
             host[e.name] = host.get(e.name, 0.0) + e.self_cpu_time_total
-    copies = [e for e in events if e.device_type.name == "CPU" and ("Memcpy" in e.name or "Memset" in e.name)]
+    copies = [e for e in events if e.device_type.name == "CPU" and ("Memcpy" in e.name or "Memset" in e.name)
+              and "attention" in _chain(e)]  # (issued under an attention module: not the embedding's or cache's)
     return {
         "backend": name,
         "top_ops_per_call": {k: round(v / calls, 2) for k, v in top.most_common()},
@@ -121,7 +122,7 @@ def main(argv: list[str]) -> int:
     folders = [a for a in argv if not a.startswith("--")]
     unknown = (set(opts) - {"mode", "seq", "backends"}) | (flags - {"--tiny"})
     if len(folders) != 1 or unknown or opts.get("mode", "decode") not in ("prefill", "decode") or \
-            not opts.get("seq", "1").isdigit():
+            not opts.get("seq", "1").isdigit() or int(opts.get("seq", "1")) < 1:
         print(USAGE, file=sys.stderr)
         return 2
     tiny = "--tiny" in flags

@@ -281,7 +281,10 @@ def test_out_of_memory_outside_attention_is_one_line_exit_1_and_the_old_report_s
     code = main(["compare", "tiny-llama", "--out", str(out)])  # outside any backend: one line
     err = capsys.readouterr().err.strip()
     assert code == 1 and err.startswith("error: out of memory: ") and "\n" not in err, err
-    assert f"kept the previous report in {out}" in err
+    assert f"kept the previous report in {out}" in err and "--seq" in err
+    assert main(["compare", "tiny-llama", "--mode", "generate", "--prompt-len", "8", "--new-tokens", "2"]) == 1
+    err = capsys.readouterr().err  # (a generate takes no --seq: its lengths are its prompts' and new tokens')
+    assert "a smaller --batch, --prompt-len, --new-tokens or model may fit" in err and "--seq" not in err, err
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 
 

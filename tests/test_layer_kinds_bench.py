@@ -52,7 +52,8 @@ def test_the_call_trace_names_each_backends_attention_op_and_where_its_mask_is_c
     assert "aten::where" not in rows["auto"]["top_ops_per_call"]
 
 
-@pytest.mark.parametrize("argv", [["--tiny"], ["o", "--mode=train"], ["o", "--seq=x"], ["o", "--what=1"]])
+@pytest.mark.parametrize("argv", [["--tiny"], ["o", "--mode=train"], ["o", "--seq=x"], ["o", "--seq=0"],
+                                  ["o", "--what=1"]])
 def test_the_call_trace_refuses_what_it_cannot_run_with_usage(argv, capsys):
     from benchmarks import call_trace
 

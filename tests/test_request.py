@@ -61,6 +61,7 @@ REFUSED = [
     # a backend per phase where one phase runs: its other backend would be recommended unmeasured
     (["--backends", "prefill=flash/decode=math"], lambda: attnswitch.compare(
         m := tiny("llama"), batch_for(m), backends=["prefill=flash/decode=math"])),
+    # (prefill=flash/decode=flash is flash in every phase: measured whole, and taken)
     (["--mode", "decode", "--backends", "naive,sliding_attention.prefill=flash/sliding_attention.decode=math"],
      lambda: Request(mode="decode", backends="naive,sliding_attention.prefill=flash/sliding_attention.decode=math"
                      ).check()),

@@ -274,6 +274,12 @@ model.forward = type(model).forward.__get__(model)  # uncompiled again: its firs
 with torch.no_grad():
     model(input_ids=ids)
 assert owners.info_of(model).observed
+attnswitch.unpatch(model)
+inner = tiny("llama")  # a module inside the model compiled, its first forward switched
+attnswitch.patch(inner, "naive")
+inner.model.forward = torch.compile(inner.model.forward)
+with torch.no_grad():
+    inner(input_ids=ids)
 print("ran")
 """
 

@@ -535,10 +535,11 @@ def _no_space(e: OSError, outcome: _Outcome) -> str:
     return f"no space left on device{where}{left}"
 
 
-def _no_memory(e: BaseException, outcome: _Outcome) -> str:
+def _no_memory(e: BaseException, outcome: _Outcome, mode: str | None) -> str:
     first = str(e).splitlines()[0] if str(e) else type(e).__name__
     left = f"; {_left(outcome.folder, outcome.kept)}" if outcome.folder else ""
-    return f"out of memory: {first}; a smaller --batch, --seq or model may fit{left}"
+    smaller = "--batch, --prompt-len, --new-tokens" if mode == "generate" else "--batch, --seq"
+    return f"out of memory: {first}; a smaller {smaller} or model may fit{left}"
 
 
 def _console(**kw):
@@ -606,7 +607,7 @@ def _main(argv: list[str], started: float, outcome: _Outcome, said: dict) -> int
             _error(err, e)
             return EXIT_BAD_INPUT
         if isinstance(e, MemoryError) or out_of_memory(e):  # the model itself, outside any backend's row
-            _error(err, _no_memory(e, outcome))
+            _error(err, _no_memory(e, outcome, getattr(args, "mode", None)))
             return EXIT_NOTHING_RAN
         raise
     finally:

@@ -198,7 +198,7 @@ def _one_phase(mode: str | None, names: list[str]) -> None:
         c = candidate.parse(name) if name != "all" else None
         sels = (c.policy,) if c is not None and c.policy is not None else \
             tuple(sel for _, sel in c.kinds.by_kind) if c is not None and c.kinds is not None else ()
-        policy = next((sel for sel in sels if isinstance(sel, candidate.Policy)), None)
+        policy = next((sel for sel in sels if isinstance(sel, candidate.Policy) and sel.prefill != sel.decode), None)
         if policy is not None:
             raise OptionError("{given!r} is a backend per phase, and a {which} step runs only its {phase} phase: "
                               "name that phase's backend ({backend}), or measure both phases with {mode} generate",

@@ -451,10 +451,13 @@ def guarded_call(self: nn.Module, *args, **kwargs):
 
 
 def _compiled_forward(model: nn.Module) -> bool:
-    """``model.forward = torch.compile(model.forward)``: Dynamo, entering that frame with a torch function mode on
-    the stack, traces the model wrongly (torch 2.11-2.13: ``arange(..., device=torch.Size)`` in Llama's forward),
-    so such a forward is not watched; the model's first uncompiled one is."""
-    return hasattr(model.__dict__.get("forward"), "_torchdynamo_orig_callable")
+    """A forward of the model or of a module inside it is compiled (``m.forward = torch.compile(m.forward)``,
+    ``m.compile()``): Dynamo, entering that frame with a torch function mode on the stack, traces the model
+    wrongly (torch 2.11-2.13: ``arange(..., device=torch.Size)`` in Llama's forward), so such a forward is not
+    watched, and the model's first uncompiled one is (``compare`` and ``check`` run one before any compiled
+    step). Looked for only until a forward was watched."""
+    return any(hasattr(m.__dict__.get("forward"), "_torchdynamo_orig_callable") or
+               m.__dict__.get("_compiled_call_impl") is not None for m in model.modules())
 
 
 def _unswitched_recordable(model: nn.Module, out):
