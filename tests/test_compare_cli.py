@@ -344,3 +344,15 @@ def test_a_workloads_prompt_lengths_may_repeat_a_length_a_sweeps_points_may_not(
     assert args.prompt_lens == [16, 16, 32]  # three prompts, two of one length
     with pytest.raises(SystemExit):
         build_parser().parse_args(["compare", "--mode", "generate", "--prompt-len", "16,16"])
+
+
+def test_what_reads_as_out_of_memory():
+    from attnswitch.errors import out_of_memory
+
+    assert out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    for text in (_CPU_OOM, "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported",
+                 "cuDNN error: CUDNN_STATUS_ALLOC_FAILED", "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling "
+                 "`cublasCreate(handle)`"):
+        assert out_of_memory(RuntimeError(text)), text
+    for e in (RuntimeError("shape mismatch"), ValueError("can't allocate memory"), MemoryError()):
+        assert not out_of_memory(e), e  # (MemoryError: taken where it is caught, apart from this)

@@ -48,12 +48,17 @@ class Refused(RuntimeError):
 
 
 def out_of_memory(e: BaseException) -> bool:
-    """Whether ``e`` is an allocation that failed: CUDA's ``torch.OutOfMemoryError``, or the CPU allocator's
-    ``RuntimeError`` (``DefaultCPUAllocator: can't allocate memory``), which has no type of its own."""
+    """Whether ``e`` is an allocation that failed: CUDA's caching allocator's ``torch.OutOfMemoryError``, or an error
+    with no type of its own: the CPU allocator's (``DefaultCPUAllocator: can't allocate memory``), the CUDA
+    runtime's (``CUDA error: out of memory``: a context, a cuBLAS handle), cuDNN's or cuBLAS's workspace's."""
     if type(e).__name__ == "OutOfMemoryError":
         return True
     text = str(e) if isinstance(e, RuntimeError) else ""
-    return "can't allocate memory" in text or "CUDA out of memory" in text
+    return any(w in text for w in _OOM_WORDS)
+
+
+_OOM_WORDS = ("can't allocate memory", "CUDA out of memory", "CUDA error: out of memory", "CUDNN_STATUS_ALLOC_FAILED",
+              "CUBLAS_STATUS_ALLOC_FAILED")
 
 
 class Terminated(KeyboardInterrupt):
