@@ -365,3 +365,13 @@ def test_check_of_a_model_with_no_attention_call_says_so_and_exits_1_not_every_b
     assert code == cli.EXIT_NOTHING_RAN and "no attention call" in printed and " ok" not in printed, printed
     assert cli.main(["check", "tiny-llama", "--num-layers", "1", "--seq", "16", "--backends", "naive"]) == cli.EXIT_OK
     assert "naive          ok" in capsys.readouterr().out
+
+
+def test_only_compiled_candidates_are_not_a_model_without_attention():
+    # `compare --compile default --backends flex,math` on a CPU: math+compile ran, its compiled forward's calls are
+    # not counted one by one (0), and the answer was "the model's forward made no attention call", exit 1
+    compiled = fixed("math+compile", [4.0] * 6, attn_calls=0.0, compile="default")
+    r = report_of([compiled, BackendResult("flex+compile", "unavailable", ("flex runs on cuda tensors",))])
+    assert not r.no_attention and r.pick == "math+compile"
+    none = fixed("naive", [4.0] * 6, attn_calls=0.0)  # uncompiled rows say it
+    assert report_of([none, fixed("math+compile", [4.0] * 6, attn_calls=0.0, compile="default")]).no_attention
