@@ -97,8 +97,9 @@ def test_names_are_made_canonical_only_where_asked():
         "naive", "prefill=cudnn/decode=efficient"]
     with pytest.raises(ValueError, match="unknown phase key"):
         parse("prefil=cudnn/decode=flash")
-    with pytest.raises(ValueError, match="decode_max_query must be a positive int"):
-        parse("prefill=cudnn/decode=flash/decode_max_query=0")
+    for limit in ("0", "99999999999999999999"):  # (the second made every call a decode step)
+        with pytest.raises(ValueError, match="decode_max_query must be an int from 1 to 65536"):
+            parse(f"prefill=cudnn/decode=flash/decode_max_query={limit}")
 
 
 def test_a_tie_prefers_what_changes_least():

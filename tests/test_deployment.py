@@ -201,7 +201,7 @@ def test_a_bad_policy_file_is_a_clear_exception(text, message, tmp_path):
     ({"selection": ""}, "'selection': unknown attention backend ''"),
     ({"selection": {"prefill": 7, "decode": "flash"}}, "'selection': backend name must be a str"),
     ({"selection": {"prefill": "math", "decode": "flash", "decode_max_query": "x"}},
-     "'selection': decode_max_query must be a positive int, got 'x'"),
+     "'selection': decode_max_query must be an int from 1 to 65536 (a decode step's query tokens), got 'x'"),
     ({"selection": {"prefill": "math"}}, "'selection': a backend policy needs both 'prefill' and 'decode'"),
     ({"schema": True}, "not a policy file of schema 1 ('schema' is true)"),
     ({"schema": 1.0}, "not a policy file of schema 1 ('schema' is 1.0)"),

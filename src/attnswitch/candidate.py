@@ -30,6 +30,8 @@ __all__ = ["Candidate", "Policy", "Kinds", "Selection", "PHASE_KEYS", "parse", "
 
 #: the keys of a policy per phase
 PHASE_KEYS = ("prefill", "decode", "decode_max_query")
+#: the most query tokens a decode step may be given (speculative decoding verifies a few; more is a prefill)
+DECODE_MAX_QUERY = 65536
 _COMPILE = "+compile"
 #: added to a backend per layer kind's preference: after every single backend, compiled or not
 _KINDS_AFTER = 1000
@@ -238,8 +240,9 @@ def policy_of(fields: Mapping, key: Callable[[str], str] = str) -> Policy:
     if "prefill" not in fields or "decode" not in fields:
         raise OptionError("a backend policy needs both 'prefill' and 'decode'")
     limit = fields.get("decode_max_query", 1)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise OptionError("decode_max_query must be a positive int, got {got!r}", got=limit)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= DECODE_MAX_QUERY:
+        raise OptionError("decode_max_query must be an int from 1 to {most} (a decode step's query tokens), got "
+                          "{got!r}", got=limit, most=DECODE_MAX_QUERY)
     return Policy(key(fields["prefill"]), key(fields["decode"]), limit)
 
 
