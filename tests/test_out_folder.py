@@ -74,7 +74,26 @@ SWALLOWING = INTERRUPTING.replace("""    os.kill(os.getpid(), signal.SIGINT)
 assert SWALLOWING != INTERRUPTING
 
 
-@pytest.mark.parametrize("turned", [False, True])
+# the same, the interrupt swallowed while the options are checked (before the report's folder is staged: the
+# command's imports)
+SWALLOWED_EARLY = SWALLOWING.replace("""from attnswitch.cli import run""", """import attnswitch.outfolder
+real_check = attnswitch.outfolder.check
+
+
+def check(*a, **k):
+    try:
+        signal.raise_signal(signal.SIGINT)
+    except BaseException:
+        pass
+    return real_check(*a, **k)
+
+
+attnswitch.outfolder.check = check
+from attnswitch.cli import run""")
+assert SWALLOWED_EARLY != SWALLOWING
+
+
+@pytest.mark.parametrize("turned", [False, True, "early"])
 def test_ctrl_c_that_a_library_swallows_or_turns_into_an_error_still_ends_the_command_as_one(turned, tmp_path,
                                                                                               capsys):
     # an interrupt in an import, turned into ModuleNotFoundError by transformers' lazy modules, was a traceback and
@@ -84,8 +103,10 @@ def test_ctrl_c_that_a_library_swallows_or_turns_into_an_error_still_ends_the_co
     capsys.readouterr()
     found = _tree(out)
     script = tmp_path / "swallowing.py"
-    script.write_text(SWALLOWING.format(turned=turned))
-    r = subprocess.run([sys.executable, str(script), *BASE, "--backends", "naive,interrupting", "--out", str(out)],
+    script.write_text(SWALLOWED_EARLY.format(turned=False) if turned == "early" else
+                      SWALLOWING.format(turned=turned))
+    backends = "naive,math" if turned == "early" else "naive,interrupting"
+    r = subprocess.run([sys.executable, str(script), *BASE, "--backends", backends, "--out", str(out)],
                        capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert r.returncode == 130, r.stderr[-3000:]
     assert r.stderr.strip().splitlines()[-1] == f"interrupted; kept the previous report in {out}", r.stderr[-3000:]

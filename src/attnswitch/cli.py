@@ -376,7 +376,7 @@ def _measured(s: Session, run: Callable, sweep: Callable | None = None) -> int:
     out = s.args.out
     # the report is written into a folder beside --out, which takes its place once every file is written; a
     # run that ends in anything but a report leaves --out as it was
-    staging = outfolder.Staged(out) if out and dist.is_main() else None
+    staging = outfolder.Staged(out, s.outcome.signals) if out and dist.is_main() else None
     s.outcome.staged = staging
     with staging or contextlib.nullcontext() as staged:
         trace_dir = staged / "traces" if staged is not None else (Path(out) / "traces" if out else None)

@@ -158,13 +158,14 @@ class Staged:
     from then on). When it raises, or ``discard()`` was called in it, what was staged is removed, with the
     parent folders made for it, and ``out`` is as it was."""
 
-    def __init__(self, out: str | Path):
+    def __init__(self, out: str | Path, signals: int | None = None):
         self.final = Path(out).resolve()
         self.path: Path | None = None
         self.replaced = False
         self._made: list[Path] = []
         self._discarded = False
-        self._signals = signals_so_far()  # (those recorded before this report began are not its own)
+        # the signals recorded before this report's run began are not its own (``signals``: as the run counted them)
+        self._signals = signals_so_far() if signals is None else signals
 
     def __enter__(self) -> Path:
         parent = self.final.parent
