@@ -79,7 +79,7 @@ def test_api_arguments_of_the_wrong_kind_get_clear_errors(registered_kernel):
             attnswitch.unpatch(bad)
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         attnswitch.patch("tiny", "naive")
-    with pytest.raises(ValueError, match="decode_max_query must be a positive int"):
+    with pytest.raises(ValueError, match="decode_max_query must be an int from 1 to 65536"):
         attnswitch.backend({"prefill": "naive", "decode": "math", "decode_max_query": True})
     with pytest.raises(ValueError, match="positive whole numbers"):
         make_workload(m, batch=1.5)
