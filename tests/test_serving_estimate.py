@@ -256,6 +256,7 @@ def test_a_compiled_picks_deploy_snippet_switches_then_compiles_what_was_measure
 
 _COMPILED_SNIPPET = """
 import torch, attnswitch
+from torch._dynamo.utils import counters
 from conftest import tiny
 from attnswitch.deploy import deploy_info
 from attnswitch.hf import owners
@@ -270,24 +271,24 @@ d = deploy_info("flash+compile", {"torch": torch.__version__}, {"mode": "prefill
 exec(d.attnswitch, {"model": model})  # the report's own text, as a user copies it
 with torch.no_grad():
     torch.testing.assert_close(model(input_ids=ids).logits, want, atol=1e-5, rtol=1e-5)
-model.forward = type(model).forward.__get__(model)  # uncompiled again: its first forward is watched
-with torch.no_grad():
-    model(input_ids=ids)
-assert owners.info_of(model).observed
+assert owners.info_of(model).observed  # the compiled forward was watched
+assert not counters["graph_break"], dict(counters["graph_break"])  # one graph, as measured
 attnswitch.unpatch(model)
 inner = tiny("llama")  # a module inside the model compiled, its first forward switched
 attnswitch.patch(inner, "naive")
 inner.model.forward = torch.compile(inner.model.forward)
 with torch.no_grad():
     inner(input_ids=ids)
+assert not counters["graph_break"], dict(counters["graph_break"])
 print("ran")
 """
 
 
 def test_a_compiled_picks_deploy_snippet_runs_as_written_under_dynamo():
-    # the switch, then the model's forward compiled, then its first forward: Dynamo entered that frame with the
-    # switch's watch (a torch function mode) on the stack and traced Llama's forward wrongly (arange(...,
-    # device=torch.Size)). Only as a process's first switched forward: in a process of its own
+    # the switch, then the model's forward compiled, then its first forward, the process's first switched one (in
+    # a process of its own): a dict of attnswitch's written inside the trace (a registry place, cached on first
+    # use) made Dynamo break the graph at the selection's next mappingproxy read, and resume Llama's forward
+    # wrongly under the switch's watch (a torch function mode): arange(..., device=torch.Size)
     import subprocess
     import sys
     from pathlib import Path

@@ -425,7 +425,7 @@ def guarded_call(self: nn.Module, *args, **kwargs):
     if outer is not None:
         fwd.watch = outer.watch  # (the outer forward's watch sees this one's calls)
         fwd.wrap = fwd.wrap or fwd.watch is not None
-    elif info is not None and not info.observed and not _compiled_forward(self):
+    elif info is not None and not info.observed:
         watch = fwd.watch = observe.Watch(self, info.owned, _INSIDE)  # (not compiling: see above)
         fwd.wrap = True
     token = _FORWARD.set(fwd)
@@ -448,16 +448,6 @@ def guarded_call(self: nn.Module, *args, **kwargs):
     if outer is None and info.layers and _GRAD_ON() and info.checkpointing():
         recompute.note(info, type(self).__name__, fwd.sel, out)
     return out
-
-
-def _compiled_forward(model: nn.Module) -> bool:
-    """A forward of the model or of a module inside it is compiled (``m.forward = torch.compile(m.forward)``,
-    ``m.compile()``): Dynamo, entering that frame with a torch function mode on the stack, traces the model
-    wrongly (torch 2.11-2.13: ``arange(..., device=torch.Size)`` in Llama's forward), so such a forward is not
-    watched, and the model's first uncompiled one is (``compare`` and ``check`` run one before any compiled
-    step). Looked for only until a forward was watched."""
-    return any(hasattr(m.__dict__.get("forward"), "_torchdynamo_orig_callable") or
-               m.__dict__.get("_compiled_call_impl") is not None for m in model.modules())
 
 
 def _unswitched_recordable(model: nn.Module, out):

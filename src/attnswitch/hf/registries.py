@@ -20,8 +20,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.nn as nn
-import torch.nn.parallel.parallel_apply  # noqa: F401 (loads the module whose threads are taken over)
+import torch.nn.parallel.parallel_apply  # (loads the module whose threads are taken over)
 from transformers import PreTrainedModel
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
@@ -63,6 +64,7 @@ def standard_keys() -> set[str]:
     return {k for k in keys if not k.startswith("paged")}
 
 
+_COMPILING = torch.compiler.is_compiling
 #: entry -> (the dict it is in, or what has it as an attribute; its key; whether an attribute; attnswitch's function)
 _PLACES: dict[tuple[str, str, str], tuple[Any, str, bool, Any]] = {}
 
@@ -75,7 +77,10 @@ def _place(entry: tuple[str, str, str]) -> tuple[Any, str, bool, Any]:
             place = (_ATTR_OWNERS[entry[1]], entry[2], True, fn)
         else:
             place = (_mapping(entry[0], entry[1]), entry[2], False, fn)
-        if fn is not None:  # (known once the module that defines it is imported)
+        # (known once the module that defines it is imported; not while Dynamo traces: a dict written in a trace
+        # makes it break the graph at the next mappingproxy read, the selection's, and torch 2.11-2.13 then
+        # resumes Llama's forward wrongly under a torch function mode)
+        if fn is not None and not _COMPILING():
             _PLACES[entry] = place
     return place
 
