@@ -23,24 +23,11 @@ import torch
 
 import attnswitch
 from attnswitch.env import environment
+from benchmarks.user_loop import model_of
 
 __all__ = ["main", "trace"]
 
 USAGE = __doc__.split("\n\n")[2]
-
-
-def _model(tiny: bool, device: str, dtype):
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    torch.manual_seed(0)
-    size = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=1, head_dim=32, sliding_window=8,
-                layer_types=["sliding_attention", "full_attention"]) if tiny else \
-        dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=6, num_attention_heads=4,
-             num_key_value_heads=1, head_dim=256, sliding_window=512,
-             layer_types=["sliding_attention"] * 5 + ["full_attention"])
-    cfg = Gemma3TextConfig(vocab_size=211 if tiny else 32000, max_position_embeddings=32768, **size)
-    return Gemma3ForCausalLM(cfg).to(device, dtype).eval()
 
 
 def _chain(evt) -> list[str]:
@@ -130,7 +117,7 @@ def main(argv: list[str]) -> int:
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     mode, seq = opts.get("mode", "decode"), int(opts.get("seq", 16 if tiny else 8192))
     names = opts.get("backends", "cudnn,efficient,flash,auto" if device == "cuda" else "flash,math,auto").split(",")
-    model = _model(tiny, device, dtype)
+    model = model_of("gemma3", tiny, device, dtype)  # (the user-loop check's Gemma-3 shape)
     rows = []
     for name in names:
         try:

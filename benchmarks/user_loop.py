@@ -58,7 +58,7 @@ from attnswitch.workload import make_workload
 
 __all__ = ["Shape", "SHAPES", "SMOKE", "user_loop", "check", "run", "main", "folder_main", "bounded", "OverTime",
            "LOW", "HIGH", "TOTAL_S", "LOOP_S", "MAX_REPEATS", "PAIRED_ROUNDS", "PAIRED_S", "MAX_PAIRED_ROUNDS",
-           "paired", "checked"]
+           "paired", "checked", "model_of"]
 
 #: the band every ratio must fall in
 LOW, HIGH = 0.97, 1.03
@@ -133,7 +133,7 @@ SMOKE = tuple(Shape(s.name, s.model, {"prefill": (2, 16), "decode": (1, 16), "tr
               for s in SHAPES)
 
 
-def _model(kind: str, tiny: bool, device: str, dtype: torch.dtype) -> torch.nn.Module:
+def model_of(kind: str, tiny: bool, device: str, dtype: torch.dtype) -> torch.nn.Module:
     """A random-weight model of ``kind`` (``qwen3``, ``gemma3``), full size or tiny (the smoke run's)."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -405,7 +405,7 @@ def run(out: Path, smoke: bool = False, only: str | None = None, total_s: float 
             with bounded(shape.bound_s):
                 if shape.model not in models:
                     models.clear()  # one model held at a time
-                    models[shape.model] = _model(shape.model, smoke, device, dtype)
+                    models[shape.model] = model_of(shape.model, smoke, device, dtype)
                 done = check(models[shape.model], shape, mode, names, turn,
                              *((0.5, 0.0) if smoke else (LOOP_S, PAIRED_S)))
             rows += done.pop("rows")

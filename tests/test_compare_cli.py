@@ -216,21 +216,27 @@ def test_cli_check_and_env(capsys):
     assert main(["presets"]) == 0
 
 
+def _out_of_memory_in(monkeypatch, backend: str, error: Exception) -> None:
+    """``backend``'s attention calls raise ``error``, by either path (its common call's op, the forced one)."""
+    real = dispatch.run_backend
+
+    def run(name, call):
+        if name == backend:
+            raise error
+        return real(name, call)
+
+    def common(*args):
+        raise error
+
+    monkeypatch.setattr(dispatch, "run_backend", run)
+    if backend in dispatch.COMMON_OPS:
+        monkeypatch.setattr(dispatch, "COMMON_OPS", {**dispatch.COMMON_OPS, backend: common})
+
+
 def test_out_of_memory_on_one_backend_is_recorded_and_the_others_run(monkeypatch):
     m, _ = load_model("tiny-llama", layers=1)
     w = make_workload(m, batch=1, seq=16)
-    real = dispatch.run_backend
-
-    def oom_for_flash(name, call):
-        if name == "flash":
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
-        return real(name, call)
-
-    def oom(*args):
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
-
-    monkeypatch.setattr(dispatch, "run_backend", oom_for_flash)
-    monkeypatch.setattr(dispatch, "COMMON_OPS", {**dispatch.COMMON_OPS, "flash": oom})  # the common call's path
+    _out_of_memory_in(monkeypatch, "flash", torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB"))
     r = attnswitch.compare(m, w, backends=["flash", "math", "naive"], warmup=0, iters=2, rounds=1)
     assert r["flash"].status == "failed" and "out of memory" in r["flash"].reasons[0]
     assert r["math"].ok and r["naive"].ok and "flash" not in r.ranking
@@ -245,14 +251,7 @@ def test_s_by_s_scores_that_do_not_fit_fail_naive_alone_not_the_warm_up_nor_a_fu
     # so in a RuntimeError)
     m, _ = load_model("tiny-llama", layers=1)
     w = make_workload(m, batch=1, seq=16)
-    real = dispatch.run_backend
-
-    def cpu_oom_for_naive(name, call):
-        if name == "naive":
-            raise RuntimeError(_CPU_OOM)
-        return real(name, call)
-
-    monkeypatch.setattr(dispatch, "run_backend", cpu_oom_for_naive)
+    _out_of_memory_in(monkeypatch, "naive", RuntimeError(_CPU_OOM))
     r = attnswitch.compare(m, w, backends=["flash", "naive"], warmup=0, iters=2, rounds=1)
     assert r["naive"].status == "failed" and r["naive"].reasons[0].startswith("out of memory: ")
     assert r["flash"].ok and r.pick == "flash"

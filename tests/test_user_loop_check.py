@@ -47,7 +47,7 @@ def _fake_checks(monkeypatch, ratios: dict, sleep_s: float = 0.0):
                           "loop_ms": 10.0, "ratio": r} for n in names]}
 
     monkeypatch.setattr(user_loop, "check", check)
-    monkeypatch.setattr(user_loop, "_model", lambda *a: None)
+    monkeypatch.setattr(user_loop, "model_of", lambda *a: None)
 
 
 def test_a_ratio_outside_the_band_fails_the_run(tmp_path, monkeypatch):
@@ -84,7 +84,7 @@ def test_the_band_holds_the_side_by_side_figure_where_there_is_one(tmp_path, mon
                               "ratio": 1.2, "paired_ratio": paired} for n in names]}
         return fake
 
-    monkeypatch.setattr(user_loop, "_model", lambda *a: None)
+    monkeypatch.setattr(user_loop, "model_of", lambda *a: None)
     monkeypatch.setattr(user_loop, "check", check(1.01))
     assert user_loop.run(tmp_path, only="gemma3/train") == 0
     monkeypatch.setattr(user_loop, "check", check(1.05))
@@ -108,7 +108,7 @@ def test_the_loop_leaves_a_callers_frozen_heap_frozen():
 
     from attnswitch.workload import make_workload
 
-    model = user_loop._model("qwen3", True, "cpu", torch.float32)
+    model = user_loop.model_of("qwen3", True, "cpu", torch.float32)
     work = make_workload(model, batch=1, seq=8, mode="prefill")
     gc.freeze()
     try:

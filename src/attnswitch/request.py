@@ -194,11 +194,10 @@ def _one_phase(mode: str | None, names: list[str]) -> None:
     if mode in (None, "generate"):
         return
     phase = "decode" if mode == "decode" else "prefill"
-    for name in names:
-        c = candidate.parse(name) if name != "all" else None
-        sels = (c.policy,) if c is not None and c.policy is not None else \
-            tuple(sel for _, sel in c.kinds.by_kind) if c is not None and c.kinds is not None else ()
-        policy = next((sel for sel in sels if isinstance(sel, candidate.Policy) and sel.prefill != sel.decode), None)
+    for name in (n for n in names if n != "all"):
+        c = candidate.parse(name)
+        sels = (c.policy,) if c.policy is not None else tuple(s for _, s in c.kinds.by_kind) if c.kinds else ()
+        policy = next((s for s in sels if isinstance(s, candidate.Policy) and s.prefill != s.decode), None)
         if policy is not None:
             raise OptionError("{given!r} is a backend per phase, and a {which} step runs only its {phase} phase: "
                               "name that phase's backend ({backend}), or measure both phases with {mode} generate",
