@@ -189,6 +189,30 @@ def test_compiling_in_one_thread_changes_nothing_another_thread_runs():
     assert_ran(seen["b math"], "math")
 
 
+
+def test_a_switch_entered_in_another_thread_waits_for_a_compile_in_progress():
+    """A trace reads the registries a switch writes (while one is held anywhere, every model's call passes
+    attnswitch's entries): a switch entered or left elsewhere mid-trace made Dynamo fail its own guard check
+    ("Guard failed on the same frame it was created"). Entering waits for the compile to finish instead."""
+    m, other = tiny("llama"), tiny("llama")
+    batch = batch_for(m, pad=False)
+    entered, during = threading.Event(), []
+
+    def enter_elsewhere():
+        with attnswitch.backend("math", model=other):
+            entered.set()
+
+    def backend(gm, example_inputs):  # runs inside the compile, under Dynamo's lock
+        t = threading.Thread(target=enter_elsewhere)
+        t.start()
+        during.append(entered.wait(3))  # (the switch entered meanwhile: the race; waiting longer only passes more)
+        return gm.forward
+
+    compiled = torch.compile(m, backend=backend)
+    torch.testing.assert_close(forward(compiled, batch), forward(m, batch))
+    assert during and not any(during), "a switch was entered in another thread while this one compiled"
+    assert entered.wait(60)
+    assert attnswitch.active_backend() is None
 @pytest.mark.slow
 def test_gradients_through_compiled_forced_backends_match_uncompiled():
     m = tiny("llama").train()

@@ -5,6 +5,11 @@ A change is a ``step`` (forget or record a lease, set the selection) followed by
 both are idempotent, so running them again after an interrupt completes the change. This module is the
 mechanism the rest relies on: a signal cannot split a ``with lock`` (CPython raises it between bytecodes
 a ``with`` exit does not span), and the SIGINT handler it swaps in raises nothing.
+
+A change also holds ``torch.compile``'s own lock, the one Dynamo traces and builds its guards under: a trace in
+another thread (of any model, switched or not: while a switch is held, every model's call passes attnswitch's
+entries) then never reads the registries half-changed, which Dynamo reports as a guard that "failed on the same
+frame it was created" or an internal error, and its guards are checked against the state it traced.
 """
 
 from __future__ import annotations
@@ -14,6 +19,11 @@ import threading
 from collections.abc import Callable
 
 from ..errors import raise_interrupt
+
+try:
+    from torch._dynamo.convert_frame import compile_lock as _COMPILE_LOCK  # (an RLock, since torch 2.0)
+except ImportError:  # pragma: no cover - a torch without Dynamo
+    _COMPILE_LOCK = threading.RLock()
 
 __all__ = ["settle", "try_locked", "interrupts_deferred", "one_registration_at_a_time"]
 
@@ -27,7 +37,7 @@ def settle(change: Callable[[], None]) -> None:
     pending: BaseException | None = None
     for _ in range(100):
         try:
-            with _LOCK:
+            with _COMPILE_LOCK, _LOCK:
                 change()
             break
         except BaseException as e:
@@ -44,13 +54,18 @@ def one_registration_at_a_time(register: Callable[[], object]):
 
 
 def try_locked(change: Callable[[], None]) -> bool:
-    """Run ``change`` now if the lock is free (a finalizer may run while it is held); False if not."""
-    if not _LOCK.acquire(blocking=False):
+    """Run ``change`` now if the locks are free (a finalizer may run while they are held); False if not."""
+    if not _COMPILE_LOCK.acquire(blocking=False):
         return False
     try:
-        change()
+        if not _LOCK.acquire(blocking=False):
+            return False
+        try:
+            change()
+        finally:
+            _LOCK.release()
     finally:
-        _LOCK.release()
+        _COMPILE_LOCK.release()
     return True
 
 
