@@ -1,5 +1,6 @@
 """The switch: which implementation ran, state restored, nesting, threads, patching, bad input."""
 
+import contextlib
 import threading
 
 import pytest
@@ -220,6 +221,67 @@ def test_patch_and_context_on_same_model_restore_in_any_order(llama, spy):
     assert set(spy.names) == {"naive"}
     attnswitch.unpatch(llama)
     assert world(llama) == before
+
+
+def _in_another_thread(fn):
+    """``fn()`` run to its end in another thread (a redeploy beside a forward), its exception raised here."""
+    errors = []
+
+    def run():
+        try:
+            fn()
+        except BaseException as e:
+            errors.append(e)
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(60)
+    assert not t.is_alive() and not errors, errors
+
+
+def test_a_patch_undone_in_another_thread_mid_forward_keeps_that_forward_switched(llama, spy):
+    """The last holder let go mid-forward put the registries back under it: its later layers ran the model's
+    own attention, and the forward was refused as one that computed attention itself."""
+    b = batch_for(llama)
+    before = world(llama)
+    layers = llama.model.layers
+    unpatched = []
+
+    def after_the_first_layer(*_):
+        if not unpatched:
+            unpatched.append(_in_another_thread(lambda: attnswitch.unpatch(llama)))
+    layers[0].register_forward_hook(after_the_first_layer)
+    attnswitch.patch(llama, "math")
+    with torch.no_grad():
+        llama(**b)  # (no UnsupportedModel)
+    assert unpatched and attnswitch.is_patched(llama) is None
+    assert spy.names == ["math"] * len(layers)  # every layer, the second ran after the unpatch
+    assert world(llama) == before  # put back once the forward returned
+    with torch.no_grad():
+        llama(**b)
+    assert spy.names == ["math"] * len(layers)  # the next forward: the model's own attention
+
+
+@pytest.mark.parametrize("guard", ["none held", "held for another model", "nested model"])
+def test_a_patch_made_in_another_thread_mid_forward_waits_for_the_next_forward(llama, spy, guard):
+    """A forward that began with its model unselected runs unselected to its end, whether the per-forward guard
+    was installed as it began or not, and whichever of its modules (a layer, a submodel) run after the patch."""
+    b = batch_for(llama)
+    other = tiny("llama")
+    hooked = llama.model if guard == "nested model" else llama.model.layers[1]
+    done = []
+
+    def before(*_):
+        if not done:
+            done.append(_in_another_thread(lambda: attnswitch.patch(llama, "math")))
+    hooked.register_forward_pre_hook(before)
+    held = attnswitch.backend("naive", model=other) if guard == "held for another model" else contextlib.nullcontext()
+    with torch.no_grad(), held:
+        out = llama(**b)
+        assert done and attnswitch.is_patched(llama) == "math"
+        assert spy.names == []  # the forward begun unselected ran unselected throughout
+        torch.testing.assert_close(llama(**b).logits, out.logits, rtol=1e-4, atol=1e-5)
+        assert spy.names == ["math"] * len(llama.model.layers)  # the next one runs the patch
+    attnswitch.unpatch(llama)
 
 
 # -- bad input ------------------------------------------------------------------------------------

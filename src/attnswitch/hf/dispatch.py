@@ -17,11 +17,13 @@ interface (``observe``): a switch must never silently change nothing.
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 from contextvars import ContextVar
 
 import torch
 import torch.nn as nn
+from transformers import PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from .. import backends, catalog, instrument
@@ -298,7 +300,32 @@ def _measured(module, query, key, value, mask, kwargs, own):
 
 def _selected(module, fwd: Forward | None):
     """The selection for a call of ``module`` in the calling context, ``fwd`` the forward running there."""
-    return selection.selected(module, None if fwd is None or fwd.state is None else fwd.models)
+    if fwd is None:
+        sel = selection.selected(module, None)
+        return None if sel is not None and _inside_unguarded_forward() else sel
+    if fwd.state is None:
+        return selection.selected(module, None)
+    if fwd.sel is None and _STATE_GET() is fwd.state:
+        return None  # (the rules over the state it began in gave none; a patch made elsewhere since waits for the next)
+    return selection.selected(module, fwd.models)
+
+
+_MODULE_CALL = nn.Module._call_impl.__code__
+
+
+def _inside_unguarded_forward() -> bool:
+    """Whether the calling code runs inside a forward of a transformers model that started before any switch was
+    held (its call took ``nn.Module._call_impl``, not the guard): it runs, to its end, what its model ran then,
+    whatever a patch made in another thread meanwhile selects. (Walked only where no forward is known: a module
+    run alone, or this.)"""
+    f = sys._getframe(1)
+    while f is not None:
+        if f.f_code is _MODULE_CALL and isinstance(f.f_locals.get("self"), PreTrainedModel):
+            caller = f.f_back
+            if caller is None or caller.f_code is not _GUARDED_CODE:
+                return True
+        f = f.f_back
+    return False
 
 
 _FORWARD_GET = _FORWARD.get
@@ -416,7 +443,10 @@ def guarded_call(self: nn.Module, *args, **kwargs):
     if outer is not None and outer.models == owners.owners(self):
         return call(self, *args, **kwargs)  # a forward inside one of the same models: its calls are that one's
     fwd = new_forward(self)
+    if outer is None and fwd.sel is not None and _inside_unguarded_forward():
+        return call(self, *args, **kwargs)  # a part of a forward begun unswitched: its calls run unswitched too
     info = fwd.info if fwd.sel is not None else None
+    keys = None
     if info is not None:
         keys = info.keys()
         if record.lacking(info.token, keys):  # its attention implementation changed since the switch was made
@@ -430,6 +460,8 @@ def guarded_call(self: nn.Module, *args, **kwargs):
         fwd.wrap = True
     token = _FORWARD.set(fwd)
     try:
+        if fwd.sel is not None:  # the registries stay for it to its end (its selection may be let go elsewhere)
+            record.running(fwd, keys if keys is not None else _keys_of(fwd.models))
         if watch is None:
             out = call(self, *args, **kwargs)
         else:
@@ -438,6 +470,8 @@ def guarded_call(self: nn.Module, *args, **kwargs):
     finally:
         fwd.state = fwd.model = None  # finished, also for a context copied during it
         _FORWARD.reset(token)
+        if fwd.sel is not None:
+            record.returned(fwd)
     if outer is not None:
         outer.calls += fwd.calls
     if info is None:  # not selected, or a part of a selected model run alone
@@ -448,6 +482,12 @@ def guarded_call(self: nn.Module, *args, **kwargs):
     if outer is None and info.layers and _GRAD_ON() and info.checkpointing():
         recompute.note(info, type(self).__name__, fwd.sel, out)
     return out
+
+
+def _keys_of(tokens) -> frozenset[str]:
+    """The attention keys the models of ``tokens`` name (a part of a selected model run alone)."""
+    infos = [owners.by_token(t) for t in tokens]
+    return frozenset().union(*(i.keys() for i in infos if i is not None))
 
 
 def _unswitched_recordable(model: nn.Module, out):
@@ -474,6 +514,7 @@ def _check(model: nn.Module, fwd: Forward, watch) -> None:
 
 
 _GRAD_ON = torch.is_grad_enabled
+_GUARDED_CODE = guarded_call.__code__
 #: attnswitch's entries: attention computed under them is the switch's own
 _INSIDE = frozenset({attention_forward.__code__, backends.run.__code__})
 

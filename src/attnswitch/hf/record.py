@@ -33,7 +33,7 @@ from ..backends.policy import Selection
 from . import critical, install
 
 __all__ = ["Entry", "State", "EMPTY", "STATE", "ENDINGS", "PATCHED", "current", "enter", "abandon",
-           "leave", "patch", "unpatch", "patched", "hold", "held", "lacking", "widen"]
+           "leave", "patch", "unpatch", "patched", "hold", "held", "lacking", "widen", "running", "returned"]
 
 
 class Entry:
@@ -74,6 +74,12 @@ PATCHED: dict[int, Selection] = {}
 _PATCHES: dict[int, Entry] = {}  # owner token -> the patch's entry
 _HELD: dict[Entry, None] = {}  # the entries that hold attnswitch's functions installed, in order
 _DROPPED: list[Entry] = []  # let go of by a callback while the lock was held (forgotten at the next change)
+#: selected forwards running now -> the attention keys their models name: the registries keep attnswitch's
+#: functions for these until they return, also where what selected them lets go meanwhile (a patch undone in
+#: another thread), so that a forward runs one selection throughout
+_RUNNING: dict[object, frozenset[str]] = {}
+_ONLY_RUNNING = [False]  # the registries hold keys that only running forwards need
+_INSTALLED: list[frozenset[str]] = [frozenset()]  # the keys the registries hold attnswitch's functions for
 
 
 # -- the calling context's state --------------------------------------------------------------------
@@ -126,7 +132,36 @@ def _held_keys() -> frozenset[str]:
 
 
 def _apply() -> None:
-    install.apply(_held_keys())
+    """The registries made to hold what the held entries and the running forwards need. A forward that starts or
+    returns meanwhile (its own check read ``_INSTALLED`` or the flag before they were written) is seen by the check
+    after."""
+    for _ in range(100):  # (each round is a few dict operations; forwards come and go far slower)
+        running = dict(_RUNNING)
+        held = _held_keys()
+        extra = frozenset().union(*running.values()) - held if running else frozenset()
+        _ONLY_RUNNING[0] = bool(extra)
+        install.apply(held | extra)
+        _INSTALLED[0] = held | extra
+        if _RUNNING.keys() == running.keys():
+            return
+
+
+def _nothing() -> None:
+    pass
+
+
+def running(fwd: object, keys: frozenset[str]) -> None:
+    """A selected forward starts (its selection read): the registries hold its keys until it returns, installed
+    again where what selected it let go since it was read."""
+    _RUNNING[fwd] = keys
+    if not keys <= _INSTALLED[0]:
+        _change(_nothing)
+
+
+def returned(fwd: object) -> None:
+    """A selected forward returned: the registries are put back where only running forwards kept them."""
+    if _RUNNING.pop(fwd, None) is not None and _ONLY_RUNNING[0]:
+        _change(_nothing)
 
 
 def _change(step) -> None:
