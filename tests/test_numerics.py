@@ -158,3 +158,20 @@ def test_cross_attention_t5_is_switched(cases, spy, monkeypatch):
     assert any("EncDecAttention" in w for w in wheres)  # cross attention: 9 queries over 12 keys
     assert any(sq == 9 and skv == 12 for sq, skv in shapes)
     assert any("encoder" in w for w in wheres) and any("decoder" in w for w in wheres)
+
+
+def test_a_gradient_that_is_zero_up_to_rounding_is_measured_against_a_typical_one():
+    """A key projection's bias has no gradient (softmax ignores a constant added to a row's scores): both
+    gradients are rounding noise, whose ratio failed correct backends of BERT's training step. A small true
+    gradient (a query weight's) keeps its own relative error."""
+    from attnswitch.numerics import _grad_error
+    torch.manual_seed(0)
+    ref = {"dense.weight": torch.randn(64, 64), "key.bias": 1e-10 * torch.randn(64),
+           "query.weight": 1e-3 * torch.randn(64, 64)}
+    got = {n: r.clone() for n, r in ref.items()}
+    got["key.bias"] = 1e-10 * torch.randn(64)  # other noise: 1.4x its norm apart
+    err, worst, _ = _grad_error(got, ref)
+    assert err < 1e-8, (err, worst)
+    got["query.weight"] = ref["query.weight"] * 1.1  # 10 % off, on a gradient a thousandth of the typical one
+    err, worst, _ = _grad_error(got, ref)
+    assert worst == "query.weight" and err == pytest.approx(0.1, rel=1e-3)
