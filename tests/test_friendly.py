@@ -271,3 +271,21 @@ def test_the_command_starts_answering_interrupts_before_it_imports_anything_heav
            "if m in sys.modules))"
     r = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=120)
     assert r.stdout.strip() == "[]", (r.stdout, r.stderr[-2000:])
+
+
+@pytest.mark.parametrize("config, takes", [
+    ({"model_type": "vit", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+      "intermediate_size": 128, "image_size": 32, "patch_size": 8}, "pixel_values"),
+    ({"model_type": "whisper", "d_model": 64, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 4,
+      "decoder_attention_heads": 4, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "vocab_size": 200,
+      "num_mel_bins": 16, "max_source_positions": 32, "max_target_positions": 64, "pad_token_id": 1,
+      "bos_token_id": 2, "eos_token_id": 3, "decoder_start_token_id": 2}, "input_features")])
+def test_a_vision_or_speech_model_is_one_line_and_exit_2_naming_its_inputs(tmp_path, capsys, config, takes):
+    # the command builds token inputs: ViT's forward raised on its missing pixel_values, Whisper's on its features
+    from attnswitch import cli
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    code = cli.main(["compare", str(path), "--device", "cpu", "--seq", "8", "--iters", "1", "--backends", "naive"])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_BAD_INPUT and "Traceback" not in err, err
+    assert f"takes {takes}, not tokens" in err and f"attnswitch.compare(model, {{'{takes}': ...}})" in err, err

@@ -301,6 +301,12 @@ def make_workload(model: nn.Module, *, batch: int = 1, seq: int = 128, padding: 
         options.check_generation(new_tokens, prompt_lens, cache)
     batch, seq = int(batch), int(seq)
     config = model.config
+    takes = getattr(model, "main_input_name", "input_ids")
+    if takes != "input_ids":  # a vision or speech model (ViT's pixel_values, Whisper's input_features)
+        raise options.OptionError(
+            "{model} takes {takes}, not tokens, and attnswitch builds token inputs only: profile it from Python "
+            "with inputs of your own, attnswitch.compare(model, {{{takes!r}: ...}})", model=type(model).__name__,
+            takes=takes)
     task = task_of(config)
     if mode == "decode" and task != "causal-lm":
         raise options.OptionError("{mode} decode needs a causal language model; {model} is {task}",
