@@ -117,7 +117,7 @@ def compare(model: nn.Module, batch: Workload | dict[str, Any], *, backends: Ite
                      time_before=time_before)
     results = list(report.backends)
     settings = dict(report.settings)
-    if check_numerics:
+    if check_numerics and batch is not None:  # (a callable has no model to copy and run with eager attention)
         reference = "fp32-attention" if report.distribution else "fp32-copy"
         if progress:
             progress("numerics")
