@@ -178,7 +178,7 @@ def test_compare_a_bare_callable_ranks_it_and_says_its_numerics_were_not_checked
     rep = attnswitch.compare(lambda: attnswitch.attention(q, k, v, is_causal=True), None,
                              backends=["naive", "flash"], warmup=1, iters=2, rounds=2, time_budget_s=0)
     assert rep.decision.pick in ("naive", "flash") and all(b.numerics is None for b in rep.backends)
-    assert "Numerics not checked" in rep.render()
+    assert "Numerics not checked" in rep.to_markdown()
 
 
 def test_profile_bad_input():
