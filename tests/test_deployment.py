@@ -141,6 +141,8 @@ def test_a_policy_measured_with_a_setting_that_changes_what_runs_warns_where_it_
     # where it is unset, and where it has another value; the same setting here: no warning
     deploy = dataclasses.replace(cpu_report.deploy, env={"NVIDIA_TF32_OVERRIDE": "0"})
     report = dataclasses.replace(cpu_report, decision=dataclasses.replace(cpu_report.decision, deploy=deploy))
+    for name in list(attnswitch.env.relevant_env()):  # (the suite's own OMP_NUM_THREADS: set here, not measured with)
+        monkeypatch.delenv(name)
     for value, said in ((None, r"NVIDIA_TF32_OVERRIDE=0 \(here unset\)"),
                         ("1", r"NVIDIA_TF32_OVERRIDE=0 \(here NVIDIA_TF32_OVERRIDE=1\)"), ("0", None)):
         if value is None:
@@ -155,6 +157,18 @@ def test_a_policy_measured_with_a_setting_that_changes_what_runs_warns_where_it_
         else:
             with pytest.warns(UserWarning, match=said):
                 load_policy(path)
+
+
+def test_a_policy_measured_without_a_setting_warns_where_it_is_set(cpu_report, tmp_path, monkeypatch):
+    # measured with no variable that changes what runs ("env": {}), deployed under NVIDIA_TF32_OVERRIDE=0
+    deploy = dataclasses.replace(cpu_report.deploy, env={})
+    report = dataclasses.replace(cpu_report, decision=dataclasses.replace(cpu_report.decision, deploy=deploy))
+    for name in list(attnswitch.env.relevant_env()):
+        monkeypatch.delenv(name)
+    path = write_policy(report, tmp_path / "policy.json")
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+    with pytest.warns(UserWarning, match=r"NVIDIA_TF32_OVERRIDE unset \(here NVIDIA_TF32_OVERRIDE=0\)"):
+        load_policy(path)
 
 
 @pytest.mark.parametrize("text, message", [

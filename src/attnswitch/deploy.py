@@ -191,9 +191,10 @@ def _mismatches(measured: Mapping, env: Mapping | None = None) -> list[str]:
     out = [f"{k} {version_text(k, measured[k])} (here {version_text(k, here[k]) if here.get(k) else 'none'})"
            for k in _VERSIONS if measured.get(k) is not None and str(measured.get(k)) != str(here.get(k))]
     now = here.get("env_vars") or {}
-    if isinstance(env, Mapping):  # what it set of the variables that change what runs, since unset or changed
+    if isinstance(env, Mapping):  # the variables that change what runs: unset, changed or set since
         out += [f"{k}={env[k]} (here {f'{k}={now[k]}' if k in now else 'unset'})" for k in sorted(env)
                 if str(env[k]) != str(now.get(k))]
+        out += [f"{k} unset (here {k}={now[k]})" for k in sorted(now) if k not in env]
     return out
 
 
