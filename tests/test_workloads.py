@@ -428,24 +428,39 @@ def test_a_sweep_pads_when_asked_keeps_each_shapes_traces_and_measures_each_shap
 def test_deciding_phase_is_the_one_the_best_gains_in_and_only_where_measured():
     from types import SimpleNamespace as NS
 
+    from attnswitch.candidate import parse
     from attnswitch.recommend import _deciding_phase
 
+    def row(name, ttft, step):
+        return NS(backend=name, candidate=parse(name), noise_pct=None, generate=NS(ttft_ms=ttft, step_ms_p50=step,
+                                                                   new_shape_step_ms=None, seen_shape_step_ms=None))
+
     w = {"prompt_lens": [8, 9], "new_tokens": 5}
-    best = NS(ttft_ms=10.0, step_ms_p50=2.0)
-    other = NS(backend="math", generate=NS(ttft_ms=11.0, step_ms_p50=3.0))
+    best = row("cudnn", 10.0, 2.0)
+    other = row("math", 11.0, 3.0)
     assert _deciding_phase(best, other, w) == ("Decode decided it against `math` (each phase's median, over the "
                                                "workload: prefill +2.0 ms, decode +8.0 ms).")
-    loser = NS(backend="naive", generate=NS(ttft_ms=5.0, step_ms_p50=1.0))  # faster in both phases' medians
+    loser = row("naive", 5.0, 1.0)  # faster in both phases' medians
     text = _deciding_phase(best, loser, w)
     assert "decided" not in text and "do not show its lead" in text
     one_token = {"prompt_lens": [8], "new_tokens": 1}  # no decode step: prefill alone is told
     assert _deciding_phase(best, other, one_token) == ("Prefill decided it against `math` (each phase's median, over "
                                                        "the workload: prefill +1.0 ms).")
-    mixed = NS(backend="flash", generate=NS(ttft_ms=11.5, step_ms_p50=1.9))  # +3.0 prefill, -0.8 decode: net gain
+    mixed = row("flash", 11.5, 1.9)  # +3.0 prefill, -0.8 decode: net gain
     assert "Prefill decided it" in _deciding_phase(best, mixed, w)
-    net_loss = NS(backend="flash", generate=NS(ttft_ms=10.5, step_ms_p50=1.8))  # +1.0 prefill, -1.6 decode
+    net_loss = row("flash", 10.5, 1.8)  # +1.0 prefill, -1.6 decode
     assert "do not show its lead" in _deciding_phase(best, net_loss, w)
-    assert _deciding_phase(NS(ttft_ms=None, step_ms_p50=None), other, w) == ""
+    assert _deciding_phase(row("cudnn", None, None), other, w) == ""
+    # both run naive for prefill: that phase's difference is noise, and never what decided it
+    policy = row("prefill=naive/decode=naive-inplace", 10.0, 2.0)
+    assert _deciding_phase(policy, row("naive", 10.5, 3.0), w) == (
+        "Decode decided it against `naive` (each phase's median, over the workload: decode +8.0 ms).")
+    assert _deciding_phase(policy, row("naive", 10.5, 1.0), w) == (
+        "Against `naive` the phases' medians do not show its lead (decode -8.0 ms over the workload).")
+    # a tie decided nothing: no phase is said to have decided it
+    from attnswitch.recommend import _generate_lines
+    assert not any("decided" in line for line in _generate_lines(best, [other], w, tied=True))
+    assert any("Decode decided" in line for line in _generate_lines(best, [other], w, tied=False))
 
 
 @pytest.mark.parametrize("kw, message", [

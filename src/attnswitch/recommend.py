@@ -90,7 +90,7 @@ def reasons(results: list[BackendResult], v: Verdict, workload: dict | None = No
     lines = [*gate, *_margin_lines(by, v), *_eager_line(by, v)]
     others = [by[n] for n in candidates(v.order) if n != v.pick]
     if best.generate is not None:
-        lines += _generate_lines(best, others, workload or {})
+        lines += _generate_lines(best, others, workload or {}, tied=bool(others) and others[0].backend in v.ties)
     if best.train is not None and best.train.forward_ms is not None:
         lines.append(f"Forward {best.train.forward_ms:.3f} ms, backward {best.train.backward_ms:.3f} ms.")
     flagged = [b.backend for b in results if b.ok and ruled_out(b) == NUMERICS]
@@ -152,14 +152,15 @@ def _compile_lines(results: list[BackendResult], v: Verdict, by: dict, workload:
     return lines
 
 
-def _generate_lines(best: BackendResult, others: list[BackendResult], workload: dict) -> list[str]:
+def _generate_lines(best: BackendResult, others: list[BackendResult], workload: dict, tied: bool = False) -> list[str]:
+    """``tied``: the next one is not told apart from ``best`` (no phase decided anything between them)."""
     g = best.generate
     lens = workload.get("prompt_lens", [])
     span = f"{min(lens)}–{max(lens)}" if len(lens) > 1 else ", ".join(map(str, lens))
     lines = [f"Assumes the deployed lengths are those measured: prompts of {span} tokens, "
              f"{workload.get('new_tokens')} new each."]
-    if others and others[0].generate is not None:
-        phase = _deciding_phase(g, others[0], workload)
+    if others and others[0].generate is not None and not tied:
+        phase = _deciding_phase(best, others[0], workload)
         if phase:
             lines.append(phase)
     peer = _cold_peer(best, others)
@@ -189,16 +190,29 @@ def _cold_peer(best: BackendResult, others: list[BackendResult]) -> BackendResul
     return next((o for o in others if o.ok and o.candidate.compile is None and o.candidate.backend in fams), None)
 
 
-def _deciding_phase(g, o: BackendResult, workload: dict) -> str:
+def _phase_backend(c: Candidate, phase: str) -> str | None:
+    """The backend ``c`` runs in ``phase`` (None: one per layer kind)."""
+    if c.policy is not None:
+        return c.policy.prefill if phase == "prefill" else c.policy.decode
+    return c.backend
+
+
+def _deciding_phase(best: BackendResult, o: BackendResult, workload: dict) -> str:
     """Which phase gains the best backend most over the next one (time saved over the workload, from each
-    phase's median); phases without measurements on both sides are left out, and no phase is said to
-    decide where the best gains in none."""
+    phase's median); phases without measurements on both sides are left out, as are phases both run with the
+    same backend (their difference is noise), and no phase is said to decide where the best gains in none."""
+    g = best.generate
     n_gen = len(workload.get("prompt_lens", [])) or 1
     steps = n_gen * max(0, (workload.get("new_tokens") or 1) - 1)
+
+    def apart(phase: str) -> bool:
+        mine = _phase_backend(best.candidate, phase)
+        return mine is None or best.candidate.compile != o.candidate.compile or \
+            mine != _phase_backend(o.candidate, phase)
     gains = {}
-    if g.ttft_ms is not None and o.generate.ttft_ms is not None:
+    if g.ttft_ms is not None and o.generate.ttft_ms is not None and apart("prefill"):
         gains["prefill"] = (o.generate.ttft_ms - g.ttft_ms) * n_gen
-    if steps and g.step_ms_p50 is not None and o.generate.step_ms_p50 is not None:
+    if steps and g.step_ms_p50 is not None and o.generate.step_ms_p50 is not None and apart("decode"):
         gains["decode"] = (o.generate.step_ms_p50 - g.step_ms_p50) * steps
     if not gains:
         return ""
