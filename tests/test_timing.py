@@ -487,3 +487,20 @@ def test_a_line_due_inside_a_block_of_long_steps_is_said_between_them(monkeypatc
     assert max(b - a for a, b in zip(at, at[1:])) <= capture.PROGRESS_EVERY_S, said
     assert capture._Pace.lines(0.0, 4.0, 3) == {2} and capture._Pace.lines(9.995, 0.01, 100) == {0}
     assert capture._Pace.lines(0.0, 0.01, 100) == frozenset()  # steps of milliseconds: none
+
+
+def test_a_generate_timed_in_more_rounds_than_asked_says_why():
+    # a generate is timed in at least 6 rounds: "--rounds 3" ran 6, and the report said "the rounds asked for"
+    from conftest import tiny
+
+    from attnswitch.comparison import compare
+    from attnswitch.workload import make_workload
+
+    m = tiny("llama")
+    w = make_workload(m, mode="generate", seq=6, new_tokens=2, prompt_lens=[6])
+    r = compare(m, w, backends=["naive", "math"], warmup=0, iters=6, rounds=3, time_budget_s=0,
+                check_numerics=False)
+    text = " ".join(r.to_markdown().split())
+    ran = r.settings["host"]["rounds"]
+    assert ran > 3 and r.settings["host"]["stopped"] == "fixed", r.settings["host"]
+    assert f"in {ran} interleaved rounds (the rounds asked for, at least 6 for a generate: the fewest" in text

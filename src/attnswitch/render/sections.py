@@ -302,7 +302,9 @@ def _timing_text(report) -> str:
     stopped = host.get("stopped")
     shared = host.get("shared_rounds")
     if rounds and stopped == "fixed":
-        how += f", in {rounds} interleaved rounds (the rounds asked for)"
+        how += f", in {rounds} interleaved rounds (the rounds asked for" + (
+            ", at least 6 for a generate: the fewest with which a 95 % interval can exclude 1)"
+            if k.name == "generate" else ")")
     elif rounds:
         how += (f", in {rounds} interleaved rounds (the first {st.get('rounds')}, then more for the backends still "
                 f"tied with the fastest, until told apart or out of time: {stopped})" if st.get("rounds") and
