@@ -1,6 +1,8 @@
 """`compare`/`profile` with compile=: compiled candidates beside uncompiled ones, what they cost once, what
 their graphs ran (CPU; real H200 traces for the kernel names)."""
 
+import csv
+import io
 from pathlib import Path
 
 import pytest
@@ -114,3 +116,11 @@ def test_compare_puts_compiled_and_uncompiled_candidates_side_by_side(compiled_r
     assert back["flash+compile"].attn_seen == "flash" and back["flash+compile"].graphs == r["flash+compile"].graphs
     assert "Compiled" in r.to_markdown() and "attention kernel seen" in r.to_markdown()
     assert {p.name for p in r.save_traces(tmp_path)} >= {"trace_flash.json.gz", "trace_flash+compile.json.gz"}
+    # a compiled forward's calls are not counted or timed one by one: empty, never a measured-looking 0
+    assert r["flash+compile"].host_attn_ms is None and r["flash+compile"].attn_calls is None
+    assert r["flash"].host_attn_ms > 0 and r["flash"].attn_calls > 0
+    rows = {row["backend"]: row for row in csv.DictReader(io.StringIO(r.to_csv()))}
+    assert rows["flash+compile"]["host_attn_ms"] == "" and float(rows["flash"]["host_attn_ms"]) > 0
+    from attnswitch.render.charts import time_by_kind_chart
+    chart = time_by_kind_chart(r.backends)
+    assert chart is None or "flash+compile" not in chart.categories

@@ -346,7 +346,8 @@ def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, prof
         peak_mem_mb=max(peaks.values()) if peaks else None,  # the fullest GPU
         **mode_fields(target.workload, cold, steady, rss_grown),
     )
-    if target.compile is not None:
+    if target.compile is not None:  # its calls are inside compiled graphs: none is counted or timed one by one
+        result.update(host_attn_ms=None, attn_calls=None)
         result.update(_compiled_fields(name, target.compile, result, graphs, entries, prof))
     if prof is not None:
         limits = device_limits(target.device) if cuda else None

@@ -91,8 +91,13 @@ def time_by_kind_chart(backends, step: str = "forward") -> Bars | None:
         n_gpus = len({(d.rank, d.device) for b in ok for d in b.devices})
         y = f"GPU ms per {step}" + (f" (sum of {n_gpus} GPUs)" if n_gpus > 1 else "")
         return _kept(Bars(f"Time per {step}, by layer kind", names, _device_kinds(ok), y, stacked=True))
-    # one measured step's own parts (its attention calls, the rest of it): never a part above its whole
-    attn = [b.host_attn_ms or 0.0 for b in ok]
+    # one measured step's own parts (its attention calls, the rest of it): never a part above its whole; a
+    # compiled candidate's calls are not timed one by one, so it has no split to draw
+    ok = [b for b in ok if b.host_attn_ms is not None]
+    if not ok:
+        return None
+    names = tuple(b.backend for b in ok)
+    attn = [b.host_attn_ms for b in ok]
     rest = [max((b.host_ms or 0.0) - a, 0.0) for a, b in zip(attn, ok)]
     series = (("attention calls", tuple(attn)), (f"rest of the {step}", tuple(rest)))
     return _kept(Bars(f"Host time per {step}: attention calls and the rest", names, series, f"host ms per {step}",
