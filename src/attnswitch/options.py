@@ -128,8 +128,8 @@ def check_placement(device_map, tp: bool) -> None:
     if device_map is not None and tp:
         raise OptionError("{device_map} and tensor parallelism ({tp}) exclude each other; choose one")
     if isinstance(device_map, str) and device_map not in DEVICE_MAPS:
-        raise OptionError("{device_map} {given!r}{hint}: use one of {maps} or a dict", given=device_map,
-                          hint=near(device_map, DEVICE_MAPS), maps=", ".join(DEVICE_MAPS))
+        raise OptionError("{device_map} {given!r}{hint}: use one of {maps} (from Python, also a dict)",
+                          given=device_map, hint=near(device_map, DEVICE_MAPS), maps=", ".join(DEVICE_MAPS))
 
 
 def _whole(n) -> bool:
