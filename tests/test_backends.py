@@ -115,6 +115,29 @@ def test_a_kernel_that_refuses_while_running_is_reported_as_unavailable_with_its
         attnswitch.unregister_backend("picky")
 
 
+@pytest.mark.parametrize("fn, check, said", [
+    (lambda q, k, v, **kw: F.scaled_dot_product_attention(q, k, v, **kw).double(), None,
+     "backend 'odd' returned a torch.float64 tensor on cpu for torch.float32 inputs on cpu"),
+    (lambda q, k, v, **kw: F.scaled_dot_product_attention(q, k, v, **kw)[..., :4], None,
+     "backend 'odd' returned (3, 8, 12, 4); an attention function returns the output tensor"),
+    (lambda q, k, v, **kw: F.scaled_dot_product_attention(q, k, v, **kw), lambda *a: 5,
+     "backend 'odd': its check returned int 5; a check returns the reasons"),
+])
+def test_a_registered_kernel_that_breaks_its_contract_is_named_with_what_it_broke(fn, check, said):
+    # a float64 output surfaced as o_proj's "expected m1 and m2 to have the same dtype", an int from the check
+    # as "'int' object is not iterable"
+    from conftest import batch_for, tiny
+
+    attnswitch.register_backend("odd", fn, check=check, gqa=True)
+    try:
+        m = tiny("llama")
+        with pytest.raises((RuntimeError, TypeError)) as e, torch.no_grad(), attnswitch.backend("odd", model=m):
+            m(**batch_for(m))
+        assert said in str(e.value), str(e.value)
+    finally:
+        attnswitch.unregister_backend("odd")
+
+
 def _calls_to_forced(monkeypatch):
     seen = []
     real = sdpa.forced

@@ -210,6 +210,9 @@ class _Kernel:
         extra = {"softcap": call.softcap} if self.softcap and call.softcap is not None else {}
         if self.check is not None and not reasons:
             said = self.check(q, k, v, call.mask, call.dropout, call.causal, call.scale, native, **extra) or ()
+            if not isinstance(said, (str, list, tuple)):
+                raise TypeError(f"backend {self.name!r}: its check returned {type(said).__name__} {said!r}; a check "
+                                "returns the reasons it cannot run the inputs (a string or a list; empty: it can)")
             reasons = [said] if isinstance(said, str) else [str(r) for r in said]  # one reason, or a list of them
         if reasons:
             raise unavailable(self.name, call, reasons)
@@ -228,6 +231,9 @@ class _Kernel:
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             raise RuntimeError(f"backend {self.name!r} returned {got}; an attention function returns the output "
                                f"tensor [batch, heads, query length, value dim] = {list(want)}")
+        if out.dtype != q.dtype or out.device != q.device:
+            raise RuntimeError(f"backend {self.name!r} returned a {out.dtype} tensor on {out.device} for {q.dtype} "
+                               f"inputs on {q.device}; an attention function returns its inputs' dtype and device")
         return out, None
 
 
