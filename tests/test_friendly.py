@@ -288,4 +288,5 @@ def test_a_vision_or_speech_model_is_one_line_and_exit_2_naming_its_inputs(tmp_p
     code = cli.main(["compare", str(path), "--device", "cpu", "--seq", "8", "--iters", "1", "--backends", "naive"])
     err = capsys.readouterr().err
     assert code == cli.EXIT_BAD_INPUT and "Traceback" not in err, err
-    assert f"takes {takes}, not tokens" in err and f"attnswitch.compare(model, {{'{takes}': ...}})" in err, err
+    also = ", 'decoder_input_ids': ..." if takes == "input_features" else ""  # (an encoder-decoder's decoder)
+    assert f"takes {takes}, not tokens" in err and f"attnswitch.compare(model, {{'{takes}': ...{also}}})" in err, err

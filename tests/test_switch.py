@@ -284,6 +284,153 @@ def test_a_patch_made_in_another_thread_mid_forward_waits_for_the_next_forward(l
     attnswitch.unpatch(llama)
 
 
+def test_a_context_entered_inside_a_models_own_forward_applies_there(spy):
+    """Only a patch made elsewhere waits for the next forward: a context the forward itself enters (a wrapper
+    switching the model it calls, a model switching itself) selects the calls after it, no switch held before."""
+    from transformers import LlamaForCausalLM, PretrainedConfig, PreTrainedModel
+
+    inner = tiny("llama")
+    b = batch_for(inner, pad=False)
+
+    class Wrapper(PreTrainedModel):
+        config_class = PretrainedConfig
+
+        def __init__(self, inner):
+            super().__init__(PretrainedConfig())
+            self.inner = inner
+
+        def forward(self, **kw):
+            with attnswitch.backend("math", model=self.inner):
+                return self.inner(**kw)
+
+    class SelfSwitching(LlamaForCausalLM):
+        def forward(self, *a, **kw):
+            with attnswitch.backend("naive", model=self):
+                return super().forward(*a, **kw)
+
+    layers = len(inner.model.layers)
+    with torch.no_grad():
+        Wrapper(inner)(**b)
+        assert spy.names == ["math"] * layers
+        SelfSwitching(inner.config)(**b)
+        assert spy.names == ["math"] * layers + ["naive"] * layers
+
+
+def test_a_holder_dropped_inside_a_compile_lets_go_at_the_next_forward():
+    """A finalizer in the compiling thread must not change the registries under its trace (Dynamo raised
+    KeyError on its guards); it leaves the change to the next forward, which puts everything back."""
+    import gc
+
+    m = tiny("llama")
+    b = batch_for(m, pad=False)
+    before = world()
+    holder = [tiny("llama")]
+    attnswitch.patch(holder[0], "math")
+    installed = []
+
+    def backend(gm, example_inputs):
+        if holder:
+            holder.clear()
+            gc.collect()  # the patched model freed here, inside the compile
+            installed.append(bool(hf.registries.installed_entries()))
+        return gm.forward
+
+    try:
+        with torch.no_grad():
+            out = torch.compile(m, backend=backend)(**b).logits
+            torch.testing.assert_close(out, m(**b).logits)
+    finally:
+        torch._dynamo.reset()
+    assert installed == [True]  # (left as it was under the trace)
+    assert world() == before  # the eager forward after it let go
+
+
+def test_a_forward_whose_return_was_cut_short_is_dropped_by_the_next_change(llama):
+    """An interrupt between a forward's end and its ``returned`` left it running for good, and the switch
+    installed for the rest of the process."""
+    from attnswitch.hf import dispatch, record
+
+    before = world(llama)
+    real = record.returned
+    try:
+        record.returned = lambda fwd: None  # (as if interrupted right before it)
+        dispatch.record.returned = record.returned
+        with torch.no_grad(), attnswitch.backend("math", model=llama):
+            llama(**batch_for(llama))
+    finally:
+        record.returned = dispatch.record.returned = real
+    assert world(llama) == before
+
+
+def test_a_forward_returns_without_waiting_for_a_compile_elsewhere(llama, spy):
+    """A patch undone mid-forward leaves the restore to the forward's return; with Dynamo's compile lock held in
+    another thread (a compile in progress), the forward returns at once and the restore comes with the next
+    change instead of waiting for the compile."""
+    from attnswitch.hf import critical
+
+    held, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def compiling():
+        with critical.compiles_held:
+            held.set()
+            release.wait(60)
+    t = threading.Thread(target=compiling)
+    b = batch_for(llama)
+    before = world(llama)
+    attnswitch.patch(llama, "math")
+
+    def unpatch_then_compile(*_):
+        if not held.is_set():
+            _in_another_thread(lambda: attnswitch.unpatch(llama))
+            t.start()
+            assert held.wait(60)
+    hook = llama.model.layers[0].register_forward_hook(unpatch_then_compile)
+    try:
+        with torch.no_grad():
+            llama(**b)
+        done.set()
+        assert spy.names == ["math"] * len(llama.model.layers) and not release.is_set()  # returned, lock still held
+    finally:
+        release.set()
+        t.join(60)
+        hook.remove()
+    with attnswitch.backend("naive", model=llama):  # the next change puts back what the return left
+        pass
+    assert world(llama) == before
+
+
+def test_ctrl_c_interrupts_a_switch_waiting_for_a_compile_elsewhere(llama):
+    """SIGINT was held back for the whole wait for another thread's compile (seconds): it now interrupts the
+    wait, and nothing was changed."""
+    import os
+    import signal
+
+    from attnswitch.hf import critical
+
+    held, release = threading.Event(), threading.Event()
+
+    def compiling():
+        with critical.compiles_held:
+            held.set()
+            release.wait(60)
+    t = threading.Thread(target=compiling)
+    t.start()
+    assert held.wait(60)
+    before = world(llama)
+    timer = threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            attnswitch.patch(llama, "math")
+            release.wait(60)  # (not reached where the wait is interrupted)
+        assert not release.is_set()  # interrupted while the compile still held its lock
+    finally:
+        release.set()
+        timer.cancel()
+        t.join(60)
+    assert world(llama) == before
+
+
 # -- bad input ------------------------------------------------------------------------------------
 
 

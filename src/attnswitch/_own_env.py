@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["OWN", "BY_TORCH", "set_default"]
+__all__ = ["OWN", "BY_TORCH", "SET_BY_TORCH", "set_default"]
 
 #: the names set here, in this process
 OWN: set[str] = set()
 
 #: what inductor sets in its own process as it compiles (torch 2.11-2.13: triton_heuristics, compile_tasks,
 #: async_compile, fx_passes.numeric_utils) and that were not set when attnswitch was imported
-BY_TORCH: frozenset[str] = frozenset(k for k in ("TRITON_CACHE_DIR", "TRITON_PTXAS_PATH", "TRITON_LIBDEVICE_PATH",
-                                                 "TORCH_WARM_POOL", "CUBLAS_WORKSPACE_CONFIG") if k not in os.environ)
+SET_BY_TORCH = ("TRITON_CACHE_DIR", "TRITON_PTXAS_PATH", "TRITON_LIBDEVICE_PATH", "TORCH_WARM_POOL",
+                "CUBLAS_WORKSPACE_CONFIG")
+BY_TORCH: frozenset[str] = frozenset(k for k in SET_BY_TORCH if k not in os.environ)
 
 
 def set_default(name: str, value: str) -> None:

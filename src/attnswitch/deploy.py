@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import candidate, catalog
+from ._own_env import SET_BY_TORCH
 from ._versions import version_text
 from .compiling import MODES
 from .kinds import Kind, kind_of
@@ -194,7 +195,8 @@ def _mismatches(measured: Mapping, env: Mapping | None = None) -> list[str]:
     if isinstance(env, Mapping):  # the variables that change what runs: unset, changed or set since
         out += [f"{k}={env[k]} (here {f'{k}={now[k]}' if k in now else 'unset'})" for k in sorted(env)
                 if str(env[k]) != str(now.get(k))]
-        out += [f"{k} unset (here {k}={now[k]})" for k in sorted(now) if k not in env]
+        # (set here only: not what inductor may have set in this process before attnswitch was imported)
+        out += [f"{k} unset (here {k}={now[k]})" for k in sorted(now) if k not in env and k not in SET_BY_TORCH]
     return out
 
 

@@ -303,10 +303,12 @@ def make_workload(model: nn.Module, *, batch: int = 1, seq: int = 128, padding: 
     config = model.config
     takes = getattr(model, "main_input_name", "input_ids")
     if takes != "input_ids":  # a vision or speech model (ViT's pixel_values, Whisper's input_features)
+        inputs = f"{takes!r}: ..." + (", 'decoder_input_ids': ..." if getattr(config, "is_encoder_decoder", False)
+                                      else "")
         raise options.OptionError(
             "{model} takes {takes}, not tokens, and attnswitch builds token inputs only: profile it from Python "
-            "with inputs of your own, attnswitch.compare(model, {{{takes!r}: ...}})", model=type(model).__name__,
-            takes=takes)
+            "with inputs of your own, attnswitch.compare(model, {{{inputs}}})", model=type(model).__name__,
+            takes=takes, inputs=inputs)
     task = task_of(config)
     if mode == "decode" and task != "causal-lm":
         raise options.OptionError("{mode} decode needs a causal language model; {model} is {task}",

@@ -303,6 +303,7 @@ def twin(original, traceable) -> None:
 def _install() -> bool:
     for original, traceable in _TWINS:
         twin(original, traceable)
+    dispatch._GUARDS.add(traced_call.__code__)  # (a compiled forward's eager parts run below it)
     return True
 
 

@@ -6,10 +6,13 @@ both are idempotent, so running them again after an interrupt completes the chan
 mechanism the rest relies on: a signal cannot split a ``with lock`` (CPython raises it between bytecodes
 a ``with`` exit does not span), and the SIGINT handler it swaps in raises nothing.
 
-A change also holds ``torch.compile``'s own lock, the one Dynamo traces and builds its guards under: a trace in
-another thread (of any model, switched or not: while a switch is held, every model's call passes attnswitch's
-entries) then never reads the registries half-changed, which Dynamo reports as a guard that "failed on the same
-frame it was created" or an internal error, and its guards are checked against the state it traced.
+A change also holds ``torch.compile``'s own lock (``compiles_held``), the one Dynamo traces and builds its guards
+under: a trace in another thread (of any model, switched or not: while a switch is held, every model's call passes
+attnswitch's entries) then never reads the registries half-changed, which Dynamo reports as a guard that "failed on
+the same frame it was created" or an internal error, and its guards are checked against the state it traced. It is
+taken before SIGINT is held back, so that Ctrl-C still interrupts the wait for a compile elsewhere. What may not
+wait (a finalizer, a forward's return) changes only where no compile holds it (``try_locked``, ``settle_if_free``),
+else leaves the change to the next one; never in a thread that is compiling (its trace would see it).
 """
 
 from __future__ import annotations
@@ -25,7 +28,11 @@ try:
 except ImportError:  # pragma: no cover - a torch without Dynamo
     _COMPILE_LOCK = threading.RLock()
 
-__all__ = ["settle", "try_locked", "interrupts_deferred", "one_registration_at_a_time"]
+__all__ = ["settle", "try_locked", "settle_if_free", "compiles_held", "interrupts_deferred",
+           "one_registration_at_a_time"]
+
+#: ``with compiles_held:`` no compile runs elsewhere meanwhile (a change's outer section)
+compiles_held = _COMPILE_LOCK
 
 _LOCK = threading.Lock()
 _REGISTERING = threading.Lock()
@@ -37,7 +44,7 @@ def settle(change: Callable[[], None]) -> None:
     pending: BaseException | None = None
     for _ in range(100):
         try:
-            with _COMPILE_LOCK, _LOCK:
+            with _LOCK:
                 change()
             break
         except BaseException as e:
@@ -54,16 +61,26 @@ def one_registration_at_a_time(register: Callable[[], object]):
 
 
 def try_locked(change: Callable[[], None]) -> bool:
-    """Run ``change`` now if the locks are free (a finalizer may run while they are held); False if not."""
-    if not _COMPILE_LOCK.acquire(blocking=False):
+    """Run ``change`` now if the lock is free and this thread is not compiling (a finalizer may run while the lock
+    is held, or inside a trace); False if not. (A compile in another thread is not waited for: a finalizer must
+    not block.)"""
+    if _COMPILE_LOCK._is_owned() or not _LOCK.acquire(blocking=False):
         return False
     try:
-        if not _LOCK.acquire(blocking=False):
-            return False
-        try:
-            change()
-        finally:
-            _LOCK.release()
+        change()
+    finally:
+        _LOCK.release()
+    return True
+
+
+def settle_if_free(change: Callable[[], None]) -> bool:
+    """``change`` as a change (no compile elsewhere, SIGINT held back, run until complete), where no compile holds
+    its lock now; False, with nothing done, where one does."""
+    if _COMPILE_LOCK._is_owned() or not _COMPILE_LOCK.acquire(blocking=False):
+        return False
+    try:
+        with interrupts_deferred():
+            settle(change)
     finally:
         _COMPILE_LOCK.release()
     return True

@@ -302,7 +302,7 @@ def _selected(module, fwd: Forward | None):
     """The selection for a call of ``module`` in the calling context, ``fwd`` the forward running there."""
     if fwd is None:
         sel = selection.selected(module, None)
-        return None if sel is not None and _inside_unguarded_forward() else sel
+        return None if sel is not None and _by_patch(_STATE_GET()) and _inside_unguarded_forward() else sel
     if fwd.state is None:
         return selection.selected(module, None)
     if fwd.sel is None and _STATE_GET() is fwd.state:
@@ -313,16 +313,25 @@ def _selected(module, fwd: Forward | None):
 _MODULE_CALL = nn.Module._call_impl.__code__
 
 
+def _by_patch(st) -> bool:
+    """Whether a selection in state ``st`` can come from a patch alone (no context of the calling thread or task
+    selects anything: a context entered inside a forward applies there, a patch made elsewhere does not)."""
+    return st is None or (st.global_sel is None and not st.per_owner)
+
+
 def _inside_unguarded_forward() -> bool:
     """Whether the calling code runs inside a forward of a transformers model that started before any switch was
-    held (its call took ``nn.Module._call_impl``, not the guard): it runs, to its end, what its model ran then,
-    whatever a patch made in another thread meanwhile selects. (Walked only where no forward is known: a module
-    run alone, or this.)"""
+    held (its call took ``nn.Module._call_impl`` straight, not through the guard or its traced twin): it runs, to
+    its end, what its model ran then, whatever a patch made in another thread meanwhile selects. The nearest model
+    call above decides. (Walked only for a patch's selection where no forward is known: a module run alone, a
+    compiled forward's eager parts, or this.)"""
     f = sys._getframe(1)
     while f is not None:
-        if f.f_code is _MODULE_CALL and isinstance(f.f_locals.get("self"), PreTrainedModel):
+        if f.f_code is _MODULE_CALL:
             caller = f.f_back
-            if caller is None or caller.f_code is not _GUARDED_CODE:
+            if caller is not None and caller.f_code in _GUARDS:
+                return False
+            if isinstance(f.f_locals.get("self"), PreTrainedModel):
                 return True
         f = f.f_back
     return False
@@ -437,13 +446,15 @@ def guarded_call(self: nn.Module, *args, **kwargs):
     if _COMPILING():
         return traced_call(self, args, kwargs)
     call = registries.original_call() or nn.Module._call_impl
+    if _DROPPED:  # a holder dropped where it could not let go (inside a compile): now
+        record.tidy()
     outer = _FORWARD_GET()
     if outer is not None and outer.state is None:
         outer = None  # (one that has returned, in a context copied during it)
     if outer is not None and outer.models == owners.owners(self):
         return call(self, *args, **kwargs)  # a forward inside one of the same models: its calls are that one's
     fwd = new_forward(self)
-    if outer is None and fwd.sel is not None and _inside_unguarded_forward():
+    if outer is None and fwd.sel is not None and _by_patch(fwd.state) and _inside_unguarded_forward():
         return call(self, *args, **kwargs)  # a part of a forward begun unswitched: its calls run unswitched too
     info = fwd.info if fwd.sel is not None else None
     keys = None
@@ -468,10 +479,10 @@ def guarded_call(self: nn.Module, *args, **kwargs):
             with watch:
                 out = call(self, *args, **kwargs)
     finally:
-        fwd.state = fwd.model = None  # finished, also for a context copied during it
+        fwd.state = fwd.model = None  # finished, also for a context copied during it (and for the record)
         _FORWARD.reset(token)
         if fwd.sel is not None:
-            record.returned(fwd)
+            record.returned(fwd)  # (cut short by an interrupt, the next change drops it: its state is None)
     if outer is not None:
         outer.calls += fwd.calls
     if info is None:  # not selected, or a part of a selected model run alone
@@ -514,7 +525,9 @@ def _check(model: nn.Module, fwd: Forward, watch) -> None:
 
 
 _GRAD_ON = torch.is_grad_enabled
-_GUARDED_CODE = guarded_call.__code__
+_DROPPED = record.DROPPED
+#: the calls that run a model's forward through the guard (eager, and as traced): a model call they make is guarded
+_GUARDS = {guarded_call.__code__, traced_call.__code__}
 #: attnswitch's entries: attention computed under them is the switch's own
 _INSIDE = frozenset({attention_forward.__code__, backends.run.__code__})
 

@@ -33,7 +33,8 @@ from ..backends.policy import Selection
 from . import critical, install
 
 __all__ = ["Entry", "State", "EMPTY", "STATE", "ENDINGS", "PATCHED", "current", "enter", "abandon",
-           "leave", "patch", "unpatch", "patched", "hold", "held", "lacking", "widen", "running", "returned"]
+           "leave", "patch", "unpatch", "patched", "hold", "held", "lacking", "widen", "running", "returned", "tidy",
+           "DROPPED"]
 
 
 class Entry:
@@ -74,6 +75,7 @@ PATCHED: dict[int, Selection] = {}
 _PATCHES: dict[int, Entry] = {}  # owner token -> the patch's entry
 _HELD: dict[Entry, None] = {}  # the entries that hold attnswitch's functions installed, in order
 _DROPPED: list[Entry] = []  # let go of by a callback while the lock was held (forgotten at the next change)
+DROPPED = _DROPPED
 #: selected forwards running now -> the attention keys their models name: the registries keep attnswitch's
 #: functions for these until they return, also where what selected them lets go meanwhile (a patch undone in
 #: another thread), so that a forward runs one selection throughout
@@ -137,6 +139,9 @@ def _apply() -> None:
     after."""
     for _ in range(100):  # (each round is a few dict operations; forwards come and go far slower)
         running = dict(_RUNNING)
+        for fwd in [f for f in running if f.state is None]:  # returned, its ``returned`` cut short (an interrupt)
+            _RUNNING.pop(fwd, None)
+            running.pop(fwd)
         held = _held_keys()
         extra = frozenset().union(*running.values()) - held if running else frozenset()
         _ONLY_RUNNING[0] = bool(extra)
@@ -150,24 +155,31 @@ def _nothing() -> None:
     pass
 
 
-def running(fwd: object, keys: frozenset[str]) -> None:
-    """A selected forward starts (its selection read): the registries hold its keys until it returns, installed
-    again where what selected it let go since it was read."""
+def running(fwd, keys: frozenset[str]) -> None:
+    """A selected forward starts (its selection read): the registries hold its keys until it returns (its
+    ``state`` set to None, then ``returned``), installed again where what selected it let go since it was read."""
     _RUNNING[fwd] = keys
     if not keys <= _INSTALLED[0]:
         _change(_nothing)
 
 
-def returned(fwd: object) -> None:
-    """A selected forward returned: the registries are put back where only running forwards kept them."""
+def tidy() -> None:
+    """Let go of the entries dropped while a change could not run (a finalizer inside a compile, or while the lock
+    was held), where no compile holds the lock now (a forward's start calls it where any are left)."""
+    critical.settle_if_free(_apply)
+
+
+def returned(fwd) -> None:
+    """A selected forward returned: the registries are put back where only running forwards kept them, now if no
+    compile elsewhere holds the lock, else by the next change (a forward does not wait for a compile)."""
     if _RUNNING.pop(fwd, None) is not None and _ONLY_RUNNING[0]:
-        _change(_nothing)
+        critical.settle_if_free(_apply)
 
 
 def _change(step) -> None:
     """``step`` (idempotent) and the registries made to hold what the held entries ask, as one change that
     completes whatever interrupts it."""
-    with critical.interrupts_deferred():
+    with critical.compiles_held, critical.interrupts_deferred():
         critical.settle(lambda: (step(), _apply()))
 
 
