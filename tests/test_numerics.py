@@ -175,3 +175,27 @@ def test_a_gradient_that_is_zero_up_to_rounding_is_measured_against_a_typical_on
     got["query.weight"] = ref["query.weight"] * 1.1  # 10 % off, on a gradient a thousandth of the typical one
     err, worst, _ = _grad_error(got, ref)
     assert worst == "query.weight" and err == pytest.approx(0.1, rel=1e-3)
+
+
+@pytest.mark.parametrize("name", ["naive", "naive-inplace", "math", "flash"])
+def test_under_autocast_every_forced_backend_runs_as_sdpa_would(name):
+    """Under torch.autocast Llama's q and k stay float32 (RoPE's float32 cos and sin) while v is bfloat16: SDPA's
+    own entry casts them, the forced ops (below autocast) refused every call as of mixed dtypes."""
+    from conftest import op_names
+
+    m = tiny("llama")
+    b = batch_for(m, pad=True)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = output_of(m(**b)).float()  # the model's own sdpa, as autocast runs it
+        with attnswitch.backend(name, model=m):
+            out = output_of(m(**b)).float()
+            ops = op_names(lambda: m(**b))
+    torch.testing.assert_close(out, ref, rtol=5e-2, atol=5e-2)
+    assert {"naive": "aten::masked_fill", "naive-inplace": "aten::masked_fill_", "flash":
+            "aten::_scaled_dot_product_flash_attention_for_cpu", "math": "aten::_scaled_dot_product_attention_math"
+            }[name] in ops
+    m.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16), attnswitch.backend(name, model=m):
+        loss = m(**b, labels=b["input_ids"]).loss
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)

@@ -54,6 +54,21 @@ def test_forced_cuda_kernel_really_runs(name):
             assert op not in ops
 
 
+@pytest.mark.parametrize("name", ["efficient", "cudnn", "flash", "math"])
+def test_forced_cuda_kernel_runs_under_autocast_as_sdpa_would(name):
+    # a float32 Llama under autocast: q and k float32 (RoPE), v bfloat16; SDPA's entry casts them, the forced ops
+    # are called below autocast, and refused every call before attnswitch cast them too
+    m = tiny("llama").to("cuda")
+    b = to_cuda(batch_for(m, pad=False, seq=64))
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        ref = output_of(m(**b)).float()
+        with attnswitch.backend(name, model=m):
+            out = output_of(m(**b)).float()
+            ops = op_names(lambda: m(**b))
+    assert CUDA_OPS[name] in ops
+    torch.testing.assert_close(out, ref, rtol=5e-2, atol=5e-2)
+
+
 @pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2", "gpt2", "bert", "t5"])
 @pytest.mark.parametrize("name", ["efficient", "cudnn"])
 def test_bf16_matches_eager(kind, name):

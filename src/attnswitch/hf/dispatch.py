@@ -202,6 +202,8 @@ def _dispatch(sel, fwd: Forward | None, module, query, key, value, mask, kw: dic
     # already in the mask (or needs none: every key is inside the window). ``kw`` as transformers passed
     # it (each ``**`` costs host time, and this runs per attention call).
     get = kw.get
+    if query.dtype != value.dtype or key.dtype != value.dtype:
+        query, key, value = _autocast(query, key, value)
     q_len = query.shape[2]
     causal = _causal(module, query, mask, get("is_causal"))
     position_bias = get("position_bias")
@@ -222,6 +224,18 @@ def _dispatch(sel, fwd: Forward | None, module, query, key, value, mask, kw: dic
                                                 get("softcap"), sinks if sinks is not None else get("sinks"),
                                                 weights, module)))
     return out.transpose(1, 2).contiguous(), weights
+
+
+def _autocast(query, key, value):
+    """q, k and v as SDPA's own entry takes them under ``torch.autocast``: cast to autocast's dtype (RoPE's
+    float32 cos and sin leave Llama's q and k in float32 while v is in it). The forced ops are called below
+    autocast, which casts only at the public function, so the cast is made here; outside autocast they are left
+    for the backend's own error."""
+    device = query.device.type
+    if not torch.is_autocast_enabled(device):
+        return query, key, value
+    dtype = torch.get_autocast_dtype(device)
+    return query.to(dtype), key.to(dtype), value.to(dtype)
 
 
 def _adopted(fwd: Forward, module):
