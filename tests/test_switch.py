@@ -413,6 +413,8 @@ def test_ctrl_c_interrupts_a_switch_waiting_for_a_compile_elsewhere(llama):
         with critical.compiles_held:
             held.set()
             release.wait(60)
+    # Python's own handler, as in a user's process (a pytest-xdist worker ignores SIGINT)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     t = threading.Thread(target=compiling)
     t.start()
     assert held.wait(60)
@@ -428,6 +430,7 @@ def test_ctrl_c_interrupts_a_switch_waiting_for_a_compile_elsewhere(llama):
         release.set()
         timer.cancel()
         t.join(60)
+        signal.signal(signal.SIGINT, previous)
     assert world(llama) == before
 
 

@@ -24,6 +24,7 @@ complete, with SIGINT held back in the main thread (``critical``).
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Mapping
 from contextvars import ContextVar
@@ -217,6 +218,18 @@ def _release(entry: Entry) -> None:
     _DROPPED.append(entry)
 
 
+def _dropped_context(entry: Entry) -> None:
+    """A context dropped while entered (never exited): its selection ends, and the caller is told, since the
+    likely cause is ``backend(...).__enter__()`` on a context no name holds, which ends as soon as it is made."""
+    _release(entry)
+    try:
+        warnings.warn(f"an entered attnswitch.backend({entry.sel!r}) context was dropped without being exited, so its "
+                      "selection ended with it: keep the context (ctx = attnswitch.backend(...); ctx.__enter__(), "
+                      "then ctx.__exit__(None, None, None)), or use `with`", RuntimeWarning, stacklevel=3)
+    except BaseException:  # (a callback cannot raise: warnings turned into errors, or at shutdown)
+        pass
+
+
 def _end(entry: Entry) -> None:
     entry.ended = True
     _HELD.pop(entry, None)
@@ -234,7 +247,7 @@ def enter(entry: Entry, holder: object) -> State:
 
     def step():
         if entry.ref is None:
-            entry.ref = weakref.ref(holder, lambda _, entry=entry: _release(entry))
+            entry.ref = weakref.ref(holder, lambda _, entry=entry: _dropped_context(entry))
         _HELD[entry] = None
         STATE.set(state)
     _change(step)
