@@ -178,11 +178,18 @@ def test_a_gradient_that_is_zero_up_to_rounding_is_measured_against_a_typical_on
 
 
 @pytest.mark.parametrize("name", ["naive", "naive-inplace", "math", "flash"])
-def test_under_autocast_every_forced_backend_runs_as_sdpa_would(name):
-    """Under torch.autocast Llama's q and k stay float32 (RoPE's float32 cos and sin) while v is bfloat16: SDPA's
-    own entry casts them, the forced ops (below autocast) refused every call as of mixed dtypes."""
+def test_under_autocast_every_forced_backend_runs_as_sdpa_would(name, monkeypatch):
+    """Under torch.autocast Llama's q and k stay float32 (RoPE's float32 cos and sin) while v is bfloat16, and on
+    CUDA all three may be float32: SDPA's own entry casts them, the forced ops (below autocast) refused every
+    call as of mixed dtypes, and flash and cudnn refused float32."""
     from conftest import op_names
 
+    from attnswitch.hf import dispatch
+
+    dtypes = []
+    real = dispatch.run_backend
+    monkeypatch.setattr(dispatch, "run_backend", lambda n, call: (dtypes.append({call.q.dtype, call.k.dtype,
+                                                                                 call.v.dtype}), real(n, call))[1])
     m = tiny("llama")
     b = batch_for(m, pad=True)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
@@ -191,6 +198,7 @@ def test_under_autocast_every_forced_backend_runs_as_sdpa_would(name):
             out = output_of(m(**b)).float()
             ops = op_names(lambda: m(**b))
     torch.testing.assert_close(out, ref, rtol=5e-2, atol=5e-2)
+    assert dtypes and all(d == {torch.bfloat16} for d in dtypes)  # every call, the common one too
     assert {"naive": "aten::masked_fill", "naive-inplace": "aten::masked_fill_", "flash":
             "aten::_scaled_dot_product_flash_attention_for_cpu", "math": "aten::_scaled_dot_product_attention_math"
             }[name] in ops

@@ -202,7 +202,7 @@ def _dispatch(sel, fwd: Forward | None, module, query, key, value, mask, kw: dic
     # already in the mask (or needs none: every key is inside the window). ``kw`` as transformers passed
     # it (each ``**`` costs host time, and this runs per attention call).
     get = kw.get
-    if query.dtype != value.dtype or key.dtype != value.dtype:
+    if _AUTOCAST("cuda") or _AUTOCAST("cpu"):
         query, key, value = _autocast(query, key, value)
     q_len = query.shape[2]
     causal = _causal(module, query, mask, get("is_causal"))
@@ -227,15 +227,18 @@ def _dispatch(sel, fwd: Forward | None, module, query, key, value, mask, kw: dic
 
 
 def _autocast(query, key, value):
-    """q, k and v as SDPA's own entry takes them under ``torch.autocast``: cast to autocast's dtype (RoPE's
-    float32 cos and sin leave Llama's q and k in float32 while v is in it). The forced ops are called below
-    autocast, which casts only at the public function, so the cast is made here; outside autocast they are left
-    for the backend's own error."""
+    """q, k and v as SDPA's own entry takes them under ``torch.autocast``: cast to autocast's dtype (a float32
+    model's q, k and v, or Llama's float32 q and k, from RoPE's float32 cos and sin, beside a cast v). The forced
+    ops are called below autocast, which casts only at the public function, so the cast is made here. (Under
+    autocast every call takes this path: ``new_forward`` gives no common op.)"""
     device = query.device.type
-    if not torch.is_autocast_enabled(device):
+    if not _AUTOCAST(device):
         return query, key, value
     dtype = torch.get_autocast_dtype(device)
     return query.to(dtype), key.to(dtype), value.to(dtype)
+
+
+_AUTOCAST = torch.is_autocast_enabled
 
 
 def _adopted(fwd: Forward, module):
@@ -432,7 +435,8 @@ def new_forward(model: nn.Module) -> Forward:
     state, sel, models, modules, info = selection.for_forward(model)
     if sel is None:
         return Forward(state, None, models, modules)
-    return Forward(state, sel, models, modules, COMMON_OPS.get(sel) if sel.__class__ is str else None,
+    common = sel.__class__ is str and not (_AUTOCAST("cuda") or _AUTOCAST("cpu"))  # (autocast: see _autocast)
+    return Forward(state, sel, models, modules, COMMON_OPS.get(sel) if common else None,
                    model if info is not None else None, info)
 
 
