@@ -256,3 +256,26 @@ def test_a_bf16_model_decoding_over_a_float32_cache_gets_sdpas_error_under_math(
             m(ids[:, 5:], past_key_values=copy.deepcopy(cache))  # unswitched: SDPA's error
         with attnswitch.backend("math", model=m), pytest.raises(RuntimeError, match="same dtype"):
             m(ids[:, 5:], past_key_values=copy.deepcopy(cache))
+
+
+def test_a_boolean_mask_is_made_additive_by_one_where_with_no_copy():
+    """Both of ``where``'s values are tensors on the mask's device: a Python number was made a CPU tensor that
+    ``where`` copied to the GPU (an H100 trace of Gemma 3's sliding layers: a memcpy at every cudnn and
+    efficient call). Nothing made inside a trace is kept."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from attnswitch.backends.sdpa import _SCALARS, _float_mask
+
+    mask = torch.rand(2, 1, 8, 8) > 0.5
+    ref = torch.zeros(mask.shape, dtype=torch.bfloat16).masked_fill(~mask, -65504.0)
+    torch.testing.assert_close(_float_mask(mask, torch.bfloat16, -65504.0), ref)
+    with profile(activities=[ProfilerActivity.CPU]) as p:
+        out = _float_mask(mask, torch.bfloat16, -65504.0)
+    torch.testing.assert_close(out, ref)
+    ops = [e.name for e in p.events() if e.name.startswith("aten::")]
+    assert "aten::where" in ops and not {"aten::to", "aten::_to_copy", "aten::copy_", "aten::scalar_tensor"} & set(ops)
+    kept = dict(_SCALARS)
+    torch.compile(lambda m: _float_mask(m, torch.float16), backend="eager", fullgraph=True)(mask)
+    assert all(not isinstance(t, torch._subclasses.FakeTensor) for t in _SCALARS.values()) and \
+        _SCALARS.keys() - kept.keys() <= {(0.0, torch.float16, mask.device), (float("-inf"), torch.float16,
+                                                                               mask.device)}

@@ -49,10 +49,31 @@ def _grad(call: Call) -> bool:
 
 
 def _float_mask(mask: torch.Tensor | None, dtype: torch.dtype, fill: float = float("-inf")):
-    """SDPA's conversion: a boolean mask (True = attend) as an additive one in the query's dtype."""
+    """SDPA's conversion: a boolean mask (True = attend) as an additive one in the query's dtype. One ``where``
+    kernel: both of its values are tensors on the mask's device (a Python number is made a CPU tensor that
+    ``where`` copies to the GPU: a host-to-device memcpy at every call of a sliding layer)."""
     if mask is None or mask.dtype != torch.bool:
         return mask
-    return torch.where(mask.logical_not(), fill, torch.zeros((), dtype=dtype))  # a CPU scalar: no kernel
+    if type(mask) is not torch.Tensor:  # a fake or functional tensor (inside a trace): made there, never kept
+        return torch.where(mask, torch.zeros((), dtype=dtype, device=mask.device),
+                           torch.full((), fill, dtype=dtype, device=mask.device))
+    return torch.where(mask, _scalar(0.0, dtype, mask.device), _scalar(fill, dtype, mask.device))
+
+
+_SCALARS: dict = {}  # (value, dtype, device) -> a 0-dim tensor of it there
+
+
+def _scalar(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``value`` as a 0-dim tensor on ``device``, made once (not kept where made inside a trace or a CUDA graph's
+    capture, where it is only written at the graph's replay)."""
+    key = (value, dtype, device)
+    t = _SCALARS.get(key)
+    if t is None:
+        t = torch.full((), value, dtype=dtype, device=device)
+        if not torch.compiler.is_compiling() and not (device.type == "cuda" and
+                                                      torch.cuda.is_current_stream_capturing()):
+            _SCALARS[key] = t
+    return t
 
 
 # -- eligibility ------------------------------------------------------------------------------------
