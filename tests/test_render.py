@@ -255,3 +255,20 @@ def test_a_cpu_report_of_every_backend_names_those_that_cannot_run_here_and_why(
     line = f"Not offered here: {', '.join(left)} (CUDA only)"
     assert line in render.to_text(r) and line in r.to_markdown() and line in render.to_html(r)
     assert not any("not offered" in item for item, _ in environment_table(r).rows)  # said once, in Not run
+
+
+def test_a_profile_never_explains_a_vs_pick_column_it_does_not_have(capsys):
+    # a profile ranks nothing: its Summary has no vs pick column, and its footnote explained one (and ≈ and bold)
+    from rich.console import Console
+
+    import attnswitch
+
+    m = tiny("llama")
+    rep = attnswitch.profile(m, batch_for(m), backends=["naive", "flash"], warmup=0, iters=2, rounds=2,
+                             time_budget_s=0)
+    text = " ".join(rep.to_markdown().split())
+    assert "| vs pick |" not in text and "vs pick:" not in text and "≈ and bold" not in text
+    rep.render(Console(width=40, file=sys.stdout, force_terminal=False))
+    out = capsys.readouterr().out
+    assert "left out at 40 columns" in out and "a wider terminal shows them, as do report.md and report.html (--out)" \
+        in " ".join(out.split())

@@ -145,8 +145,8 @@ def _print_table(console, block: Table, soft: bool) -> None:
     if block.caption and console.color_system is not None:  # "bold: ..." says nothing without bold
         console.print(RichText(block.caption, style="dim"), soft_wrap=soft)
     if left_out:
-        console.print(RichText(f"left out at {console.width} columns: {', '.join(left_out)}; report.md and "
-                               "report.html have them", style="dim"), soft_wrap=soft)
+        console.print(RichText(f"left out at {console.width} columns: {', '.join(left_out)}; a wider terminal "
+                               "shows them, as do report.md and report.html (--out)", style="dim"), soft_wrap=soft)
 
 
 def _print(console, blocks: list[Block] | tuple[Block, ...]) -> None:
