@@ -223,6 +223,25 @@ def test_patch_and_context_on_same_model_restore_in_any_order(llama, spy):
     assert world(llama) == before
 
 
+@pytest.mark.parametrize("inner_first", [False, True])
+def test_a_patched_submodel_of_a_patched_model_runs_its_own_patch_in_either_order(llama, spy, inner_first):
+    """Of two patched models owning a layer, the first registered won: a submodel's patch was ignored (or not)
+    by the order of the patches, while ``is_patched`` named it. The inner one wins, as a nested context does."""
+    b = batch_for(llama)
+    before = world(llama)
+    patches = [(llama, "math"), (llama.model, "naive")]
+    for m, name in (reversed(patches) if inner_first else patches):
+        attnswitch.patch(m, name)
+    assert attnswitch.is_patched(llama.model) == "naive" and attnswitch.is_patched(llama) == "math"
+    with torch.no_grad():
+        llama(**b)
+        llama.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"])
+    assert spy.names == ["naive"] * (2 * len(llama.model.layers))
+    attnswitch.unpatch(llama.model)
+    attnswitch.unpatch(llama)
+    assert world(llama) == before
+
+
 def _in_another_thread(fn):
     """``fn()`` run to its end in another thread (a redeploy beside a forward), its exception raised here."""
     errors = []

@@ -8,7 +8,8 @@
   layer two models share runs, in each model's forward, that model's backend, and a model no switch names
   runs its own attention in it.
 - **Which backend.** Of those models: the innermost model-scoped context of one of them, else the innermost
-  global context, else a patch of one of them (``rule``). A forward reads it once, when it starts.
+  global context, else a patch of one of them, the innermost model's where several are patched (``rule``). A
+  forward reads it once, when it starts.
 - **Per call**, the selection gives the call's backend (``choose``: a policy per phase, by query length; a
   backend per layer kind, by the calling module's kind, None for a kind it leaves out: the model's own).
 """
@@ -43,11 +44,25 @@ def rule(st, tokens: tuple[int, ...], patched) -> Selection | None:
     sel = st.global_sel
     if sel is not None:
         return sel
+    found = None
     for t in tokens:
-        sel = patched.get(t)
-        if sel is not None:
-            return sel
-    return None
+        s = patched.get(t)
+        if s is not None:
+            if found is not None:  # a patched model inside another patched one: the inner one (fewer modules) wins
+                return _innermost(tokens, patched)
+            found = s
+    return found
+
+
+def _innermost(tokens: tuple[int, ...], patched) -> Selection:
+    """Of the patched models among ``tokens`` (models owning one module), the selection of the one owning the
+    fewest modules: a submodel, whose modules all its containers own too."""
+    sizes = []
+    for t in tokens:
+        info = owners.by_token(t)
+        if t in patched and info is not None:
+            sizes.append((len(info.owned), t))
+    return patched[min(sizes)[1]]
 
 
 def call_models(module_owners: tuple[int, ...], running: tuple[int, ...] | None) -> tuple[int, ...]:
