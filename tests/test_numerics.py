@@ -207,3 +207,24 @@ def test_under_autocast_every_forced_backend_runs_as_sdpa_would(name, monkeypatc
         loss = m(**b, labels=b["input_ids"]).loss
     loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+
+
+def test_under_autocast_a_float64_model_and_a_bare_call_run_as_sdpa_would():
+    # autocast never casts float64 (a float64 model ran float64 before, and must still); the bare call refused
+    # float32 q and k beside a bfloat16 v, which SDPA takes under autocast
+    m = tiny("llama").double()
+    b = batch_for(m, pad=False)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = output_of(m(**b))
+        for name in ("naive", "math", "flash"):
+            with attnswitch.backend(name, model=m):
+                out = output_of(m(**b))
+            assert out.dtype == torch.float64
+            torch.testing.assert_close(out, ref)
+        q, k = torch.randn(2, 4, 8, 16), torch.randn(2, 4, 8, 16)
+        v = torch.randn(2, 4, 8, 16).bfloat16()
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        for name in ("auto", "math", "flash", "naive"):
+            got = attnswitch.attention(q, k, v, is_causal=True, backend=name)
+            assert got.dtype == want.dtype == torch.bfloat16
+            torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)

@@ -10,7 +10,6 @@ import random
 import signal
 import sys
 import threading
-import warnings
 
 import pytest
 import torch
@@ -350,23 +349,6 @@ def test_a_dropped_patched_model_unpatches_itself():
     del m
     gc.collect()
     assert world() == before
-
-
-def test_a_context_entered_and_dropped_ends_its_selection_and_says_so():
-    # `attnswitch.backend("math").__enter__()` (a notebook's "turn it on") holds nothing: it ended at once, silently
-    before = world()
-    with pytest.warns(RuntimeWarning, match=r"attnswitch.backend\('math'\) context was dropped without being exited"):
-        assert attnswitch.backend("math").__enter__() == "math"
-        gc.collect()
-    assert attnswitch.active_backend() is None and world() == before
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        ctx = attnswitch.backend("math")  # kept: nothing to say, entered or left
-        ctx.__enter__()
-        assert attnswitch.active_backend() == "math"
-        ctx.__exit__(None, None, None)
-        del ctx
-        gc.collect()
 
 
 # -- 5. odd exits and interrupts --------------------------------------------------------------------

@@ -364,6 +364,60 @@ def test_a_holder_dropped_inside_a_compile_lets_go_at_the_next_forward():
     assert world() == before  # the eager forward after it let go
 
 
+def test_a_patched_model_freed_during_a_compile_elsewhere_lets_go_after_it():
+    """A finalizer must not change the registries under another thread's trace either: it leaves the change to
+    the next forward once the compile is over."""
+    import gc
+
+    from attnswitch.hf import critical
+
+    m = tiny("llama")
+    before = world()
+    freed = [tiny("llama")]
+    attnswitch.patch(freed[0], "math")
+    held, release = threading.Event(), threading.Event()
+
+    def compiling():
+        with critical.compiles_held:
+            held.set()
+            release.wait(60)
+    t = threading.Thread(target=compiling)
+    t.start()
+    try:
+        assert held.wait(60)
+        freed.clear()
+        gc.collect()
+        assert hf.registries.installed_entries()  # (left as it was while the compile held the lock)
+    finally:
+        release.set()
+        t.join(60)
+    with torch.no_grad():
+        m(**batch_for(m))
+    assert world() == before
+
+
+def test_modules_freed_during_a_compile_are_forgotten_after_it():
+    """Dynamo's trace iterates the owners' dict it reads; a module freed mid-trace (garbage collection in the
+    compiling thread) changed its size under it: "dictionary changed size during iteration"."""
+    import gc
+
+    from attnswitch.hf import critical, owners
+
+    m = tiny("llama")
+    with attnswitch.backend("math", model=m):
+        pass
+    size = len(owners._OWNERS)
+    with critical.compiles_held:  # as during a compile
+        del m
+        gc.collect()
+        assert len(owners._OWNERS) == size
+    other = tiny("llama")
+    with attnswitch.backend("math", model=other):  # the next registration forgets them
+        pass
+    alive = [entry for entry in owners._OWNERS.values() if entry[0]() is not None]
+    assert len(owners._OWNERS) == len(alive)
+
+
 def test_a_forward_whose_return_was_cut_short_is_dropped_by_the_next_change(llama):
     """An interrupt between a forward's end and its ``returned`` left it running for good, and the switch
     installed for the rest of the process."""
@@ -413,9 +467,9 @@ def test_a_forward_returns_without_waiting_for_a_compile_elsewhere(llama, spy):
         release.set()
         t.join(60)
         hook.remove()
-    with attnswitch.backend("naive", model=llama):  # the next change puts back what the return left
-        pass
-    assert world(llama) == before
+    with torch.no_grad():
+        llama(**b)  # the next forward puts back what the return left
+    assert world(llama) == before and spy.names == ["math"] * len(llama.model.layers)
 
 
 def test_ctrl_c_interrupts_a_switch_waiting_for_a_compile_elsewhere(llama):
@@ -438,16 +492,19 @@ def test_ctrl_c_interrupts_a_switch_waiting_for_a_compile_elsewhere(llama):
     t.start()
     assert held.wait(60)
     before = world(llama)
-    timer = threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
+    timers = []
     try:
-        with pytest.raises(KeyboardInterrupt):
-            attnswitch.patch(llama, "math")
-            release.wait(60)  # (not reached where the wait is interrupted)
-        assert not release.is_set()  # interrupted while the compile still held its lock
+        for enter in (lambda: attnswitch.patch(llama, "math"), attnswitch.backend("math", model=llama).__enter__):
+            timers.append(threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)))
+            timers[-1].start()
+            with pytest.raises(KeyboardInterrupt):
+                enter()
+                release.wait(60)  # (not reached where the wait is interrupted)
+            assert not release.is_set()  # interrupted while the compile still held its lock
     finally:
+        for timer in timers:
+            timer.cancel()
         release.set()
-        timer.cancel()
         t.join(60)
         signal.signal(signal.SIGINT, previous)
     assert world(llama) == before

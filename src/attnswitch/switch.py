@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from . import backends, instrument
 from .backends import Call
-from .backends.call import check
+from .backends.call import autocast_inputs, check
 from .candidate import Kinds
 from .hf import compiled, install, layerkinds, owners, record, registries
 from .hf.selection import Policy, Selection, choose, resolve_selection
@@ -185,6 +185,7 @@ def attention(
     if isinstance(sel, Kinds):
         raise OptionError("a backend per layer kind ({given}) is for a model's layers: a bare attention call has no "
                           "layer kind; name one backend, or a backend per phase", given=str(sel))
+    q, k, v, attn_mask = autocast_inputs(q, k, v, attn_mask)  # (under torch.autocast, as SDPA casts them)
     check(q, k, v, attn_mask, enable_gqa)
     name = choose(sel, q.shape[2])
     call = Call(q, k, v, attn_mask, dropout_p, is_causal, scale)

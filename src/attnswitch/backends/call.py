@@ -15,7 +15,7 @@ from ..errors import BackendUnavailable
 from ..sites import site_name
 
 __all__ = ["Call", "check", "validate", "unavailable", "describe", "recording_notes", "note", "noting", "note_kernel",
-           "repeat_kv"]
+           "repeat_kv", "autocast_inputs", "autocasting"]
 
 
 class Call(NamedTuple):
@@ -137,3 +137,27 @@ def note_kernel(backend: str, text: str) -> None:
     notes = _NOTES.get()
     if notes is not None:
         notes.append((backend, "", text))
+
+
+_AUTOCAST_ON = torch.is_autocast_enabled
+_AUTOCAST_CASTS = (torch.float32, torch.float16, torch.bfloat16)  # what autocast casts (never float64)
+
+
+def autocasting() -> bool:
+    """Whether ``torch.autocast`` is on for CUDA or CPU in the calling thread."""
+    return _AUTOCAST_ON("cuda") or _AUTOCAST_ON("cpu")
+
+
+def autocast_inputs(q, k, v, mask=None):
+    """q, k, v and a float mask as SDPA's own entry takes them under ``torch.autocast``: cast to autocast's dtype
+    (a float32 model's q, k and v, or Llama's float32 q and k, from RoPE's float32 cos and sin, beside a cast v),
+    float64 left as it is. The forced ops are called below autocast, which casts only at the public function, so
+    the cast is made here; outside autocast, nothing changes."""
+    device = q.device.type
+    if not _AUTOCAST_ON(device):
+        return q, k, v, mask
+    dtype = torch.get_autocast_dtype(device)
+    q, k, v = (t.to(dtype) if t.dtype in _AUTOCAST_CASTS else t for t in (q, k, v))
+    if mask is not None and mask.dtype in _AUTOCAST_CASTS:
+        mask = mask.to(dtype)
+    return q, k, v, mask

@@ -12,7 +12,8 @@ attnswitch's entries) then never reads the registries half-changed, which Dynamo
 the same frame it was created" or an internal error, and its guards are checked against the state it traced. It is
 taken before SIGINT is held back, so that Ctrl-C still interrupts the wait for a compile elsewhere. What may not
 wait (a finalizer, a forward's return) changes only where no compile holds it (``try_locked``, ``settle_if_free``),
-else leaves the change to the next one; never in a thread that is compiling (its trace would see it).
+else leaves the change to the next forward or change (``record.tidy``); never in a thread that is compiling (its
+trace would see it).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ try:
 except ImportError:  # pragma: no cover - a torch without Dynamo
     _COMPILE_LOCK = threading.RLock()
 
-__all__ = ["settle", "try_locked", "settle_if_free", "compiles_held", "interrupts_deferred",
+__all__ = ["settle", "try_locked", "settle_if_free", "compiling", "compiles_held", "interrupts_deferred",
            "one_registration_at_a_time"]
 
 #: ``with compiles_held:`` no compile runs elsewhere meanwhile (a change's outer section)
@@ -61,16 +62,29 @@ def one_registration_at_a_time(register: Callable[[], object]):
 
 
 def try_locked(change: Callable[[], None]) -> bool:
-    """Run ``change`` now if the lock is free and this thread is not compiling (a finalizer may run while the lock
-    is held, or inside a trace); False if not. (A compile in another thread is not waited for: a finalizer must
-    not block.)"""
-    if _COMPILE_LOCK._is_owned() or not _LOCK.acquire(blocking=False):
+    """Run ``change`` now if the locks are free (a finalizer may run while they are held, in this thread's trace or
+    during another's compile, and must not block); False if not."""
+    if _COMPILE_LOCK._is_owned() or not _COMPILE_LOCK.acquire(blocking=False):
         return False
     try:
-        change()
+        if not _LOCK.acquire(blocking=False):
+            return False
+        try:
+            change()
+        finally:
+            _LOCK.release()
     finally:
-        _LOCK.release()
+        _COMPILE_LOCK.release()
     return True
+
+
+def compiling() -> bool:
+    """Whether a compile holds Dynamo's lock now (in this thread, or another): a finalizer changes nothing a
+    trace may be reading then."""
+    if _COMPILE_LOCK._is_owned() or not _COMPILE_LOCK.acquire(blocking=False):
+        return True
+    _COMPILE_LOCK.release()
+    return False
 
 
 def settle_if_free(change: Callable[[], None]) -> bool:

@@ -28,6 +28,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from .. import backends, catalog, instrument
 from ..backends import MODEL_LEVEL, REFERENCE, Call
+from ..backends.call import autocast_inputs
+from ..backends.call import autocasting as _AUTOCASTING
 from ..backends.naive import causal_mask
 from ..backends.sdpa import COMMON_OPS, auto_reasons
 from ..errors import BackendUnavailable, UnsupportedModel
@@ -202,8 +204,8 @@ def _dispatch(sel, fwd: Forward | None, module, query, key, value, mask, kw: dic
     # already in the mask (or needs none: every key is inside the window). ``kw`` as transformers passed
     # it (each ``**`` costs host time, and this runs per attention call).
     get = kw.get
-    if _AUTOCAST("cuda") or _AUTOCAST("cpu"):
-        query, key, value = _autocast(query, key, value)
+    if _AUTOCASTING():  # as SDPA's entry casts them (every call takes this path then: ``new_forward``)
+        query, key, value, mask = autocast_inputs(query, key, value, mask)
     q_len = query.shape[2]
     causal = _causal(module, query, mask, get("is_causal"))
     position_bias = get("position_bias")
@@ -226,19 +228,7 @@ def _dispatch(sel, fwd: Forward | None, module, query, key, value, mask, kw: dic
     return out.transpose(1, 2).contiguous(), weights
 
 
-def _autocast(query, key, value):
-    """q, k and v as SDPA's own entry takes them under ``torch.autocast``: cast to autocast's dtype (a float32
-    model's q, k and v, or Llama's float32 q and k, from RoPE's float32 cos and sin, beside a cast v). The forced
-    ops are called below autocast, which casts only at the public function, so the cast is made here. (Under
-    autocast every call takes this path: ``new_forward`` gives no common op.)"""
-    device = query.device.type
-    if not _AUTOCAST(device):
-        return query, key, value
-    dtype = torch.get_autocast_dtype(device)
-    return query.to(dtype), key.to(dtype), value.to(dtype)
 
-
-_AUTOCAST = torch.is_autocast_enabled
 
 
 def _adopted(fwd: Forward, module):
@@ -319,7 +309,8 @@ def _selected(module, fwd: Forward | None):
     """The selection for a call of ``module`` in the calling context, ``fwd`` the forward running there."""
     if fwd is None:
         sel = selection.selected(module, None)
-        return None if sel is not None and _by_patch(_STATE_GET()) and _inside_unguarded_forward() else sel
+        return None if sel is not None and _by_patch(_STATE_GET(), owners.owners(module)) and \
+            _inside_unguarded_forward() else sel
     if fwd.state is None:
         return selection.selected(module, None)
     if fwd.sel is None and _STATE_GET() is fwd.state:
@@ -330,10 +321,11 @@ def _selected(module, fwd: Forward | None):
 _MODULE_CALL = nn.Module._call_impl.__code__
 
 
-def _by_patch(st) -> bool:
-    """Whether a selection in state ``st`` can come from a patch alone (no context of the calling thread or task
-    selects anything: a context entered inside a forward applies there, a patch made elsewhere does not)."""
-    return st is None or (st.global_sel is None and not st.per_owner)
+def _by_patch(st, tokens) -> bool:
+    """Whether the selection of models ``tokens`` in state ``st`` comes from a patch (no context of the calling
+    thread or task selects one of them: a context entered inside a forward applies there, a patch made elsewhere
+    does not)."""
+    return st is None or (st.global_sel is None and not any(t in st.per_owner for t in tokens))
 
 
 def _inside_unguarded_forward() -> bool:
@@ -435,7 +427,7 @@ def new_forward(model: nn.Module) -> Forward:
     state, sel, models, modules, info = selection.for_forward(model)
     if sel is None:
         return Forward(state, None, models, modules)
-    common = sel.__class__ is str and not (_AUTOCAST("cuda") or _AUTOCAST("cpu"))  # (autocast: see _autocast)
+    common = sel.__class__ is str and not _AUTOCASTING()  # (autocast: the general path casts)
     return Forward(state, sel, models, modules, COMMON_OPS.get(sel) if common else None,
                    model if info is not None else None, info)
 
@@ -464,7 +456,7 @@ def guarded_call(self: nn.Module, *args, **kwargs):
     if _COMPILING():
         return traced_call(self, args, kwargs)
     call = registries.original_call() or nn.Module._call_impl
-    if _DROPPED:  # a holder dropped where it could not let go (inside a compile): now
+    if _DROPPED or _PENDING[0]:  # a holder dropped, or a restore put off, while a compile held the lock: now
         record.tidy()
     outer = _FORWARD_GET()
     if outer is not None and outer.state is None:
@@ -472,7 +464,7 @@ def guarded_call(self: nn.Module, *args, **kwargs):
     if outer is not None and outer.models == owners.owners(self):
         return call(self, *args, **kwargs)  # a forward inside one of the same models: its calls are that one's
     fwd = new_forward(self)
-    if outer is None and fwd.sel is not None and _by_patch(fwd.state) and _inside_unguarded_forward():
+    if outer is None and fwd.sel is not None and _by_patch(fwd.state, fwd.models) and _inside_unguarded_forward():
         return call(self, *args, **kwargs)  # a part of a forward begun unswitched: its calls run unswitched too
     info = fwd.info if fwd.sel is not None else None
     keys = None
@@ -543,7 +535,7 @@ def _check(model: nn.Module, fwd: Forward, watch) -> None:
 
 
 _GRAD_ON = torch.is_grad_enabled
-_DROPPED = record.DROPPED
+_DROPPED, _PENDING = record.DROPPED, record.PENDING
 #: the calls that run a model's forward through the guard (eager, and as traced): a model call they make is guarded
 _GUARDS = {guarded_call.__code__, traced_call.__code__}
 #: attnswitch's entries: attention computed under them is the switch's own

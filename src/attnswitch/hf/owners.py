@@ -76,21 +76,45 @@ def owners(module) -> tuple[int, ...]:
 _owners = owners
 
 
+#: modules freed while a compile held its lock, forgotten at the next registration: (id, its weak reference, owners)
+_FREED: list[tuple[int, weakref.ref, tuple[int, ...]]] = []
+
+
 def _forget(key: int, ref: weakref.ref) -> None:
-    # a weak reference's callback runs as the module is freed, before its id can be reused
+    # a weak reference's callback runs as the module is freed, before its id can be reused; during a compile (in
+    # this thread: garbage collection inside Dynamo's trace, which iterates these dicts; or elsewhere) it changes
+    # nothing, and the next registration forgets the module (a stale entry's reference is dead: never matched)
+    entry = _OWNERS.get(key)
+    if entry is None or entry[0] is not ref:
+        return
+    if critical.compiling():
+        _FREED.append((key, ref, entry[1]))
+        return
+    _drop(key, ref, entry[1])
+
+
+def _drop(key: int, ref: weakref.ref, tokens: tuple[int, ...]) -> None:
     entry = _OWNERS.get(key)
     if entry is not None and entry[0] is ref:
         del _OWNERS[key]
-        for t in entry[1]:
-            info = _BY_TOKEN.get(t)
-            if info is not None:
-                info.owned.discard(key)
-                info.sole.discard(key)
+        entry = None
+    for t in tokens:
+        info = _BY_TOKEN.get(t)
+        if info is not None and (entry is None or t not in entry[1]):  # (not where the id is its module's again)
+            info.owned.discard(key)
+            info.sole.discard(key)
+
+
+def _drop_freed() -> None:
+    while _FREED:
+        _drop(*_FREED.pop())
 
 
 def _own(module: nn.Module, owners: tuple[int, ...]) -> None:
     """Record ``owners`` (those still alive: a registration that was interrupted leaves a dead token) as
     the module's, and whether one model alone owns it."""
+    if _FREED:
+        _drop_freed()
     key = id(module)
     infos = [info for t in owners if (info := _BY_TOKEN.get(t)) is not None]
     _OWNERS[key] = (weakref.ref(module, lambda ref, key=key: _forget(key, ref)), tuple(i.token for i in infos))

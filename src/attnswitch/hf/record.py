@@ -24,7 +24,6 @@ complete, with SIGINT held back in the main thread (``critical``).
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from collections.abc import Mapping
 from contextvars import ContextVar
@@ -77,6 +76,8 @@ _PATCHES: dict[int, Entry] = {}  # owner token -> the patch's entry
 _HELD: dict[Entry, None] = {}  # the entries that hold attnswitch's functions installed, in order
 _DROPPED: list[Entry] = []  # let go of by a callback while the lock was held (forgotten at the next change)
 DROPPED = _DROPPED
+#: a restore a forward's return put off (a compile held the lock): the next forward's start or change does it
+PENDING = [False]
 #: selected forwards running now -> the attention keys their models name: the registries keep attnswitch's
 #: functions for these until they return, also where what selected them lets go meanwhile (a patch undone in
 #: another thread), so that a forward runs one selection throughout
@@ -130,7 +131,7 @@ def current() -> State:
 
 def _held_keys() -> frozenset[str]:
     while _DROPPED:
-        _HELD.pop(_DROPPED.pop(), None)
+        _forget(_DROPPED.pop())
     return frozenset().union(*(e.keys for e in _HELD)) if _HELD else frozenset()
 
 
@@ -165,16 +166,19 @@ def running(fwd, keys: frozenset[str]) -> None:
 
 
 def tidy() -> None:
-    """Let go of the entries dropped while a change could not run (a finalizer inside a compile, or while the lock
-    was held), where no compile holds the lock now (a forward's start calls it where any are left)."""
-    critical.settle_if_free(_apply)
+    """Let go of the entries dropped while a change could not run (a finalizer during a compile, or while the lock
+    was held), and make a restore put off (``PENDING``), where no compile holds the lock now (a forward's start
+    calls it where either is left)."""
+    PENDING[0] = False
+    if not critical.settle_if_free(_apply):
+        PENDING[0] = True
 
 
 def returned(fwd) -> None:
     """A selected forward returned: the registries are put back where only running forwards kept them, now if no
     compile elsewhere holds the lock, else by the next change (a forward does not wait for a compile)."""
-    if _RUNNING.pop(fwd, None) is not None and _ONLY_RUNNING[0]:
-        critical.settle_if_free(_apply)
+    if _RUNNING.pop(fwd, None) is not None and _ONLY_RUNNING[0] and not critical.settle_if_free(_apply):
+        PENDING[0] = True
 
 
 def _change(step) -> None:
@@ -211,23 +215,19 @@ def _release(entry: Entry) -> None:
     entry.ended = True
     ENDINGS[0] += 1
     try:
-        if critical.try_locked(lambda: (_HELD.pop(entry, None), _apply())):
+        if critical.try_locked(lambda: (_forget(entry), _apply())):
             return
     except BaseException:  # a callback cannot raise; the next change completes it
         pass
     _DROPPED.append(entry)
 
 
-def _dropped_context(entry: Entry) -> None:
-    """A context dropped while entered (never exited): its selection ends, and the caller is told, since the
-    likely cause is ``backend(...).__enter__()`` on a context no name holds, which ends as soon as it is made."""
-    _release(entry)
-    try:
-        warnings.warn(f"an entered attnswitch.backend({entry.sel!r}) context was dropped without being exited, so its "
-                      "selection ended with it: keep the context (ctx = attnswitch.backend(...); ctx.__enter__(), "
-                      "then ctx.__exit__(None, None, None)), or use `with`", RuntimeWarning, stacklevel=3)
-    except BaseException:  # (a callback cannot raise: warnings turned into errors, or at shutdown)
-        pass
+def _forget(entry: Entry) -> None:
+    """``entry`` no longer held, and no longer a patch where it was one."""
+    _HELD.pop(entry, None)
+    if entry.token is not None and _PATCHES.get(entry.token) is entry:
+        PATCHED.pop(entry.token, None)
+        _PATCHES.pop(entry.token, None)
 
 
 def _end(entry: Entry) -> None:
@@ -247,7 +247,7 @@ def enter(entry: Entry, holder: object) -> State:
 
     def step():
         if entry.ref is None:
-            entry.ref = weakref.ref(holder, lambda _, entry=entry: _dropped_context(entry))
+            entry.ref = weakref.ref(holder, lambda _, entry=entry: _release(entry))
         _HELD[entry] = None
         STATE.set(state)
     _change(step)
@@ -255,7 +255,12 @@ def enter(entry: Entry, holder: object) -> State:
 
 
 def abandon(entry: Entry) -> None:
-    """Undo an ``enter`` that did not complete (an interrupt): nothing of ``entry`` stays."""
+    """Undo an ``enter`` that did not complete (an interrupt): nothing of ``entry`` stays. Where it never began
+    (interrupted waiting for a compile elsewhere) there is nothing to undo, and no wait."""
+    if entry.ref is None and entry not in _HELD and STATE.get().entry is not entry:
+        entry.ended = True
+        return
+
     def step():
         st = STATE.get()
         if st.entry is entry:
@@ -312,8 +317,9 @@ def patch(token: int, sel: Selection, keys: frozenset[str], model: object) -> No
 
 
 def _dropped_patch(token: int) -> None:
-    PATCHED.pop(token, None)
-    entry = _PATCHES.pop(token, None)
+    """A patched model freed: its patch ends, as its entry is let go of (``_release``: now, or at the next forward
+    or change where a compile holds the lock; its selection is never removed under a trace, which reads it)."""
+    entry = _PATCHES.get(token)
     if entry is not None:
         _release(entry)
 
