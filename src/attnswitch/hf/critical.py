@@ -61,10 +61,15 @@ def one_registration_at_a_time(register: Callable[[], object]):
         return register()
 
 
+def _no_compile() -> bool:
+    """Take Dynamo's lock where no compile holds it, in this thread or another (True: the caller releases it)."""
+    return not _COMPILE_LOCK._is_owned() and _COMPILE_LOCK.acquire(blocking=False)
+
+
 def try_locked(change: Callable[[], None]) -> bool:
     """Run ``change`` now if the locks are free (a finalizer may run while they are held, in this thread's trace or
     during another's compile, and must not block); False if not."""
-    if _COMPILE_LOCK._is_owned() or not _COMPILE_LOCK.acquire(blocking=False):
+    if not _no_compile():
         return False
     try:
         if not _LOCK.acquire(blocking=False):
@@ -81,7 +86,7 @@ def try_locked(change: Callable[[], None]) -> bool:
 def compiling() -> bool:
     """Whether a compile holds Dynamo's lock now (in this thread, or another): a finalizer changes nothing a
     trace may be reading then."""
-    if _COMPILE_LOCK._is_owned() or not _COMPILE_LOCK.acquire(blocking=False):
+    if not _no_compile():
         return True
     _COMPILE_LOCK.release()
     return False
@@ -90,7 +95,7 @@ def compiling() -> bool:
 def settle_if_free(change: Callable[[], None]) -> bool:
     """``change`` as a change (no compile elsewhere, SIGINT held back, run until complete), where no compile holds
     its lock now; False, with nothing done, where one does."""
-    if _COMPILE_LOCK._is_owned() or not _COMPILE_LOCK.acquire(blocking=False):
+    if not _no_compile():
         return False
     try:
         with interrupts_deferred():

@@ -228,9 +228,6 @@ def _dispatch(sel, fwd: Forward | None, module, query, key, value, mask, kw: dic
     return out.transpose(1, 2).contiguous(), weights
 
 
-
-
-
 def _adopted(fwd: Forward, module):
     """A module the switched forward's model does not own, calling the interface: one added in a way torch's
     registration hook does not see (``ModuleList.insert``, ``_modules`` written). Its model's modules are read
@@ -325,7 +322,7 @@ def _by_patch(st, tokens) -> bool:
     """Whether the selection of models ``tokens`` in state ``st`` comes from a patch (no context of the calling
     thread or task selects one of them: a context entered inside a forward applies there, a patch made elsewhere
     does not)."""
-    return st is None or (st.global_sel is None and not any(t in st.per_owner for t in tokens))
+    return st.global_sel is None and not any(t in st.per_owner for t in tokens)
 
 
 def _inside_unguarded_forward() -> bool:
