@@ -8,6 +8,7 @@ steps under ``attnswitch.backend(...)``, on the same model and inputs, in the sa
     python -m benchmarks.user_loop OUT --only=host-bound/train,gemma3   # some of the checks
     python -m benchmarks.user_loop OUT --only=decode --turn=5   # compare timing 5 steps per backend per round
     python -m benchmarks.user_loop OUT --total=250    # no check started that would not end within 250 s
+    python -m benchmarks.user_loop --judge OUT...     # stored runs judged again by these rules
 
 For each shape and workload (``check``): a user's loop of every backend (``user_loop``) before the compare and after
 it, never inside it, and ``compare`` of every backend (its defaults, numerics left out: they run no timed step, and
@@ -18,8 +19,11 @@ rounds (as many as fit ``PAIRED_S``) one turn of compare's timing rounds and one
 seconds apart: ``paired_ratio``, the median over rounds of the turn's step over the block's, with its 95 %
 interval. The band is held to
 ``paired_ratio`` and, where the loops before and after agree within it and the compare's rounds show no change of
-the host's speed, to ``ratio`` too (``checked``): on a shared machine the host's speed moves by up to 2x within a
-minute, and loops taken before and after a compare then cannot judge the reported step to 3 %.
+the host's speed (its first and last shared rounds, and this candidate's rounds within 3 % of each other:
+``round_spread``), to ``ratio`` too (``checked``): on a shared machine the host's speed moves by up to 2x within a
+minute, and loops taken before and after a compare then cannot judge the reported step to 3 %. A row's
+``verdict``: ``within`` the band, ``outside`` it, or ``undecided`` where only the side-by-side figure judges it
+and its 95 % interval crosses an edge of the band (a steadier host decides it).
 
 The shapes (``SHAPES``): a Qwen3-shaped model (6 layers, hidden 2048, 16 query and 8 key-value heads of 128) at
 sizes where the GPU sets the step (``device-bound``) and where the host nearly or wholly does (``host-bound``: B2
@@ -30,7 +34,8 @@ started, and one that runs past its bound is stopped and recorded as failed.
 
 Writes ``OUT/user_loop_check.json`` (the rows) and ``OUT/user_loop_run.json`` (environment, each check's status,
 seconds, the compare's settings and samples, every loop's blocks, device allocations per phase); exits 1 where a
-check failed or, off ``--smoke``, where any checked figure leaves ``LOW``-``HIGH``.
+check failed or, off ``--smoke``, where a row is outside ``LOW``-``HIGH``, and 3 where rows are undecided (none
+outside).
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ from attnswitch.workload import make_workload
 
 __all__ = ["Shape", "SHAPES", "SMOKE", "user_loop", "check", "run", "main", "folder_main", "bounded", "OverTime",
            "LOW", "HIGH", "TOTAL_S", "LOOP_S", "MAX_REPEATS", "PAIRED_ROUNDS", "PAIRED_S", "MAX_PAIRED_ROUNDS",
-           "paired", "checked", "model_of"]
+           "paired", "checked", "verdict", "judged", "judge", "round_spread", "STEADY_SPREAD", "model_of"]
 
 #: the band every ratio must fall in
 LOW, HIGH = 0.97, 1.03
@@ -72,19 +77,62 @@ PAIRED_S = 20.0
 MAX_PAIRED_ROUNDS = 24
 
 
+#: the most the reported step's own timing rounds may spread (90th over 10th percentile of their medians) for
+#: loops taken before and after the compare to judge it: a step that moved by more while it was measured is not
+#: one figure to the band's precision, and only its turns side by side with a loop's blocks can judge it
+STEADY_SPREAD = HIGH
+
+
+def _steady(row: dict) -> bool:
+    """Can the loops before and after the compare judge its reported step? They agree within the band, and the
+    compare's rounds show no change of the host's speed: neither between its first and last shared rounds
+    (``round_drift``, ``ranking.BUSY_DRIFT``) nor across this candidate's rounds (``round_spread``)."""
+    before, after = row.get("loop_before_ms"), row.get("loop_after_ms")
+    drift, spread = row.get("round_drift"), row.get("round_spread")
+    return bool(before and after and LOW <= after / before <= HIGH and (drift is None or drift <= BUSY_DRIFT)
+                and (spread is None or spread <= STEADY_SPREAD))
+
+
 def checked(row: dict) -> float:
     """The figure a row is held to the band by: compare's turn over the user's loop side by side where measured and,
-    where the loops before and after the compare agree within the band and the compare's rounds show no change
-    of the host's speed (``ranking.BUSY_DRIFT``; then they can judge the reported step), whichever of that and
-    the reported step over them is farther from 1; the reported step's ratio alone where nothing was measured
-    side by side."""
+    where the loops before and after can judge the reported step (``_steady``), whichever of that and the
+    reported step over them is farther from 1; the reported step's ratio alone where nothing was measured side
+    by side."""
     if "paired_ratio" not in row:
         return row["ratio"]
-    before, after = row.get("loop_before_ms"), row.get("loop_after_ms")
-    drift = row.get("round_drift")  # the compare's own rounds: did the host's speed move inside them?
-    steady = before and after and LOW <= after / before <= HIGH and (drift is None or drift <= BUSY_DRIFT)
-    figures = [row["paired_ratio"], row["ratio"]] if steady else [row["paired_ratio"]]
+    figures = [row["paired_ratio"], row["ratio"]] if _steady(row) else [row["paired_ratio"]]
     return max(figures, key=lambda x: max(x, 1 / x))
+
+
+def verdict(row: dict) -> str:
+    """``within`` the band, ``outside`` it, or ``undecided``. Where the loops before and after can judge the
+    reported step (``_steady``), or nothing was measured side by side, the ``checked`` figure decides. Where the
+    side-by-side figure judges alone, its 95 % interval does: within the band, ``within``; clear of it,
+    ``outside``; across an edge of it, ``undecided`` (the host's speed moved too much from one round to the next
+    to tell; a run on a steadier host decides it)."""
+    low, high = row.get("paired_low"), row.get("paired_high")
+    if "paired_ratio" not in row or _steady(row) or low is None or high is None:
+        return "within" if LOW <= checked(row) <= HIGH else "outside"
+    if LOW <= low and high <= HIGH:
+        return "within"
+    return "outside" if high < LOW or low > HIGH else "undecided"
+
+
+def round_spread(rounds) -> float | None:
+    """The 90th over the 10th percentile of a candidate's round medians (``BackendResult.time_rounds_ms``:
+    the rounds it sat out are empty); None with fewer than two rounds."""
+    meds = sorted(median(r) for r in rounds if r)
+    if len(meds) < 2:
+        return None
+    return round(_quantile(meds, 0.9) / _quantile(meds, 0.1), 4)
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    """``q``'s quantile of the sorted ``xs``, linearly interpolated."""
+    i = (len(xs) - 1) * q
+    lo = int(i)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (i - lo)
 
 
 def _side_by_side(pairs) -> dict:
@@ -341,6 +389,7 @@ def check(model, shape: Shape, mode: str, names: list[str], turn: int | None = N
                      "loop_after_ms": round(median(sets["after"]), 4), "blocks": len(blocks),
                      **_side_by_side(side.get(b.backend)),
                      "round_drift": (report.settings.get("host") or {}).get("round_drift"),
+                     "round_spread": round_spread(b.time_rounds_ms),
                      "batch": batch, "seq": seq, **({"turn": turn} if turn else {})})
     left_out = {b.backend: (b.status, b.reasons[:1]) for b in report.backends if not b.ok}
     samples = {b.backend: {"samples": [round(x, 4) for x in b.time_samples_ms],
@@ -408,7 +457,7 @@ def run(out: Path, smoke: bool = False, only: str | None = None, total_s: float 
                     models[shape.model] = model_of(shape.model, smoke, device, dtype)
                 done = check(models[shape.model], shape, mode, names, turn,
                              *((0.5, 0.0) if smoke else (LOOP_S, PAIRED_S)))
-            rows += done.pop("rows")
+            rows += [judged(r) for r in done.pop("rows")]
             checks.append({"check": key, "status": "ok", **done})
         except (OverTime, Exception) as e:
             checks.append({"check": key, "status": "failed", "error": f"{type(e).__name__}: {e}"})
@@ -418,18 +467,51 @@ def run(out: Path, smoke: bool = False, only: str | None = None, total_s: float 
                 torch.cuda.empty_cache()
         checks[-1]["seconds"] = round(time.perf_counter() - t0, 1)
         print(f"{key}: {checks[-1]['status']} in {checks[-1]['seconds']} s " +
-              " ".join(f"{r['backend']} {r['ratio']:.3f}/{checked(r):.3f}" for r in rows
+              " ".join(f"{r['backend']} {r['ratio']:.3f}/{r['checked']:.3f}{_MARK[r['verdict']]}" for r in rows
                        if f"{r['shape']}/{r['workload']}" == key),
               flush=True)
         _write(out, rows, meta)
-    outside = [r for r in rows if not LOW <= checked(r) <= HIGH]
-    failed = [c["check"] for c in checks if c["status"] != "ok"]
-    meta.update(seconds=round(time.perf_counter() - t_start, 1), outside_band=outside, failed_checks=failed,
-                status="failed" if failed or (outside and not smoke) else "ok")
+    meta["seconds"] = round(time.perf_counter() - t_start, 1)
+    return _conclude(out, rows, meta, smoke)
+
+
+#: after a row's figures in the progress lines: outside the band, or undecided
+_MARK = {"within": "", "outside": " (outside)", "undecided": " (undecided)"}
+
+
+def judged(row: dict) -> dict:
+    """``row`` with the figure the band holds (``checked``) and its ``verdict``."""
+    return {**row, "checked": round(checked(row), 4), "verdict": verdict(row)}
+
+
+def _conclude(out: Path, rows: list, meta: dict, smoke: bool) -> int:
+    """The run's status from its rows and checks, written and said; its exit code: 0 every row within the band,
+    1 a row outside it or a check not ok, 3 rows undecided (and none outside)."""
+    outside = [r for r in rows if r["verdict"] == "outside"]
+    undecided = [r for r in rows if r["verdict"] == "undecided"]
+    failed = [c["check"] for c in meta["checks"] if c["status"] != "ok"]
+    status = "failed" if failed or (outside and not smoke) else "undecided" if undecided and not smoke else "ok"
+    meta.update(outside_band=outside, undecided=undecided, failed_checks=failed, status=status)
     _write(out, rows, meta)
-    print(f"user loop check: {meta['status']}, {len(rows)} rows, {len(outside)} outside {LOW}-{HIGH}, "
-          f"{len(failed)} checks not ok, {meta['seconds']} s", flush=True)
-    return 0 if meta["status"] == "ok" else 1
+    print(f"user loop check: {status}, {len(rows)} rows, {len(outside)} outside {LOW}-{HIGH}, {len(undecided)} "
+          f"undecided (the host's speed moved too much to tell), {len(failed)} checks not ok"
+          + (f", {meta['seconds']} s" if meta.get("seconds") is not None else ""), flush=True)
+    return {"ok": 0, "failed": 1, "undecided": 3}[status]
+
+
+def judge(out: Path) -> int:
+    """A stored run (``OUT/user_loop_check.json`` and ``OUT/user_loop_run.json``) judged again by this module's
+    rules: each row's ``round_spread`` from its compare's rounds where the run did not record it, its ``checked``
+    figure and ``verdict``; both files rewritten; the exit code as ``run``'s."""
+    rows = json.loads((out / "user_loop_check.json").read_text())
+    meta = json.loads((out / "user_loop_run.json").read_text())
+    rounds = {(c["check"], n): v.get("rounds") for c in meta["checks"]
+              for n, v in (c.get("compare_samples") or {}).items()}
+    for i, r in enumerate(rows):
+        if "round_spread" not in r:
+            r = {**r, "round_spread": round_spread(rounds.get((f"{r['shape']}/{r['workload']}", r["backend"])) or [])}
+        rows[i] = judged(r)
+    return _conclude(out, rows, meta, bool(meta.get("smoke")))
 
 
 def _write(out: Path, rows: list, meta: dict) -> None:
@@ -455,6 +537,16 @@ def folder_main(argv, doc: str, run_in) -> int:
 
 def main(argv=None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if "--judge" in args:
+        folders = [Path(a) for a in args if a != "--judge"]
+        bad = [str(f) for f in folders if str(f).startswith("--") or not (f / "user_loop_run.json").is_file()
+               or not (f / "user_loop_check.json").is_file()]
+        if not folders or bad:
+            print(f"--judge takes folders of a stored run (user_loop_run.json and user_loop_check.json in each)"
+                  f"{': not ' + ', '.join(bad) if bad else ''}\n\n{__doc__}", file=sys.stderr)
+            return 2
+        codes = [judge(f) for f in folders]
+        return 1 if 1 in codes else 3 if 3 in codes else 0
     try:
         turn = next((int(a.split("=", 1)[1]) for a in args if a.startswith("--turn=")), None)
         total = next((float(a.split("=", 1)[1]) for a in args if a.startswith("--total=")), TOTAL_S)

@@ -169,3 +169,68 @@ def test_an_option_it_does_not_take_or_a_second_folder_is_refused(tmp_path, monk
     monkeypatch.setattr(user_loop, "run", lambda out, **kw: pytest.fail("ran"))
     assert user_loop.main([str(tmp_path), *args] if args else []) == 2
     assert "options take their value after '='" in capsys.readouterr().err
+
+
+def test_a_reported_step_whose_own_rounds_spread_past_the_band_is_judged_side_by_side_only():
+    # the loops before and after agree and the first and last rounds too, but this candidate's rounds ran 9 and
+    # 11 ms in turns: its reported step is no one figure to 3 %, and the loops cannot judge it
+    row = {"ratio": 1.12, "paired_ratio": 0.997, "paired_low": 0.97, "paired_high": 1.02, "loop_before_ms": 8.84,
+           "loop_after_ms": 8.90, "round_drift": 1.02}
+    assert user_loop.checked(row) == 1.12 and user_loop.verdict(row) == "outside"
+    spread = user_loop.round_spread([[9.0], [8.9], [], [10.6], [10.9], [11.0], [8.8], [], [10.7]])
+    assert spread == pytest.approx(10.94 / 8.86, rel=1e-3)  # (90th over 10th percentile; rounds sat out skipped)
+    assert user_loop.checked({**row, "round_spread": spread}) == 0.997
+    assert user_loop.verdict({**row, "round_spread": spread}) == "within"
+    assert user_loop.checked({**row, "round_spread": 1.01}) == 1.12  # steady rounds: the loops judge it
+    assert user_loop.round_spread([[9.0], []]) is None
+
+
+@pytest.mark.parametrize("paired, low, high, want", [(1.085, 0.90, 1.20, "undecided"), (1.085, 1.048, 1.20, "outside"),
+                                                     (0.90, 0.55, 0.96, "outside"), (1.02, 0.5, 1.5, "undecided"),
+                                                     (1.0, 0.98, 1.02, "within")])
+def test_a_side_by_side_figure_judging_alone_is_decided_only_where_its_interval_clears_the_bands_edges(paired, low,
+                                                                                                     high, want):
+    row = {"ratio": 1.0, "paired_ratio": paired, "paired_low": low, "paired_high": high,
+           "loop_before_ms": 10.0, "loop_after_ms": 12.0}  # the loops disagree: the side-by-side figure alone
+    assert user_loop.verdict(row) == want
+    # where the loops can judge, a reported step outside the band is outside, whatever the interval says
+    assert user_loop.verdict({"ratio": 1.05, "paired_ratio": 1.0, "paired_low": 0.8, "paired_high": 1.2,
+                              "loop_before_ms": 10.0, "loop_after_ms": 10.1}) == "outside"
+
+
+def _fake_rows(monkeypatch, row: dict):
+    monkeypatch.setattr(user_loop, "model_of", lambda *a: None)
+    monkeypatch.setattr(user_loop, "check", lambda model, shape, mode, names, *a, **k: {
+        "rows": [{"backend": n, "shape": shape.name, "workload": mode, "compare_ms": 10.0, "loop_ms": 10.0,
+                  **row} for n in names]})
+
+
+def test_undecided_rows_make_their_own_status_and_exit_code_and_an_outside_one_fails_the_run(tmp_path, monkeypatch):
+    noisy = {"ratio": 1.0, "paired_ratio": 1.06, "paired_low": 0.9, "paired_high": 1.2}
+    _fake_rows(monkeypatch, noisy)
+    assert user_loop.run(tmp_path, only="gemma3/train") == 3
+    run = json.loads((tmp_path / "user_loop_run.json").read_text())
+    rows = json.loads((tmp_path / "user_loop_check.json").read_text())
+    assert run["status"] == "undecided" and len(run["undecided"]) == len(rows) and not run["outside_band"]
+    assert {(r["verdict"], r["checked"]) for r in rows} == {("undecided", 1.06)}
+    _fake_rows(monkeypatch, {**noisy, "paired_low": 1.04})  # the interval wholly above the band
+    assert user_loop.run(tmp_path, only="gemma3/train") == 1
+    assert json.loads((tmp_path / "user_loop_run.json").read_text())["status"] == "failed"
+
+
+def test_a_stored_run_is_judged_again_with_each_rows_spread_from_its_compares_rounds(tmp_path, capsys):
+    rows = [{"backend": "auto", "shape": "device-bound", "workload": "decode", "compare_ms": 9.92, "loop_ms": 8.84,
+             "ratio": 1.1222, "loop_before_ms": 8.84, "loop_after_ms": 8.9, "paired_ratio": 0.997,
+             "paired_low": 0.975, "paired_high": 1.019, "round_drift": 1.022}]
+    meta = {"smoke": False, "seconds": 272.7, "checks": [
+        {"check": "device-bound/decode", "status": "ok",
+         "compare_samples": {"auto": {"rounds": [[9.1], [8.9], [10.6], [10.9], [10.5], [11.2], [8.8]]}}}]}
+    (tmp_path / "user_loop_check.json").write_text(json.dumps(rows))
+    (tmp_path / "user_loop_run.json").write_text(json.dumps(meta))
+    assert user_loop.main(["--judge", str(tmp_path)]) == 0
+    got = json.loads((tmp_path / "user_loop_check.json").read_text())[0]
+    assert got["round_spread"] > user_loop.STEADY_SPREAD and got["checked"] == 0.997 and got["verdict"] == "within"
+    assert json.loads((tmp_path / "user_loop_run.json").read_text())["status"] == "ok"
+    assert "user loop check: ok" in capsys.readouterr().out
+    assert user_loop.main(["--judge", str(tmp_path / "nothing")]) == 2
+    assert "--judge takes folders of a stored run" in capsys.readouterr().err
