@@ -49,10 +49,12 @@ class Forward:
     path), the attention calls that went through the selection so far, and the model where attnswitch knows
     it (None once returned) with what it knows of it."""
 
-    __slots__ = ("state", "models", "modules", "sel", "op", "calls", "wrap", "model", "info", "watch")
+    __slots__ = ("state", "models", "modules", "sel", "op", "auto", "calls", "wrap", "model", "info", "watch")
 
     def __init__(self, state, sel, models: tuple, modules, op=None, model=None, info=None):
         self.state, self.sel, self.models, self.modules, self.op, self.calls = state, sel, models, modules, op, 0
+        #: ``auto`` for the whole model: its calls go straight to transformers' sdpa function (``attention_forward``)
+        self.auto = sel.__class__ is str and sel == "auto"
         #: whether the lookup hands out more than the entry: the module's own eager function (where a call may run
         #: ``eager`` or ``eager-fp32``), or the entry with the watch off (``observe``)
         self.wrap = sel is not None and ((sel in MODEL_LEVEL) if sel.__class__ is str
@@ -267,6 +269,11 @@ def attention_forward(module, query, key, value, attention_mask, *, _own=None, *
     if fwd is None or id(module) not in fwd.modules or _STATE_GET() is not fwd.state:
         return _dispatch(_selected(module, fwd), fwd, module, query, key, value, attention_mask, kwargs, _own)
     op = fwd.op
+    if fwd.auto and (_RARE.isdisjoint(kwargs) or not _rare(kwargs)):
+        # what ``_dispatch`` makes of ``auto``'s common call, without its reading of the arguments: a user who
+        # changes nothing runs transformers' function, and ``auto``'s time is compared with the others'
+        fwd.calls += 1
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if op is not None and attention_mask is None and (_RARE.isdisjoint(kwargs) or not _rare(kwargs)):
         qs, ks = query.shape, key.shape
         if not (qs[1] % ks[1] or qs[-1] % 8):
