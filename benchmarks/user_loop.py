@@ -17,13 +17,14 @@ default's). A row per candidate the compare ranked: ``compare_ms`` (its reported
 the loop's blocks, before and after pooled) and their ``ratio``. Then, side by side (``paired``), in each of 6-24
 rounds (as many as fit ``PAIRED_S``) one turn of compare's timing rounds and one block of the loop per backend,
 seconds apart: ``paired_ratio``, the median over rounds of the turn's step over the block's, with its 95 %
-interval. The band is held to
-``paired_ratio`` and, where the loops before and after agree within it and the compare's rounds show no change of
-the host's speed (its first and last shared rounds, and this candidate's rounds within 3 % of each other:
-``round_spread``), to ``ratio`` too (``checked``): on a shared machine the host's speed moves by up to 2x within a
-minute, and loops taken before and after a compare then cannot judge the reported step to 3 %. A row's
-``verdict``: ``within`` the band, ``outside`` it, or ``undecided`` where only the side-by-side figure judges it
-and its 95 % interval crosses an edge of the band (a steadier host decides it).
+interval. A row's ``verdict`` (``verdict``) is ``within`` the band only where the evidence says so: the
+side-by-side interval inside the band and, where the loops before and after agree within it and the compare's
+rounds show no change of the host's speed (its first and last shared rounds, and this candidate's rounds within
+3 % of each other: ``round_spread``), the reported step over the loops too; ``outside`` where either clears the
+band; else ``undecided`` (a steadier host decides it). On a shared machine the host's speed moves by up to 2x
+within a minute, and loops taken before and after a compare then cannot judge the reported step to 3 %.
+``checked`` is the figure shown: the side-by-side one, or the reported step's ratio where farther from 1 and
+the loops can judge it.
 
 The shapes (``SHAPES``): a Qwen3-shaped model (6 layers, hidden 2048, 16 query and 8 key-value heads of 128) at
 sizes where the GPU sets the step (``device-bound``) and where the host nearly or wholly does (``host-bound``: B2
@@ -86,36 +87,61 @@ STEADY_SPREAD = HIGH
 def _steady(row: dict) -> bool:
     """Can the loops before and after the compare judge its reported step? They agree within the band, and the
     compare's rounds show no change of the host's speed: neither between its first and last shared rounds
-    (``round_drift``, ``ranking.BUSY_DRIFT``) nor across this candidate's rounds (``round_spread``)."""
-    before, after = row.get("loop_before_ms"), row.get("loop_after_ms")
+    (``round_drift``, ``ranking.BUSY_DRIFT``) nor across this candidate's rounds (``round_spread``). Not where
+    either is unknown."""
     drift, spread = row.get("round_drift"), row.get("round_spread")
-    return bool(before and after and LOW <= after / before <= HIGH and (drift is None or drift <= BUSY_DRIFT)
-                and (spread is None or spread <= STEADY_SPREAD))
+    return _loops_agree(row) and drift is not None and drift <= BUSY_DRIFT and spread is not None and \
+        spread <= STEADY_SPREAD
+
+
+def _loops_agree(row: dict) -> bool:
+    before, after = row.get("loop_before_ms"), row.get("loop_after_ms")
+    return bool(before and after and LOW <= after / before <= HIGH)
+
+
+def _interval(row: dict) -> tuple[float, float] | None:
+    """The side-by-side figure's 95 % interval, where it was measured over enough rounds to be one."""
+    low, high = row.get("paired_low"), row.get("paired_high")
+    if row.get("paired_ratio") is None or low is None or high is None or \
+            (row.get("paired_rounds") or 0) < PAIRED_ROUNDS:
+        return None
+    return low, high
 
 
 def checked(row: dict) -> float:
-    """The figure a row is held to the band by: compare's turn over the user's loop side by side where measured and,
-    where the loops before and after can judge the reported step (``_steady``), whichever of that and the
-    reported step over them is farther from 1; the reported step's ratio alone where nothing was measured side
-    by side."""
-    if "paired_ratio" not in row:
+    """The figure shown for a row: compare's turn over the user's loop side by side where measured and, where
+    the loops before and after can judge the reported step (``_steady``), whichever of that and the reported
+    step over them is farther from 1; the reported step's ratio alone where nothing was measured side by side."""
+    if row.get("paired_ratio") is None:
         return row["ratio"]
     figures = [row["paired_ratio"], row["ratio"]] if _steady(row) else [row["paired_ratio"]]
     return max(figures, key=lambda x: max(x, 1 / x))
 
 
 def verdict(row: dict) -> str:
-    """``within`` the band, ``outside`` it, or ``undecided``. Where the loops before and after can judge the
-    reported step (``_steady``), or nothing was measured side by side, the ``checked`` figure decides. Where the
-    side-by-side figure judges alone, its 95 % interval does: within the band, ``within``; clear of it,
-    ``outside``; across an edge of it, ``undecided`` (the host's speed moved too much from one round to the next
-    to tell; a run on a steadier host decides it)."""
-    low, high = row.get("paired_low"), row.get("paired_high")
-    if "paired_ratio" not in row or _steady(row) or low is None or high is None:
-        return "within" if LOW <= checked(row) <= HIGH else "outside"
+    """``within`` the band, ``outside`` it, or ``undecided``: what the evidence decides, never more.
+
+    - Nothing measured side by side: the reported step over the loops decides.
+    - Side by side over too few rounds for a 95 % interval: ``undecided``.
+    - Where the loops can judge the reported step (``_steady``): ``outside`` where it is outside the band;
+      else the side-by-side interval decides: inside the band ``within``, clear of it ``outside``, across an
+      edge ``undecided``.
+    - Where they cannot: the interval decides as above, except that a reported step outside the band while the
+      loops before and after it agree makes ``within`` ``undecided`` (the two measures disagree)."""
+    ratio_in = LOW <= row["ratio"] <= HIGH
+    if row.get("paired_ratio") is None:
+        return "within" if ratio_in else "outside"
+    interval = _interval(row)
+    if interval is None:
+        return "undecided"
+    if _steady(row) and not ratio_in:
+        return "outside"
+    low, high = interval
+    if high < LOW or low > HIGH:
+        return "outside"
     if LOW <= low and high <= HIGH:
-        return "within"
-    return "outside" if high < LOW or low > HIGH else "undecided"
+        return "within" if ratio_in or not _loops_agree(row) else "undecided"
+    return "undecided"
 
 
 def round_spread(rounds) -> float | None:

@@ -75,13 +75,20 @@ def test_a_check_that_would_end_past_the_runs_bound_is_not_started(tmp_path, mon
     assert {c["status"] for c in run["checks"]} == {"not run"}
 
 
+#: a row measured side by side over enough rounds, its interval inside the band, the host steady
+STEADY = {"ratio": 1.0, "paired_ratio": 1.0, "paired_low": 0.99, "paired_high": 1.01,
+          "paired_rounds": user_loop.PAIRED_ROUNDS, "loop_before_ms": 10.0, "loop_after_ms": 10.1,
+          "round_drift": 1.01, "round_spread": 1.01}
+
+
 def test_the_band_holds_the_side_by_side_figure_where_there_is_one(tmp_path, monkeypatch):
-    # compare's reported step 20 % off loops taken before and after it (the host's speed moved), its turn within
-    # 1 % of a loop's block side by side: the run passes; 5 % off side by side: it fails
+    # compare's reported step 20 % off loops taken before and after it, which disagree (the host's speed moved),
+    # its turn within 1 % of a loop's block side by side: the run passes; 5 % off side by side: it fails
     def check(paired):
         def fake(model, shape, mode, names, turn=None, loop_s=None, paired_s=None):
             return {"rows": [{"backend": n, "shape": shape.name, "workload": mode, "compare_ms": 12.0, "loop_ms": 10.0,
-                              "ratio": 1.2, "paired_ratio": paired} for n in names]}
+                              **STEADY, "ratio": 1.2, "loop_after_ms": 13.0, "paired_ratio": paired,
+                              "paired_low": paired - 0.01, "paired_high": paired + 0.01} for n in names]}
         return fake
 
     monkeypatch.setattr(user_loop, "model_of", lambda *a: None)
@@ -90,17 +97,59 @@ def test_the_band_holds_the_side_by_side_figure_where_there_is_one(tmp_path, mon
     monkeypatch.setattr(user_loop, "check", check(1.05))
     assert user_loop.run(tmp_path, only="gemma3/train") == 1
     assert user_loop.checked({"ratio": 1.2}) == 1.2  # no side-by-side figure: the reported step's
+    assert user_loop.verdict({"ratio": 1.2}) == "outside" and user_loop.verdict({"ratio": 1.02}) == "within"
+    assert user_loop.verdict({"ratio": 1.02, "paired_ratio": None}) == "within"  # (none measured)
 
 
 def test_a_reported_step_off_a_steady_hosts_loops_fails_even_where_its_turn_side_by_side_is_in_the_band():
     # the turn compare's numbers come from agrees with a loop side by side, but the reported step is 1.9x the
     # loops around the compare, and those agree with each other: the reported step is wrong, not the host
-    row = {"ratio": 1.9, "paired_ratio": 1.01, "loop_before_ms": 10.0, "loop_after_ms": 10.1}
-    assert user_loop.checked(row) == 1.9
+    row = {**STEADY, "ratio": 1.9}
+    assert user_loop.checked(row) == 1.9 and user_loop.verdict(row) == "outside"
     # the loops before and after disagree by 30 % (the host's speed moved), or agree while the compare's own
-    # rounds were 3x slower in some than in others: only the side-by-side figure judges
-    assert user_loop.checked({**row, "loop_after_ms": 13.0}) == 1.01
-    assert user_loop.checked({**row, "round_drift": 3.5}) == 1.01
+    # rounds were 3x slower in some than in others: the side-by-side figure is the one shown
+    assert user_loop.checked({**row, "loop_after_ms": 13.0}) == 1.0
+    assert user_loop.checked({**row, "round_drift": 3.5}) == 1.0
+
+
+def test_a_steady_row_is_within_only_where_its_side_by_side_interval_is_inside_the_band_too():
+    # the loops can judge the reported step, and it is in the band, but six rounds side by side spread over
+    # 0.90-1.10: the data cannot say the step is within 3 %
+    assert user_loop.verdict({**STEADY, "paired_low": 0.90, "paired_high": 1.10}) == "undecided"
+    assert user_loop.verdict({**STEADY, "paired_low": 1.04, "paired_high": 1.10}) == "outside"
+    assert user_loop.verdict(STEADY) == "within"
+
+
+def test_a_reported_step_whose_own_rounds_spread_past_the_band_is_judged_side_by_side_only():
+    # the loops before and after disagree, and this candidate's rounds ran 9 and 11 ms in turns: the loops
+    # cannot judge its reported step, and its turn side by side with a loop's block is within 1 %
+    row = {**STEADY, "ratio": 1.12, "loop_after_ms": 11.0, "paired_ratio": 0.997, "paired_low": 0.975,
+           "paired_high": 1.02}
+    spread = user_loop.round_spread([[9.0], [8.9], [], [10.6], [10.9], [11.0], [8.8], [], [10.7]])
+    assert spread == pytest.approx(10.94 / 8.86, rel=1e-3)  # (90th over 10th percentile; rounds sat out skipped)
+    assert user_loop.checked({**row, "round_spread": spread}) == 0.997
+    assert user_loop.verdict({**row, "round_spread": spread}) == "within"
+    # where the loops agree with each other, a reported step 12 % off them disagrees with the side-by-side
+    # figure: the two measures do not decide together
+    agreeing = {**row, "loop_after_ms": 10.05, "round_spread": spread}
+    assert user_loop.checked(agreeing) == 0.997 and user_loop.verdict(agreeing) == "undecided"
+    assert user_loop.verdict({**agreeing, "round_spread": 1.01}) == "outside"  # steady rounds: the loops judge
+    assert user_loop.round_spread([[9.0], []]) is None
+    # a spread or drift not measured is not taken for a steady host
+    assert user_loop.verdict({**agreeing, "round_spread": None}) == "undecided"
+    assert user_loop.verdict({**agreeing, "round_spread": 1.01, "round_drift": None}) == "undecided"
+
+
+@pytest.mark.parametrize("paired, low, high, want", [(1.085, 0.90, 1.20, "undecided"), (1.085, 1.048, 1.20, "outside"),
+                                                     (0.90, 0.55, 0.96, "outside"), (1.02, 0.5, 1.5, "undecided"),
+                                                     (1.0, 0.98, 1.02, "within")])
+def test_a_side_by_side_figure_judging_alone_is_decided_only_where_its_interval_clears_the_bands_edges(paired, low,
+                                                                                                     high, want):
+    row = {**STEADY, "paired_ratio": paired, "paired_low": low, "paired_high": high,
+           "loop_after_ms": 12.0}  # the loops disagree: the side-by-side figure alone
+    assert user_loop.verdict(row) == want
+    # fewer rounds than a 95 % interval needs decide nothing
+    assert user_loop.verdict({**row, "paired_rounds": user_loop.PAIRED_ROUNDS - 1}) == "undecided"
 
 
 def test_the_loop_leaves_a_callers_frozen_heap_frozen():
@@ -171,33 +220,6 @@ def test_an_option_it_does_not_take_or_a_second_folder_is_refused(tmp_path, monk
     assert "options take their value after '='" in capsys.readouterr().err
 
 
-def test_a_reported_step_whose_own_rounds_spread_past_the_band_is_judged_side_by_side_only():
-    # the loops before and after agree and the first and last rounds too, but this candidate's rounds ran 9 and
-    # 11 ms in turns: its reported step is no one figure to 3 %, and the loops cannot judge it
-    row = {"ratio": 1.12, "paired_ratio": 0.997, "paired_low": 0.97, "paired_high": 1.02, "loop_before_ms": 8.84,
-           "loop_after_ms": 8.90, "round_drift": 1.02}
-    assert user_loop.checked(row) == 1.12 and user_loop.verdict(row) == "outside"
-    spread = user_loop.round_spread([[9.0], [8.9], [], [10.6], [10.9], [11.0], [8.8], [], [10.7]])
-    assert spread == pytest.approx(10.94 / 8.86, rel=1e-3)  # (90th over 10th percentile; rounds sat out skipped)
-    assert user_loop.checked({**row, "round_spread": spread}) == 0.997
-    assert user_loop.verdict({**row, "round_spread": spread}) == "within"
-    assert user_loop.checked({**row, "round_spread": 1.01}) == 1.12  # steady rounds: the loops judge it
-    assert user_loop.round_spread([[9.0], []]) is None
-
-
-@pytest.mark.parametrize("paired, low, high, want", [(1.085, 0.90, 1.20, "undecided"), (1.085, 1.048, 1.20, "outside"),
-                                                     (0.90, 0.55, 0.96, "outside"), (1.02, 0.5, 1.5, "undecided"),
-                                                     (1.0, 0.98, 1.02, "within")])
-def test_a_side_by_side_figure_judging_alone_is_decided_only_where_its_interval_clears_the_bands_edges(paired, low,
-                                                                                                     high, want):
-    row = {"ratio": 1.0, "paired_ratio": paired, "paired_low": low, "paired_high": high,
-           "loop_before_ms": 10.0, "loop_after_ms": 12.0}  # the loops disagree: the side-by-side figure alone
-    assert user_loop.verdict(row) == want
-    # where the loops can judge, a reported step outside the band is outside, whatever the interval says
-    assert user_loop.verdict({"ratio": 1.05, "paired_ratio": 1.0, "paired_low": 0.8, "paired_high": 1.2,
-                              "loop_before_ms": 10.0, "loop_after_ms": 10.1}) == "outside"
-
-
 def _fake_rows(monkeypatch, row: dict):
     monkeypatch.setattr(user_loop, "model_of", lambda *a: None)
     monkeypatch.setattr(user_loop, "check", lambda model, shape, mode, names, *a, **k: {
@@ -206,7 +228,7 @@ def _fake_rows(monkeypatch, row: dict):
 
 
 def test_undecided_rows_make_their_own_status_and_exit_code_and_an_outside_one_fails_the_run(tmp_path, monkeypatch):
-    noisy = {"ratio": 1.0, "paired_ratio": 1.06, "paired_low": 0.9, "paired_high": 1.2}
+    noisy = {**STEADY, "paired_ratio": 1.06, "paired_low": 0.9, "paired_high": 1.2}
     _fake_rows(monkeypatch, noisy)
     assert user_loop.run(tmp_path, only="gemma3/train") == 3
     run = json.loads((tmp_path / "user_loop_run.json").read_text())
@@ -220,17 +242,26 @@ def test_undecided_rows_make_their_own_status_and_exit_code_and_an_outside_one_f
 
 def test_a_stored_run_is_judged_again_with_each_rows_spread_from_its_compares_rounds(tmp_path, capsys):
     rows = [{"backend": "auto", "shape": "device-bound", "workload": "decode", "compare_ms": 9.92, "loop_ms": 8.84,
-             "ratio": 1.1222, "loop_before_ms": 8.84, "loop_after_ms": 8.9, "paired_ratio": 0.997,
-             "paired_low": 0.975, "paired_high": 1.019, "round_drift": 1.022}]
+             "ratio": 1.1222, "loop_before_ms": 8.84, "loop_after_ms": 9.5, "paired_ratio": 0.997,
+             "paired_low": 0.975, "paired_high": 1.019, "paired_rounds": 6, "round_drift": 1.022}]
     meta = {"smoke": False, "seconds": 272.7, "checks": [
         {"check": "device-bound/decode", "status": "ok",
          "compare_samples": {"auto": {"rounds": [[9.1], [8.9], [10.6], [10.9], [10.5], [11.2], [8.8]]}}}]}
     (tmp_path / "user_loop_check.json").write_text(json.dumps(rows))
     (tmp_path / "user_loop_run.json").write_text(json.dumps(meta))
+    # the loops before and after disagree (8.84, 9.5 ms) and the rounds spread: the side-by-side figure decides
     assert user_loop.main(["--judge", str(tmp_path)]) == 0
     got = json.loads((tmp_path / "user_loop_check.json").read_text())[0]
     assert got["round_spread"] > user_loop.STEADY_SPREAD and got["checked"] == 0.997 and got["verdict"] == "within"
     assert json.loads((tmp_path / "user_loop_run.json").read_text())["status"] == "ok"
     assert "user loop check: ok" in capsys.readouterr().out
+    assert user_loop.main(["--judge", str(tmp_path)]) == 0  # judged twice, the same
+    assert json.loads((tmp_path / "user_loop_check.json").read_text())[0] == got
+    # the loops agree (8.84, 8.9 ms) with each other and not with the reported step: undecided, exit 3
+    rows[0]["loop_after_ms"] = 8.9
+    (tmp_path / "user_loop_check.json").write_text(json.dumps(rows))
+    assert user_loop.main(["--judge", str(tmp_path)]) == 3
+    assert json.loads((tmp_path / "user_loop_check.json").read_text())[0]["verdict"] == "undecided"
+    capsys.readouterr()
     assert user_loop.main(["--judge", str(tmp_path / "nothing")]) == 2
     assert "--judge takes folders of a stored run" in capsys.readouterr().err

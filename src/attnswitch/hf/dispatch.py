@@ -259,7 +259,8 @@ def attention_forward(module, query, key, value, attention_mask, *, _own=None, *
 
     The common call of a forward's own module (no mask, position bias, softcap, sinks or weights wanted;
     k/v heads that divide q's; a head dim that is a multiple of 8) goes straight to the backend's op
-    (``COMMON_OPS``), read as ``_dispatch`` reads transformers' arguments; everything else, and any call
+    (``COMMON_OPS``), read as ``_dispatch`` reads transformers' arguments; ``auto``'s calls without position
+    bias, softcap, sinks or weights go straight to transformers' sdpa function; everything else, and any call
     the op's check refuses, goes to ``_dispatch``. This runs per layer per step, and each line costs host
     time: tensor shapes are read once, and nothing is called that the call does not need. ``_own``: the
     module's own eager function, which the lookup (``get_interface``) binds where a call may run it."""
@@ -270,8 +271,8 @@ def attention_forward(module, query, key, value, attention_mask, *, _own=None, *
         return _dispatch(_selected(module, fwd), fwd, module, query, key, value, attention_mask, kwargs, _own)
     op = fwd.op
     if fwd.auto and (_RARE.isdisjoint(kwargs) or not _rare(kwargs)):
-        # what ``_dispatch`` makes of ``auto``'s common call, without its reading of the arguments: a user who
-        # changes nothing runs transformers' function, and ``auto``'s time is compared with the others'
+        # what ``_dispatch`` makes of ``auto``'s common call (transformers' sdpa function), without its reading of
+        # the arguments: ``auto``'s time is compared with the others' and with a model run unswitched
         fwd.calls += 1
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if op is not None and attention_mask is None and (_RARE.isdisjoint(kwargs) or not _rare(kwargs)):
