@@ -239,6 +239,31 @@ def test_attnswitch_defects_here_reads_this_machine_and_bad_versions_are_bad_inp
     assert "Known defects: 4" in out.getvalue() and "--cudnn: a version is like" in err.getvalue()
 
 
+def test_defects_refuses_a_cudnn_version_that_is_none():
+    assert cli.main(["defects", "--cudnn", "-1"]) == cli.EXIT_BAD_INPUT  # a wrong answer: read as "cuDNN 1", exit 0
+
+
+def test_defects_refuses_a_cudnn_version_that_is_neither_form_it_names(capsys):
+    # --help: "this cuDNN version, 9.20 or 92000". torch's integer 920 is read (0, 9, 20) and 0 is no version
+    # (version_of(0) is None), so as text both are refused too. A wrong answer would read "Known defects: 4 in
+    # attnswitch's table; 1 apply to torch 2.13.0, cuDNN 920, sm100." (every range ">=9.19" holds 920) and for
+    # `--cudnn 0` "... cuDNN 0, sm100.", both exit 0
+    for given in ("920", "0"):
+        code = cli.main(["defects", "--torch", "2.13.0", "--cudnn", given, "--arch", "sm100"])
+        printed = capsys.readouterr().out
+        assert code == cli.EXIT_BAD_INPUT, (given, printed.splitlines()[:1])
+
+
+def test_defects_reads_nvccs_spelling_of_hopper_as_hopper(capsys):
+    cli.main(["defects", "--torch", "2.13.0", "--cudnn", "9.20", "--arch", "sm90"])
+    hopper = capsys.readouterr().out
+    code = cli.main(["defects", "--torch", "2.13.0", "--cudnn", "9.20", "--arch", "sm_90a"])
+    out = capsys.readouterr().out
+    # H100/H200 are sm_90a; a wrong answer: "0 apply to torch 2.13.0, cuDNN 9.20, sm90a" / "[not here: GPU sm90a,
+    # not sm90]"
+    assert code == 0 and out.splitlines()[0] == hopper.splitlines()[0]  # sm_90a is read as sm90: the same GPUs
+
+
 def test_a_table_row_with_an_unknown_condition_is_refused():
     bad = {"defects": [{"id": "x#1", "backend": "cudnn", "direction": "backward", "effect": "e",
                         "when": {"seq_mod": [128, 64]}}]}

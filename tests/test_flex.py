@@ -383,3 +383,26 @@ def test_bad_registrations_are_clear_errors(mine):
         attnswitch.unregister_backend("shapeless")
         attnswitch.unregister_backend("gpu-only")
     assert registry_state() == before
+
+
+def test_a_backend_named_all_is_refused_as_all_means_every_backend():
+    # backends="all" (and --backends all) means every backend; register_backend refuses built-in names and
+    # aliases, and "all" keeps its one meaning. A wrong answer would take "all": then check(m, backends="all")
+    # checks the 7 CPU backends while check(m, backends=["all"]) checks the user's kernel alone
+    # ("all            ok"): one name, two meanings.
+    import torch.nn.functional as F
+
+    def mine(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale=scale)
+
+    try:
+        name = attnswitch.register_backend("all", mine)
+    except ValueError:
+        return
+    try:
+        m = tiny("llama")
+        batch = batch_for(m, batch=2, seq=8)
+        every, listed = attnswitch.check(m, backends="all", **batch), attnswitch.check(m, backends=[name], **batch)
+        assert [e.backend for e in every] == [e.backend for e in listed]
+    finally:
+        attnswitch.unregister_backend(name)

@@ -1,7 +1,9 @@
 """A backend per layer kind: sliding and full layers (Gemma 3, Qwen2, GPT-OSS), encoder, decoder and cross
 attention (T5, Whisper), a composite model's sub-models. Each call runs its kind's backend, forced (the profiler's
 ops say which kernel ran where); outputs match the model's own attention; restore, isolation and compile hold
-as for one backend; and ``compare`` measures the candidate of each kind's fastest backend (CPU, random weights)."""
+as for one backend, and so do a model and its sub-model switched per kind in turn and a layer appended after a
+switch; a selection per kind that cannot be honoured is refused with a reason; and ``compare`` measures the
+candidate of each kind's fastest backend, a kind that made no call left out (CPU, random weights)."""
 
 import threading
 
@@ -21,6 +23,7 @@ from transformers import (
 )
 
 import attnswitch
+from attnswitch import cli
 from attnswitch.candidate import Candidate, Kinds, parse
 from attnswitch.profiling import perkind
 from attnswitch.results import BackendResult, LayerStats
@@ -62,6 +65,20 @@ def _whisper():
         vocab_size=101, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
         decoder_attention_heads=4, num_mel_bins=16, max_source_positions=16, max_target_positions=32, pad_token_id=0,
         bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)).eval()
+
+
+def _gemma3_vl():
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
+
+    torch.manual_seed(0)
+    text = Gemma3TextConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=8,
+                            layer_types=["sliding_attention", "full_attention"])
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=32, patch_size=8)
+    return Gemma3ForConditionalGeneration(Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                                       image_token_index=299, boi_token_index=297,
+                                                       eoi_token_index=298)).eval()
 
 
 def _inputs(name, m):
@@ -195,6 +212,59 @@ def test_a_selection_per_kind_compiled_runs_each_kinds_backend():
     assert ops.count(OPS["math"]) == 5 and ops.count(OPS["flash"]) == 1
 
 
+# -- a model and its sub-model switched per kind in turn; a layer appended after a switch -----------------
+
+def _switched_twice(spy, first: tuple[dict, str], then: tuple[dict, str]) -> tuple[list, list]:
+    """A Gemma-3 vision-language model's forward under one per-kind switch, then under another; each switch
+    names the model (``"model"``) or its language model (``"lm"``): the backends each forward ran."""
+    m = _gemma3_vl()
+    which = {"model": m, "lm": m.model.language_model}
+    ids = torch.randint(3, 290, (1, 12))
+    ran = []
+    for sel, name in (first, then):
+        spy.calls.clear()
+        with torch.no_grad(), attnswitch.backend(sel, model=which[name]):
+            which[name](input_ids=ids)
+        ran.append(list(spy.names))
+    return ran
+
+
+def test_a_per_kind_switch_of_a_model_runs_its_kinds_backends_after_its_sub_model_was_switched_per_kind(spy):
+    ran = _switched_twice(spy, ({"sliding_attention": "math"}, "lm"),
+                          ({"text:sliding_attention": "naive", "text:full_attention": "naive"}, "model"))
+    # the second switch runs its kinds' backends: a wrong answer would switch no call of the second forward, and
+    # say nothing, the modules keeping the kind names of the first model bound
+    assert ran == [["math"], ["naive", "naive"]]
+
+
+def test_a_per_kind_switch_of_a_sub_model_runs_its_kinds_backends_after_its_model_was_switched_per_kind(spy):
+    ran = _switched_twice(spy, ({"text:full_attention": "math"}, "model"),
+                          ({"sliding_attention": "naive", "full_attention": "naive"}, "lm"))
+    assert ran == [["math"], ["naive", "naive"]]
+
+
+def test_a_layer_appended_after_a_per_kind_switch_is_switched_with_its_kind(spy):
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+
+    m = _qwen2()
+    batch = _inputs("qwen2", m)
+    sel = {"sliding_attention": "naive", "full_attention": "naive"}
+    with torch.no_grad(), attnswitch.backend(sel, model=m):
+        m(**batch, use_cache=False)
+    assert len(spy.calls) == 4
+    spy.calls.clear()
+    m.config.num_hidden_layers = 5
+    m.config.layer_types.append("full_attention")
+    m.model.layers.append(Qwen2DecoderLayer(m.config, layer_idx=4))
+    with torch.no_grad(), attnswitch.backend(sel, model=m):
+        m(**batch, use_cache=False)
+    # the appended layer runs its kind's backend and layer_kinds(m) lists it, as a plain backend("naive", model=m)
+    # switches it ("Layers appended ... are switched"). A wrong answer would run the model's own attention there,
+    # silently, with layer_kinds(m) listing layers 0-3 only
+    assert [s for _, n, s in spy.calls if n == "naive"][-1] == "model.layers.4.self_attn"
+    assert "model.layers.4.self_attn" in attnswitch.layer_kinds(m)["full_attention"]
+
+
 # -- choosing per kind: pure functions over results, then a compare ----------------------------------
 
 PATHS = {f"model.layers.{i}.self_attn": ("sliding_attention" if i < 5 else "full_attention") for i in range(6)}
@@ -220,6 +290,27 @@ def test_the_fastest_backend_per_kind_is_composed_from_the_per_layer_times():
     best = perkind.composed([*results, probe], ["sliding_attention", "full_attention"])
     assert parse(best) == Candidate(Kinds((("sliding_attention", "flex"), ("full_attention", "flash"))))
     assert perkind.composed(results[1:2], ["sliding_attention", "full_attention"]) is None  # one backend: none
+
+
+def test_a_model_with_a_kind_that_made_no_call_still_gets_the_candidate_of_each_kinds_fastest_backend():
+    # docs/workloads.md: `compare` on a model of several kinds "adds the candidate of each kind's fastest
+    # backend". A Gemma 3 vision-language model compared on text (a text-only serving workload) makes no call of
+    # its `vision` kind, so no result has a time for it: the candidate is composed of the kinds that made calls.
+    # Here naive is fastest at the sliding layers and flash at the full ones, the times the profiled pass of a
+    # text-only input gives.
+    from attnswitch.profiling import perkind
+    from attnswitch.results import BackendResult
+
+    kinds = list(attnswitch.layer_kinds(_gemma3_vl()))
+    assert kinds == ["vision", "text:sliding_attention", "text:full_attention"]
+    results = [BackendResult("naive", "ok", attn_by_kind=(("text:sliding_attention", 1000.0),
+                                                          ("text:full_attention", 5000.0))),
+               BackendResult("flash", "ok", attn_by_kind=(("text:sliding_attention", 5000.0),
+                                                          ("text:full_attention", 1000.0)))]
+    best = perkind.composed(results, kinds)
+    # a wrong answer: None, the candidate never measured whatever the text kinds' times
+    assert best is not None
+    assert "text:sliding_attention=naive" in best and "text:full_attention=flash" in best, best
 
 
 def test_compare_measures_the_per_kind_candidate_in_the_same_rounds(monkeypatch):
@@ -269,3 +360,47 @@ def test_a_kind_the_model_lacks_is_bad_input_before_any_work(capsys):
                      "--seq", "16", "--num-layers", "1", "--iters", "1", "--warmup", "0"])
     err = capsys.readouterr().err
     assert code == cli.EXIT_BAD_INPUT and "its layer kinds: all (1 attention module)" in err and "Traceback" not in err
+
+
+# -- a selection per kind that cannot be honoured: refused with a reason -----------------------------
+
+def test_duplicate_kinds_are_refused_not_last_one_wins():
+    from attnswitch.candidate import check_backends
+
+    for text in ("all=naive/all=flash", "all.prefill=math/all.decode=naive/all=flash"):
+        with pytest.raises(ValueError):
+            check_backends(text)  # a wrong answer: ['all=flash'], the first selection of the kind silently dropped
+
+
+def test_a_kind_given_both_a_backend_and_a_policy_is_one_line_and_exit_2(capsys):
+    code = cli.main(["compare", "tiny-llama", "--device", "cpu", "--num-layers", "1", "--backends",
+                     "all=flash/all.prefill=math/all.decode=naive", "--seq", "8"])
+    err = capsys.readouterr().err
+    # one line, no traceback (a wrong answer: TypeError: 'str' object does not support item assignment)
+    assert code == cli.EXIT_BAD_INPUT and "Traceback" not in err
+
+
+def test_a_selection_per_kind_with_a_backend_and_a_policy_for_one_kind_is_an_option_error():
+    from attnswitch.candidate import check_backends
+    from attnswitch.options import OptionError
+
+    with pytest.raises(OptionError):
+        check_backends("all=flash/all.prefill=math/all.decode=naive")  # not a TypeError
+
+
+def test_an_unknown_layer_kind_on_the_command_line_is_bad_input_exit_2(capsys):
+    code = cli.main(["compare", "tiny-llama", "--device", "cpu", "--num-layers", "1", "--backends", "foo=flash,naive",
+                     "--seq", "8", "--iters", "2", "--rounds", "1", "--warmup", "0"])
+    out = capsys.readouterr()
+    # refused before any work; a wrong answer would measure naive, list `foo=flash failed: OptionError: foo names
+    # layer kinds LlamaForCausalLM does not have (foo); its kinds: all` under Not run, recommend naive and exit 0
+    assert code == cli.EXIT_BAD_INPUT and "Recommendation" not in out.out
+
+
+def test_a_bare_call_with_a_selection_per_kind_is_refused_with_a_reason():
+    q = k = v = torch.randn(1, 2, 8, 16)
+    with pytest.raises(ValueError) as e:
+        attnswitch.attention(q, k, v, backend="sliding_attention=naive")
+    # the reason names the selection per kind; a wrong one: "attention backend None is not registered (unregistered
+    # while in use?)"
+    assert "None" not in str(e.value) and "kind" in str(e.value)

@@ -1,9 +1,12 @@
 """A model whose modules change after its first switch is switched as it is now: layers appended, inserted or
-replaced are switched, a module it no longer has is not; attention a module of a switched model computes
-outside transformers' interface is refused with the module's path, decided by watching the model's first
-switched forward (and its first after a change), never by the names in its config."""
+replaced are switched, a module it no longer has is not; a model moved to another attention implementation (one
+registered inside a global switch's block included) stays switched, whatever another model's switch in another
+thread does meanwhile; attention a module of a switched model computes outside transformers' interface is refused
+with the module's path, decided by watching the model's first switched forward (and its first after a change),
+never by the names in its config."""
 
 import copy
+import threading
 
 import pytest
 import torch
@@ -14,6 +17,7 @@ from transformers import MixtralConfig, MixtralForCausalLM, PretrainedConfig, Pr
 from transformers.models.llama.modeling_llama import LlamaAttention
 
 import attnswitch
+from attnswitch.errors import UnsupportedModel
 
 
 def _forward(m, b):
@@ -187,3 +191,114 @@ def test_a_mixture_of_experts_model_is_switched_with_its_routers_softmax():
             got = m(**b).logits
     valid = b["attention_mask"].bool()
     torch.testing.assert_close(got[valid], want[valid], rtol=1e-4, atol=1e-4)
+
+
+# -- a model moved to another attention implementation after its switch ------------------------------------
+
+def test_a_patched_model_given_another_attn_implementation_is_switched_as_it_is_now(spy):
+    # docs/promises.md, "A model that changes after a switch is switched as it is now", and patch()'s "until
+    # unpatch(model)". A model loaded with attn_implementation="eager", patched, then moved to SDPA by the user
+    # runs the patched backend in both layers: the patch follows the attention key its config names now, not the
+    # one it named when the patch was made. A wrong answer would raise UnsupportedModel "LlamaForCausalLM computes
+    # attention outside transformers' attention interface, where no attnswitch backend reaches it, so the switch
+    # would leave it as it is: model.layers.0.self_attn (LlamaAttention): scaled_dot_product_attention; ..." for a
+    # model that computes nothing itself.
+    m = tiny("llama")
+    batch = batch_for(m)
+    m.set_attn_implementation("eager")
+    attnswitch.patch(m, "math")
+    try:
+        m.set_attn_implementation("sdpa")
+        with torch.no_grad():
+            m(**batch)
+        assert spy.names == ["math", "math"]
+    finally:
+        attnswitch.unpatch(m)
+
+
+def test_a_patched_model_moved_to_sdpa_stays_switched_when_another_models_switch_ends_during_its_forward(spy):
+    # docs/promises.md "A model that changes after a switch is switched as it is now" and "Forced means forced".
+    # Model a is loaded eager, patched with math, then moved to sdpa; model b (sdpa) runs in another thread inside
+    # backend("naive", model=b), which holds the sdpa entries. a's own entries take sdpa whether or not the
+    # registries hold it already, so when b's block ends in the middle of a's forward (the last holder of sdpa
+    # lets go, the registries are put back), a's layer 1 still runs math. A wrong answer would read
+    # spy.names == ['math'] (layer 0 only), layer 1 having run transformers' own sdpa, silently; or, on a's first,
+    # watched, forward, raise UnsupportedModel "LlamaForCausalLM computes attention outside transformers' attention
+    # interface ...: model.layers.1.self_attn (LlamaAttention): scaled_dot_product_attention" for a model that
+    # computes nothing itself.
+    a, b = tiny("llama"), tiny("llama")
+    batch = batch_for(a)
+    a.set_attn_implementation("eager")
+    attnswitch.patch(a, "math")
+    a.set_attn_implementation("sdpa")
+    entered, leave, left = threading.Event(), threading.Event(), threading.Event()
+
+    def server():
+        with attnswitch.backend("naive", model=b):
+            entered.set()
+            leave.wait(10)
+        left.set()
+
+    t = threading.Thread(target=server)
+    t.start()
+    hook = None
+    try:
+        assert entered.wait(10)
+        with torch.no_grad():
+            a(**batch)  # watched once, while b's block holds sdpa
+        assert spy.names == ["math", "math"]
+        spy.calls.clear()
+
+        def end_bs_block(module, args, out):
+            leave.set()
+            left.wait(10)
+
+        hook = a.model.layers[0].register_forward_hook(end_bs_block)
+        with torch.no_grad():
+            a(**batch)
+    finally:
+        if hook is not None:
+            hook.remove()
+        leave.set()
+        t.join(10)
+        attnswitch.unpatch(a)
+    assert spy.names == ["math", "math"]
+
+
+def test_a_global_switch_switches_a_model_moved_to_an_attention_function_registered_inside_the_block(spy):
+    # backend()'s docstring: without model=, "every transformers model on the attention interface that runs in this
+    # thread inside the block is switched", and docs/promises.md "A model that changes after a switch is switched
+    # as it is now". A model moved inside the block to an attention function registered there (what transformers
+    # does when set_attn_implementation loads a hub kernel: it registers the key then) is switched, as it is with
+    # the same key registered before the block. A wrong answer, for a model that makes every call through the
+    # interface, would raise
+    #   UnsupportedModel: LlamaForCausalLM ran a forward under an attnswitch backend without one attention call
+    #   through transformers' attention interface: it computed attention itself, so the switch changed nothing.
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    def mine(*args, **kwargs):
+        return sdpa_attention_forward(*args, **kwargs)
+
+    m = tiny("llama")
+    batch = batch_for(m)
+    key = "user-kernel-mine"
+    try:
+        with attnswitch.backend("math"):
+            with torch.no_grad():
+                m(**batch)
+            AttentionInterface.register(key, mine)
+            AttentionMaskInterface.register(key, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+            m.set_attn_implementation(key)
+            spy.calls.clear()
+            try:
+                with torch.no_grad():
+                    m(**batch)
+            except UnsupportedModel as e:
+                pytest.fail(f"refused: {e}")
+    finally:
+        m.set_attn_implementation("sdpa")
+        AttentionInterface._global_mapping.pop(key, None)
+        AttentionMaskInterface._global_mapping.pop(key, None)
+    assert spy.names == ["math", "math"]

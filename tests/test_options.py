@@ -135,3 +135,15 @@ def test_the_static_tables_are_the_registrys_and_the_presets_own():
         with torch.device("meta"):  # the architecture without its weights: what its table of positions is
             model = _AUTO[p.task].from_config(config)
         assert p.positions == position_limit(model), name
+
+
+def test_a_misspelt_compile_mode_is_answered_with_the_nearest_valid_name(capsys):
+    # docs/cli.md, "Bad input and exit codes": "Bad input is one line and exit code 2, before any work: a misspelt
+    # model, backend, dtype, device map or `--compile` mode (answered with the nearest valid name)". Like a
+    # misspelt model, backend, dtype or device map, `--compile defalt` gets "(did you mean `default`?)". A wrong
+    # answer would read "error: --compile 'defalt': use one of none, default, reduce-overhead, max-autotune, or
+    # several joined by commas (default,none)": exit 2, one line, but no nearest name.
+    assert cli.main(["compare", "--compile", "defalt"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("error: --compile 'defalt'")
+    assert "did you mean `default`?" in line, line

@@ -12,6 +12,8 @@ from attnswitch import cli, outfolder
 
 BASE = ["compare", "tiny-llama", "--device", "cpu", "--num-layers", "1", "--seq", "8", "--iters", "1", "--warmup",
         "0", "--no-numerics"]
+QUICK = ["compare", "tiny-llama", "--device", "cpu", "--num-layers", "1", "--seq", "8", "--iters", "1", "--warmup",
+         "0", "--time-budget", "0", "--backends", "naive"]
 
 # a program that registers a backend which sends this process a real SIGINT (as Ctrl-C does) from inside its
 # first attention call, then runs the command as the console script does
@@ -150,6 +152,22 @@ def test_a_folder_holding_other_files_is_refused_before_any_work_and_kept(tmp_pa
     for here in (".", str(tmp_path)):
         assert cli.main([*BASE, "--out", here]) == 2
         assert "the current folder" in capsys.readouterr().err
+
+
+def test_an_out_folder_holding_a_file_a_report_never_writes_is_refused_not_deleted(tmp_path, capsys):
+    # docs/cli.md, "--out": "DIR always holds one whole run (an earlier report there is replaced whole, traces
+    # included), and a folder that holds anything else is refused before any work." (outfolder.py: "a folder with
+    # anything else in it is refused before any work, never deleted").
+    # A folder whose traces/ holds the user's own file (traces/my_notes.txt, not a trace a report writes) holds
+    # something else, below its top level: refused (exit 2) and the file kept. A wrong answer would exit 0 and
+    # replace the folder whole -- my_notes.txt gone, traces/ holding trace_naive.json.gz alone.
+    out = tmp_path / "report"
+    (out / "traces").mkdir(parents=True)
+    (out / "traces" / "my_notes.txt").write_text("precious")
+    code = cli.main([*QUICK, "--out", str(out)])
+    capsys.readouterr()
+    assert (out / "traces" / "my_notes.txt").exists(), sorted(p.name for p in (out / "traces").iterdir())
+    assert code == 2
 
 
 def test_a_failure_while_writing_leaves_the_earlier_report(tmp_path, monkeypatch):

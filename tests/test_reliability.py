@@ -614,6 +614,27 @@ def test_shape_errors_of_a_bare_call_are_one_error_eager_and_compiled(name):
             assert "q" in str(e.value) and "k" in str(e.value)
 
 
+@pytest.mark.parametrize("shapes", ["3-d q, k, v", "one k/v head for four q heads"])
+def test_a_bare_call_refuses_calls_sdpa_takes_outside_the_ones_transformers_makes_saying_what_it_takes(shapes):
+    # docs/python-api.md, "One attention call": `attention` takes `F.scaled_dot_product_attention`'s arguments for
+    # the calls transformers makes (4-d q, k, v; fewer k/v heads with `enable_gqa=True`; others are refused with the
+    # reason); docs/how-it-works.md names the others, which SDPA itself would take. Two such (torch 2.13, CPU):
+    # q, k, v of shape [heads, seq, dim] (F.sdpa returns [4, 5, 16]), and k, v with one head against q's four,
+    # without enable_gqa (broadcast). Under auto, SDPA's own choice, each is refused as one RuntimeError naming
+    # what a bare call takes: "expected 4-d q, k, v [batch, heads, seq, dim]; got 3, 3, 3 dims" and "q has 4 heads
+    # and k/v 1: fewer k/v heads than q heads are taken with enable_gqa=True only (grouped-query attention), as in
+    # scaled_dot_product_attention".
+    torch.manual_seed(0)
+    if shapes == "3-d q, k, v":
+        q = k = v = torch.randn(4, 5, 16)
+    else:
+        q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 1, 5, 16)
+        v = k
+    F.scaled_dot_product_attention(q, k, v, is_causal=True)  # SDPA takes it
+    with pytest.raises(RuntimeError, match="4-d q, k, v|enable_gqa=True"):
+        attnswitch.attention(q, k, v, is_causal=True)
+
+
 def test_a_mask_flash_cannot_take_is_a_refusal_that_says_so():
     q = torch.randn(1, 2, 3, 8)
     with pytest.raises(attnswitch.BackendUnavailable, match=r"attn_mask .*\(3,\)") as e:

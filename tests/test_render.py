@@ -1,5 +1,6 @@
 """Rendering: the console fits 120 columns and shows only columns with data; the HTML page is one
-self-contained file whose every plot has data; the plot helpers for other workloads."""
+self-contained file whose every plot has data, the first the ranked time against the pick, drawn as the answer
+reads the margins; the plot helpers for other workloads."""
 
 import re
 import sys
@@ -8,6 +9,7 @@ from pathlib import Path
 import matplotlib
 import pytest
 from conftest import batch_for, tiny
+from reports_fixed import fixed, report_of
 
 from attnswitch import render
 from attnswitch.render import charts, plots
@@ -15,7 +17,7 @@ from attnswitch.render.console import fit_columns, fit_header
 from attnswitch.render.document import EMPTY, Figure, Section, Table, drop_empty_columns, has_data, walk
 from attnswitch.render.html import page_html
 from attnswitch.render.sections import PERFETTO, environment_table, sections, summary_table
-from attnswitch.results import Report
+from attnswitch.results import Report, TrainStats
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = {
@@ -272,3 +274,38 @@ def test_a_profile_never_explains_a_vs_pick_column_it_does_not_have(capsys):
     out = capsys.readouterr().out
     assert "left out at 40 columns" in out and "a wider terminal shows them, as do report.md and report.html (--out)" \
         in " ".join(out.split())
+
+
+# -- the summary's first figure: the time of each backend against the pick ------------------------------
+
+def test_the_htmls_first_plot_is_the_ranked_time_in_a_training_report():
+    from attnswitch.render.document import Figure, walk
+    from attnswitch.render.sections import sections
+
+    rs = [fixed("flash", [10.0] * 6, train=TrainStats(forward_ms=3.0, backward_ms=7.0)),
+          fixed("math", [20.0, 20.1, 19.9, 20.0, 20.2, 20.0], train=TrainStats(forward_ms=6.0, backward_ms=14.0))]
+    r = report_of(rs, {"mode": "train"})
+    first = next(b for b in walk(sections(r)) if isinstance(b, Figure)).chart
+    # the ranked time comes first, before "Training: time per step" (forward and backward medians)
+    assert "against the pick" in first.title, first.title
+
+
+def test_the_ranked_time_chart_draws_no_backend_whose_interval_holds_1_as_told_apart():
+    from attnswitch.render.document import Figure, walk
+    from attnswitch.render.sections import sections
+
+    inplace = [10.0, 10.01, 9.99, 10.0, 10.02, 9.98, 10.0, 10.01]
+    flash = [10.3, 10.31, 10.29, 10.3, 10.32, 10.28, 10.3, 10.31]
+    naive = [8.0, 12.5, 9.0, 11.5, 9.2, 10.9, 8.5, 9.4]
+    r = report_of([fixed("naive-inplace", inplace), fixed("flash", flash), fixed("naive", naive)])
+    fig = next(b for b in walk(sections(r)) if isinstance(b, Figure))  # the summary's first figure
+    assert "against the pick" in fig.chart.title
+    apart = next((vals for label, vals in fig.chart.series if "told apart" in label), ())  # none drawn: none apart
+    drawn_apart = [n for n, x in zip(fig.chart.categories, apart) if x is not None]
+    # flash is behind naive-inplace, not told apart from the pick. A wrong chart would draw it in the series "told
+    # apart (slower)" with its interval [0.82–1.29] against the pick, under the caption "a backend whose interval
+    # holds 1 is tied with the pick", beside the answer's "not told apart from `naive` itself"
+    for name in drawn_apart:
+        m = r[name].margin
+        assert m.low > 1, (name, m.text(), fig.caption)
+    assert "flash" in fig.chart.categories and "flash" not in drawn_apart  # drawn, as behind a tied one

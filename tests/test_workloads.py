@@ -494,6 +494,32 @@ def test_encoder_decoder_generate_runs_from_the_decoders_start_token():
     assert r["naive"].ok and r["naive"].generate.token_agreement == 1.0
 
 
+def test_a_padded_workload_has_padding():
+    # make_workload's padding "left-pads a decoder's batch", and --padding is refused for batch 1 because "the first
+    # row keeps every position, the others are padded": at seq 3 a row is padded too, or a backend that refuses
+    # padding would be said to run it. A wrong workload would be described "batch 2, seq 3, prefill, padded" over a
+    # mask of all ones ([[1, 1, 1], [1, 1, 1]]).
+    from attnswitch.workload import make_workload
+
+    m = tiny("llama")
+    work = make_workload(m, batch=2, seq=3, padding=True)
+    assert "padded" in work.description
+    assert not bool(work.kwargs["attention_mask"].all()), work.kwargs["attention_mask"].tolist()
+
+
+@pytest.mark.parametrize("around", [1, 2])
+def test_a_generate_workload_around_a_length_under_3_has_prompt_lengths_from_1_to_that_length_plus_2(around):
+    # docs/cli.md: "--prompt-len N ... generate: five prompt lengths spread around N (fewer for N under 3: they
+    # start at 1)"; docs/python-api.md: make_workload(mode="generate") "for prompts of `prompt_lens` tokens
+    # (default: five lengths around `seq`)". Around 1 that is three prompts (1, 2, 3 tokens), around 2 four
+    # (1, 2, 3, 4); around 3 there is room for five (1-5).
+    m = tiny("llama")
+    work = make_workload(m, mode="generate", batch=1, seq=around, new_tokens=2)
+    # five where there is room, 1 to N + 2 below 3
+    lens = work.generation.prompt_lens
+    assert list(lens) == list(range(1, around + 3)), lens
+
+
 # -- the command line -------------------------------------------------------------------------------
 
 def test_cli_generate_train_and_sweep(tmp_path, capsys):
