@@ -64,7 +64,8 @@ from attnswitch.workload import make_workload
 
 __all__ = ["Shape", "SHAPES", "SMOKE", "user_loop", "check", "run", "main", "folder_main", "bounded", "OverTime",
            "LOW", "HIGH", "TOTAL_S", "LOOP_S", "MAX_REPEATS", "PAIRED_ROUNDS", "PAIRED_S", "MAX_PAIRED_ROUNDS",
-           "paired", "checked", "verdict", "judged", "judge", "round_spread", "STEADY_SPREAD", "model_of"]
+           "paired", "users_switch", "checked", "verdict", "judged", "judge", "round_spread", "STEADY_SPREAD",
+           "model_of"]
 
 #: the band every ratio must fall in
 LOW, HIGH = 0.97, 1.03
@@ -257,12 +258,12 @@ def _step(model: torch.nn.Module, mode: str):
 
 def user_loop(work, names: list[str], repeats: int, steps: int = STEPS) -> dict[str, list[float]]:
     """A user's loop per backend, outside attnswitch's measurement: ``attnswitch.backend(name, model=...)``
-    entered once around one untimed step and ``steps`` steps back to back, their inputs made first (a decode
-    step's copy of its cache each: a forward appends to it); CUDA events before the first timed step and after
-    the last, the device synchronized once, at the end (the wall clock on a CPU); ms per step. The backends in
-    turn, ``repeats`` times; garbage collected before each turn and not inside it, as ``timeit`` does (this
-    process holds compare's parsed traces: a collection in a step would time them). A backend that cannot run
-    here is left out (its error recorded as its value)."""
+    (``users_switch``: none for ``auto`` on an sdpa model) entered once around one untimed step and ``steps`` steps
+    back to back, their inputs made first (a decode step's copy of its cache each: a forward appends to it); CUDA
+    events before the first timed step and after the last, the device synchronized once, at the end (the wall clock
+    on a CPU); ms per step. The backends in turn, ``repeats`` times; garbage collected before each turn and not
+    inside it, as ``timeit`` does (this process holds compare's parsed traces: a collection in a step would time
+    them). A backend that cannot run here is left out (its error recorded as its value)."""
     model = work.model
     cuda = device_of(model).type == "cuda"
     step = _step(model, work.mode)
@@ -281,7 +282,7 @@ def user_loop(work, names: list[str], repeats: int, steps: int = STEPS) -> dict[
                 gc.collect()
                 gc.disable()
                 try:
-                    with attnswitch.backend(name, model=model):
+                    with users_switch(name, model):
                         step(args[0])
                         out[name].append(_block(step, args[1:], cuda))
                 except Exception as e:  # (a backend that cannot run these inputs: compare says why)
@@ -291,6 +292,15 @@ def user_loop(work, names: list[str], repeats: int, steps: int = STEPS) -> dict[
                         gc.enable()
                     del args
     return out
+
+
+def users_switch(name: str, model: torch.nn.Module):
+    """What a user runs ``name`` with: ``attnswitch.backend(name, model=model)``; for ``auto`` on a model whose
+    every config names ``sdpa``, nothing (keeping the model's own attention needs no switch)."""
+    impls = {getattr(getattr(m, "config", None), "_attn_implementation", None) for m in model.modules()} - {None}
+    if name == "auto" and impls == {"sdpa"}:
+        return contextlib.nullcontext()
+    return attnswitch.backend(name, model=model)
 
 
 def paired(work, names: list[str], turn: int, seconds: float = PAIRED_S, least: int = PAIRED_ROUNDS,

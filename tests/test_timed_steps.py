@@ -189,3 +189,51 @@ def test_without_the_teardown_an_empty_gpu_trace_is_not_taken_again_and_the_erro
     with pytest.raises(RuntimeError, match="no GPU activity in 1 trace of flash .another profiler"):
         capture._profiled(target, "flash", 2, None)
     assert taken == [1]
+
+
+def _switched_in_timed_steps(monkeypatch, model, work, backends, **kw):
+    """For each timed step of compare's rounds: (the backend whose turn it is, whether a switch selected the
+    model then)."""
+    from attnswitch.switch import unselected
+
+    seen, turn = [], []
+    real_round, real_timed = capture._one_round, capture._timed_wall
+
+    def one_round(target, name, *a):
+        turn[:] = [name]
+        return real_round(target, name, *a)
+
+    def timed(target, c):
+        seen.append((turn[0], not unselected(model)))
+        return real_timed(target, c)
+
+    monkeypatch.setattr(capture, "_one_round", one_round)
+    monkeypatch.setattr(capture, "_timed_wall", timed)
+    r = attnswitch.compare(model, work, backends=backends, warmup=1, iters=2, rounds=2, time_budget_s=0,
+                           check_numerics=False, **kw)
+    return set(seen), r
+
+
+def test_auto_is_timed_as_the_model_runs_unswitched_and_every_other_backend_switched(monkeypatch):
+    # keeping the model's own attention runs transformers' sdpa function with no attnswitch in the process: its
+    # timed steps pay none of the switch's host time, a forced backend's do (it is deployed with the switch)
+    model = tiny("llama")
+    assert model.config._attn_implementation == "sdpa"
+    work = make_workload(model, batch=2, seq=8, mode="prefill")
+    seen, r = _switched_in_timed_steps(monkeypatch, model, work, ["auto", "flash"])
+    assert seen == {("auto", False), ("flash", True)}
+    auto = next(b for b in r.backends if b.backend == "auto")
+    assert auto.ok and auto.attn_calls == 2  # its profiled pass runs switched: its calls counted
+
+
+def test_auto_is_timed_switched_where_its_model_is_not_sdpas_or_a_switch_selects_it(monkeypatch):
+    # a model whose config names eager: auto (SDPA) is not what it runs unswitched
+    model = tiny("llama")
+    model.set_attn_implementation("eager")
+    work = make_workload(model, batch=2, seq=8, mode="prefill")
+    assert _switched_in_timed_steps(monkeypatch, model, work, ["auto"])[0] == {("auto", True)}
+    # a caller's own global switch around compare: unswitched, the model would run the caller's backend
+    model = tiny("llama")
+    work = make_workload(model, batch=2, seq=8, mode="prefill")
+    with attnswitch.backend("math"):
+        assert _switched_in_timed_steps(monkeypatch, model, work, ["auto"])[0] == {("auto", True)}

@@ -265,3 +265,16 @@ def test_a_stored_run_is_judged_again_with_each_rows_spread_from_its_compares_ro
     capsys.readouterr()
     assert user_loop.main(["--judge", str(tmp_path / "nothing")]) == 2
     assert "--judge takes folders of a stored run" in capsys.readouterr().err
+
+
+def test_a_users_auto_on_an_sdpa_model_is_the_model_unswitched_and_every_other_backend_switched():
+    from attnswitch.switch import unselected
+
+    model = user_loop.model_of("qwen3", True, "cpu", torch.float32)
+    with user_loop.users_switch("auto", model):
+        assert unselected(model)
+    with user_loop.users_switch("math", model):
+        assert not unselected(model)
+    model.set_attn_implementation("eager")  # auto is not what this model runs unswitched
+    with user_loop.users_switch("auto", model):
+        assert not unselected(model)

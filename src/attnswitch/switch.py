@@ -20,7 +20,7 @@ from . import backends, instrument
 from .backends import Call
 from .backends.call import autocast_inputs, check
 from .candidate import Kinds
-from .hf import compiled, install, layerkinds, owners, record, registries
+from .hf import compiled, install, layerkinds, owners, record, registries, selection
 from .hf.selection import Policy, Selection, choose, resolve_selection
 from .options import OptionError
 
@@ -160,6 +160,12 @@ def is_patched(model: nn.Module) -> Selection | None:
     """The backend ``model`` is patched with, or None."""
     info = owners.info_of(model)
     return None if info is None else record.patched(info.token)
+
+
+def unselected(model: nn.Module) -> bool:
+    """Whether no switch selects ``model`` in the calling context (no context, global or its own, and no patch):
+    its forward runs the attention its config names, through transformers' own functions."""
+    return selection.rule(record.current(), owners.owners(model), selection.PATCHED) is None
 
 
 def active_backend() -> Selection | None:

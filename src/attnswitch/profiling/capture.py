@@ -49,6 +49,7 @@ from ..request import BUDGET_CAP_S
 from ..results import BackendResult
 from ..stats import median
 from ..switch import backend as use_backend
+from ..switch import unselected
 from ..workload import Workload
 from . import cupti
 from .attribution import attribute
@@ -116,6 +117,7 @@ class Target:
         # every GPU the model's weights are on (several under accelerate's device_map); the inputs go to
         # ``device``, the first one
         self.kept: list | None = None  # the outputs of the steps timed on the wall clock, where kept
+        self._sdpa: bool | None = None  # whether every config of the model names sdpa (``timed``)
         self.devices = devices_of(model) if model is not None else [device]
         if device not in self.devices:
             self.devices = [device] + self.devices
@@ -166,6 +168,23 @@ class Target:
         stack.enter_context(use_backend(c.selection, model=self.model))
         stack.enter_context(compiled_forward(self.model, str(c.uncompiled), mode, decode_only=self.kind.generates))
         return stack
+
+    def timed(self, name: str):
+        """The candidate ``name`` in its timing rounds: as ``switched``, but for ``auto`` uncompiled on a model
+        whose every config names ``sdpa`` and that no switch selects here, the model as it is: what keeping its
+        own attention runs, without the switch's own host time per forward and call (its profiled pass and
+        numerics run switched: they count and check its attention calls)."""
+        c = candidate.parse(name)
+        if c.selection == "auto" and c.compile is None and self.compile is None and self.model is not None and \
+                self._sdpa_only() and unselected(self.model):
+            return contextlib.nullcontext()
+        return self.switched(name)
+
+    def _sdpa_only(self) -> bool:
+        if self._sdpa is None:
+            names = {getattr(getattr(m, "config", None), "_attn_implementation", None) for m in self.model.modules()}
+            self._sdpa = names - {None} == {"sdpa"}
+        return self._sdpa
 
     def context(self):
         """What many steps run inside: training mode for a training workload."""
@@ -529,8 +548,9 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
                  progress: Callable[[str], None] | None = None) -> Rounds:
     """Steady time per step (ms) for each backend, unprofiled, in interleaved rounds so that drift (clocks,
     temperature, other load) falls on every backend alike. A backend's turn in a round is what a user's loop
-    under ``attnswitch.backend(...)`` is: the switch entered once, one untimed step, then its timed steps back
-    to back, their inputs made before (``_one_round``). On a GPU they are timed with CUDA events recorded
+    under ``attnswitch.backend(...)`` is: the switch entered once (none for ``auto`` on an sdpa model:
+    ``Target.timed``), one untimed step, then its timed steps back to back, their inputs made before
+    (``_one_round``). On a GPU they are timed with CUDA events recorded
     between the steps, the device synchronized once, after the last; on a CPU with the wall clock. Garbage
     is collected before each backend's turn in a round and never inside it (as ``timeit`` does).
 
@@ -612,7 +632,7 @@ def _one_round(target: Target, name: str, n_calls: int, block: Callable, timing:
     calls = list(target.calls(n_calls))
     gc.collect(0)  # what the previous turn left (no collection ran in it, so all of it is young)
     kept: list = []
-    with target.switched(name), _no_gc():
+    with target.timed(name), _no_gc():
         with finite.watching("an untimed step of the timing rounds") as watch:
             if pace.knows(name):
                 lines = pace.ahead(name, n_calls)
@@ -638,7 +658,7 @@ def _prompt_turn(target: Target, name: str, p: int, prompts: int, timed: Callabl
     unit and decode-step figures (computed at once, so that no CUDA event outlives the step). Each time the
     backend has taken every prompt, their times add up to a whole-workload sample."""
     gc.collect(0)
-    with target.switched(name), _no_gc():
+    with target.timed(name), _no_gc():
         with finite.watching("an untimed step of the timing rounds") as watch:
             target.rewarm(p)
         clock = ForwardClock(target.model, target.device.type == "cuda")
