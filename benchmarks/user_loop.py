@@ -60,6 +60,7 @@ from attnswitch.profiling.capture import steps_per_round
 from attnswitch.ranking import BUSY_DRIFT
 from attnswitch.request import FIRST_ROUNDS, ITERS
 from attnswitch.stats import median, paired_margin
+from attnswitch.switch import runs_as_auto
 from attnswitch.workload import make_workload
 
 __all__ = ["Shape", "SHAPES", "SMOKE", "user_loop", "check", "run", "main", "folder_main", "bounded", "OverTime",
@@ -295,10 +296,10 @@ def user_loop(work, names: list[str], repeats: int, steps: int = STEPS) -> dict[
 
 
 def users_switch(name: str, model: torch.nn.Module):
-    """What a user runs ``name`` with: ``attnswitch.backend(name, model=model)``; for ``auto`` on a model whose
-    every config names ``sdpa``, nothing (keeping the model's own attention needs no switch)."""
-    impls = {getattr(getattr(m, "config", None), "_attn_implementation", None) for m in model.modules()} - {None}
-    if name == "auto" and impls == {"sdpa"}:
+    """What a user runs ``name`` with: ``attnswitch.backend(name, model=model)``; for ``auto`` where the model run
+    unswitched runs what ``auto`` runs (``attnswitch.switch.runs_as_auto``), nothing: keeping the model's own
+    attention needs no switch."""
+    if name == "auto" and runs_as_auto(model):
         return contextlib.nullcontext()
     return attnswitch.backend(name, model=model)
 

@@ -192,48 +192,123 @@ def test_without_the_teardown_an_empty_gpu_trace_is_not_taken_again_and_the_erro
 
 
 def _switched_in_timed_steps(monkeypatch, model, work, backends, **kw):
-    """For each timed step of compare's rounds: (the backend whose turn it is, whether a switch selected the
-    model then)."""
-    from attnswitch.switch import unselected
+    """For each timed step of compare's rounds: (the backend whose turn it is, whether attnswitch held
+    transformers' registries then, that is whether the step ran through its entries)."""
+    from attnswitch.hf import registries
 
     seen, turn = [], []
-    real_round, real_timed = capture._one_round, capture._timed_wall
+    real_round, real_prompt, real_timed = capture._one_round, capture._prompt_turn, capture._timed_wall
 
     def one_round(target, name, *a):
         turn[:] = [name]
         return real_round(target, name, *a)
 
+    def prompt_turn(target, name, *a):
+        turn[:] = [name]
+        return real_prompt(target, name, *a)
+
     def timed(target, c):
-        seen.append((turn[0], not unselected(model)))
+        seen.append((turn[0], bool(registries.installed_entries())))
         return real_timed(target, c)
 
     monkeypatch.setattr(capture, "_one_round", one_round)
+    monkeypatch.setattr(capture, "_prompt_turn", prompt_turn)
     monkeypatch.setattr(capture, "_timed_wall", timed)
     r = attnswitch.compare(model, work, backends=backends, warmup=1, iters=2, rounds=2, time_budget_s=0,
                            check_numerics=False, **kw)
     return set(seen), r
 
 
-def test_auto_is_timed_as_the_model_runs_unswitched_and_every_other_backend_switched(monkeypatch):
+@pytest.mark.parametrize("mode", ["prefill", "decode", "train", "generate"])
+def test_auto_is_timed_as_the_model_runs_unswitched_and_every_other_backend_switched(monkeypatch, mode):
     # keeping the model's own attention runs transformers' sdpa function with no attnswitch in the process: its
     # timed steps pay none of the switch's host time, a forced backend's do (it is deployed with the switch)
     model = tiny("llama")
     assert model.config._attn_implementation == "sdpa"
-    work = make_workload(model, batch=2, seq=8, mode="prefill")
+    work = make_workload(model, batch=2, seq=8, mode=mode, **({"new_tokens": 2} if mode == "generate" else {}))
     seen, r = _switched_in_timed_steps(monkeypatch, model, work, ["auto", "flash"])
     assert seen == {("auto", False), ("flash", True)}
     auto = next(b for b in r.backends if b.backend == "auto")
-    assert auto.ok and auto.attn_calls == 2  # its profiled pass runs switched: its calls counted
+    assert auto.ok and auto.attn_calls > 0  # its profiled pass runs switched: its calls counted
 
 
-def test_auto_is_timed_switched_where_its_model_is_not_sdpas_or_a_switch_selects_it(monkeypatch):
-    # a model whose config names eager: auto (SDPA) is not what it runs unswitched
+def _patched_submodel(model):
+    attnswitch.patch(model.model, "math")
+    return lambda: attnswitch.unpatch(model.model)
+
+
+def _patched_other(model):
+    other = tiny("llama")
+    attnswitch.patch(other, "math")
+    return lambda: attnswitch.unpatch(other)
+
+
+def _own_sdpa(model):
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def mine(*a, **k):
+        return sdpa_attention_forward(*a, **k)
+
+    AttentionInterface.register("sdpa", mine)
+    return lambda: AttentionInterface.register("sdpa", sdpa_attention_forward)
+
+
+def _global(model):
+    ctx = attnswitch.backend("math")
+    ctx.__enter__()
+    return lambda: ctx.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("setup", [_patched_submodel, _patched_other, _own_sdpa, _global],
+                         ids=["a-submodel-patched", "another-model-patched", "an-own-sdpa-registered",
+                              "a-global-switch"])
+def test_auto_is_timed_switched_where_the_model_unswitched_would_not_run_what_auto_runs(monkeypatch, setup):
+    # a switch on a part of the model, or a caller's global one, would decide its calls unswitched; any switch
+    # held routes its forwards through attnswitch's entries; an ``sdpa`` entry of the caller's own is not the
+    # function ``auto`` calls
     model = tiny("llama")
-    model.set_attn_implementation("eager")
     work = make_workload(model, batch=2, seq=8, mode="prefill")
-    assert _switched_in_timed_steps(monkeypatch, model, work, ["auto"])[0] == {("auto", True)}
-    # a caller's own global switch around compare: unswitched, the model would run the caller's backend
-    model = tiny("llama")
-    work = make_workload(model, batch=2, seq=8, mode="prefill")
-    with attnswitch.backend("math"):
+    undo = setup(model)
+    try:
         assert _switched_in_timed_steps(monkeypatch, model, work, ["auto"])[0] == {("auto", True)}
+    finally:
+        undo()
+
+
+def test_auto_is_timed_switched_on_a_model_that_runs_eager_and_compiled_as_measured():
+    from attnswitch.profiling.capture import Target
+
+    model = tiny("llama")
+    work = make_workload(model, batch=2, seq=8, mode="prefill")
+    target = Target.of(work)
+    assert target.as_is("auto") and not target.as_is("flash") and not target.as_is("auto+compile")
+    target.compile = "default"  # the target compiles every step
+    assert not target.as_is("auto")
+    model.set_attn_implementation("eager")  # auto (SDPA) is not what this model runs unswitched
+    assert not Target.of(work).as_is("auto")
+
+
+def test_auto_giving_nan_in_a_timing_round_is_caught_where_its_timed_steps_run_unswitched(monkeypatch):
+    # its untimed steps stay switched: their attention calls (and a training step's gradients) are watched
+    from attnswitch.hf import dispatch
+
+    model = tiny("llama")
+    work = make_workload(model, batch=2, seq=8, mode="generate", new_tokens=2)
+    rounds = []
+    real_prompt, real_sdpa = capture._prompt_turn, dispatch.sdpa_attention_forward
+
+    def prompt_turn(target, name, *a):
+        rounds.append(name)
+        return real_prompt(target, name, *a)
+
+    def sdpa(*a, **k):
+        out, w = real_sdpa(*a, **k)
+        return (out * float("nan"), w) if rounds else (out, w)  # only once the timing rounds began
+
+    monkeypatch.setattr(capture, "_prompt_turn", prompt_turn)
+    monkeypatch.setattr(dispatch, "sdpa_attention_forward", sdpa)
+    r = attnswitch.compare(model, work, backends=["auto", "math"], warmup=1, iters=2, rounds=2, time_budget_s=0,
+                           check_numerics=False)
+    auto = next(b for b in r.backends if b.backend == "auto")
+    assert auto.nonfinite is not None and "self_attn" in auto.nonfinite.text()

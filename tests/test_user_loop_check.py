@@ -268,13 +268,13 @@ def test_a_stored_run_is_judged_again_with_each_rows_spread_from_its_compares_ro
 
 
 def test_a_users_auto_on_an_sdpa_model_is_the_model_unswitched_and_every_other_backend_switched():
-    from attnswitch.switch import unselected
+    from attnswitch.hf import registries
 
     model = user_loop.model_of("qwen3", True, "cpu", torch.float32)
     with user_loop.users_switch("auto", model):
-        assert unselected(model)
+        assert not registries.installed_entries()
     with user_loop.users_switch("math", model):
-        assert not unselected(model)
+        assert registries.installed_entries()
     model.set_attn_implementation("eager")  # auto is not what this model runs unswitched
     with user_loop.users_switch("auto", model):
-        assert not unselected(model)
+        assert registries.installed_entries()

@@ -211,8 +211,9 @@ def verdict(results: Iterable[BackendResult], host: Mapping | None = None) -> Ve
         m = paired_margin(by[a].time_rounds_ms, by[target].time_rounds_ms, target)
         if m is not None and m.decided and not m.equal:
             cautions.append(f"`{a}` ran {target}'s kernels, yet measured {m.text()} of `{target}`'s time: the two "
-                            "reach the kernel by different host paths (transformers' sdpa call, attnswitch's own op), "
-                            "or the machine's load changed between them.")
+                            "reach the kernel by different host paths (transformers' sdpa call, attnswitch's own "
+                            "op; `auto` timed with no switch where the model runs it unswitched), or the machine's "
+                            "load changed between them.")
     if cycled:
         names = ", ".join(f"`{n}`" for n in [pick.backend, *cycled])
         cautions.append(f"The paired rounds do not order {names}: each was faster than another in most rounds (their "

@@ -15,12 +15,13 @@ from collections.abc import Mapping
 
 import torch
 import torch.nn as nn
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from . import backends, instrument
 from .backends import Call
 from .backends.call import autocast_inputs, check
 from .candidate import Kinds
-from .hf import compiled, install, layerkinds, owners, record, registries, selection
+from .hf import compiled, install, layerkinds, owners, record, registries
 from .hf.selection import Policy, Selection, choose, resolve_selection
 from .options import OptionError
 
@@ -162,10 +163,15 @@ def is_patched(model: nn.Module) -> Selection | None:
     return None if info is None else record.patched(info.token)
 
 
-def unselected(model: nn.Module) -> bool:
-    """Whether no switch selects ``model`` in the calling context (no context, global or its own, and no patch):
-    its forward runs the attention its config names, through transformers' own functions."""
-    return selection.rule(record.current(), owners.owners(model), selection.PATCHED) is None
+def runs_as_auto(model: nn.Module) -> bool:
+    """Whether ``model`` run with no switch runs what ``backend("auto", model=model)`` runs: every config of the
+    model names ``sdpa``, the ``sdpa`` entry is transformers' own function (``auto`` calls that one), and no
+    switch holds transformers' registries (a context in any thread, a patch): they would route its forwards
+    through attnswitch's entries."""
+    if registries.installed_entries() or registries.original("attention", "sdpa") is not sdpa_attention_forward:
+        return False
+    names = {getattr(getattr(m, "config", None), "_attn_implementation", None) for m in model.modules()}
+    return names - {None} == {"sdpa"}
 
 
 def active_backend() -> Selection | None:

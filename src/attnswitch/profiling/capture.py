@@ -9,8 +9,9 @@ Per backend, on the same inputs and after the same warm-up (``prepare_backend``)
    (``cupti.let_go``).
 
 Then every backend's steady step, in interleaved rounds (``timed_rounds``) whose steps are a user's loop's:
-the switch entered once around a turn, nothing of the measurement above alive (no range, hook or profiler),
-the steps back to back between CUDA events (on a CPU, the wall clock read between them).
+the switch entered once around a turn (``auto``'s timed steps run the model as it is where that runs what
+``auto`` runs: ``Target.as_is``), nothing of the measurement above alive (no range, hook or profiler), the steps
+back to back between CUDA events (on a CPU, the wall clock read between them).
 
 NaN or Inf (``finite``) is looked for in the cold step's output, the warm-up's attention calls and gradients,
 the untimed step opening each turn of the timing rounds and the last timed step's output of each turn (kept past
@@ -49,7 +50,7 @@ from ..request import BUDGET_CAP_S
 from ..results import BackendResult
 from ..stats import median
 from ..switch import backend as use_backend
-from ..switch import unselected
+from ..switch import runs_as_auto
 from ..workload import Workload
 from . import cupti
 from .attribution import attribute
@@ -117,7 +118,6 @@ class Target:
         # every GPU the model's weights are on (several under accelerate's device_map); the inputs go to
         # ``device``, the first one
         self.kept: list | None = None  # the outputs of the steps timed on the wall clock, where kept
-        self._sdpa: bool | None = None  # whether every config of the model names sdpa (``timed``)
         self.devices = devices_of(model) if model is not None else [device]
         if device not in self.devices:
             self.devices = [device] + self.devices
@@ -169,22 +169,14 @@ class Target:
         stack.enter_context(compiled_forward(self.model, str(c.uncompiled), mode, decode_only=self.kind.generates))
         return stack
 
-    def timed(self, name: str):
-        """The candidate ``name`` in its timing rounds: as ``switched``, but for ``auto`` uncompiled on a model
-        whose every config names ``sdpa`` and that no switch selects here, the model as it is: what keeping its
-        own attention runs, without the switch's own host time per forward and call (its profiled pass and
-        numerics run switched: they count and check its attention calls)."""
+    def as_is(self, name: str) -> bool:
+        """Whether the candidate ``name``'s timed steps run the model as it is: ``auto`` uncompiled, where that
+        runs what ``auto`` runs (``switch.runs_as_auto``). Keeping the model's own attention needs no switch, so
+        its timed steps carry none of the switch's host time; its untimed steps stay switched (their attention
+        calls watched for NaN and Inf), and so do its profiled pass and numerics, which count and check them."""
         c = candidate.parse(name)
-        if c.selection == "auto" and c.compile is None and self.compile is None and self.model is not None and \
-                self._sdpa_only() and unselected(self.model):
-            return contextlib.nullcontext()
-        return self.switched(name)
-
-    def _sdpa_only(self) -> bool:
-        if self._sdpa is None:
-            names = {getattr(getattr(m, "config", None), "_attn_implementation", None) for m in self.model.modules()}
-            self._sdpa = names - {None} == {"sdpa"}
-        return self._sdpa
+        return c.selection == "auto" and c.compile is None and self.compile is None and self.model is not None \
+            and runs_as_auto(self.model)
 
     def context(self):
         """What many steps run inside: training mode for a training workload."""
@@ -548,9 +540,9 @@ def timed_rounds(target: Target, names: list[str], *, iters: int, rounds: int = 
                  progress: Callable[[str], None] | None = None) -> Rounds:
     """Steady time per step (ms) for each backend, unprofiled, in interleaved rounds so that drift (clocks,
     temperature, other load) falls on every backend alike. A backend's turn in a round is what a user's loop
-    under ``attnswitch.backend(...)`` is: the switch entered once (none for ``auto`` on an sdpa model:
-    ``Target.timed``), one untimed step, then its timed steps back to back, their inputs made before
-    (``_one_round``). On a GPU they are timed with CUDA events recorded
+    under ``attnswitch.backend(...)`` is: the switch entered once, one untimed step, then its timed steps back
+    to back, their inputs made before (``_one_round``; ``auto``'s timed steps on a model that runs it unswitched
+    run the model as it is: ``Target.as_is``). On a GPU they are timed with CUDA events recorded
     between the steps, the device synchronized once, after the last; on a CPU with the wall clock. Garbage
     is collected before each backend's turn in a round and never inside it (as ``timeit`` does).
 
@@ -632,7 +624,9 @@ def _one_round(target: Target, name: str, n_calls: int, block: Callable, timing:
     calls = list(target.calls(n_calls))
     gc.collect(0)  # what the previous turn left (no collection ran in it, so all of it is young)
     kept: list = []
-    with target.timed(name), _no_gc():
+    as_is = target.as_is(name)
+    with contextlib.ExitStack() as switch, _no_gc():
+        switch.enter_context(target.switched(name))
         with finite.watching("an untimed step of the timing rounds") as watch:
             if pace.knows(name):
                 lines = pace.ahead(name, n_calls)
@@ -641,6 +635,8 @@ def _one_round(target: Target, name: str, n_calls: int, block: Callable, timing:
                 with pace.step():
                     watch.output(target.rewarm())
                 lines = pace.block(name, n_calls)
+        if as_is:
+            switch.close()  # the timed steps: the model as it is
         if 0 in lines:
             pace.say()
         samples = block(target, calls, lines, pace.say, kept)
@@ -658,9 +654,13 @@ def _prompt_turn(target: Target, name: str, p: int, prompts: int, timed: Callabl
     unit and decode-step figures (computed at once, so that no CUDA event outlives the step). Each time the
     backend has taken every prompt, their times add up to a whole-workload sample."""
     gc.collect(0)
-    with target.timed(name), _no_gc():
+    as_is = target.as_is(name)
+    with contextlib.ExitStack() as switch, _no_gc():
+        switch.enter_context(target.switched(name))
         with finite.watching("an untimed step of the timing rounds") as watch:
             target.rewarm(p)
+        if as_is:
+            switch.close()  # the timed generate: the model as it is (``Target.as_is``)
         clock = ForwardClock(target.model, target.device.type == "cuda")
         with clock:
             start = time.perf_counter()
