@@ -312,3 +312,53 @@ def test_auto_giving_nan_in_a_timing_round_is_caught_where_its_timed_steps_run_u
                            check_numerics=False)
     auto = next(b for b in r.backends if b.backend == "auto")
     assert auto.nonfinite is not None and "self_attn" in auto.nonfinite.text()
+
+
+@pytest.mark.parametrize("mode", ["prefill", "generate"])
+def test_autos_unswitched_timed_steps_follow_an_untimed_step_of_the_model_as_it_is(monkeypatch, mode):
+    # the first step of a path not run since the last switch is slower: the switched untimed step (watched for
+    # NaN) does not warm the unswitched path its timed steps take, an untimed step of that path does
+    from attnswitch.hf import registries
+
+    model = tiny("llama")
+    work = make_workload(model, batch=2, seq=8, mode=mode, **({"new_tokens": 2} if mode == "generate" else {}))
+    events = []
+    real_rewarm, real_timed = capture.Target.rewarm, capture._timed_wall
+
+    def rewarm(self, *a, **k):
+        events.append(("untimed", bool(registries.installed_entries())))
+        return real_rewarm(self, *a, **k)
+
+    def timed(target, c):
+        events.append(("timed", bool(registries.installed_entries())))
+        return real_timed(target, c)
+
+    monkeypatch.setattr(capture.Target, "rewarm", rewarm)
+    monkeypatch.setattr(capture, "_timed_wall", timed)
+    attnswitch.compare(model, work, backends=["auto"], warmup=1, iters=2, rounds=2, time_budget_s=0,
+                       check_numerics=False)
+    rounds = events[-3 * 2:] if mode == "generate" else events[-4 * 2:]
+    per_turn = [("untimed", True), ("untimed", False)] + [("timed", False)] * (len(rounds) // 2 - 2)
+    assert rounds == per_turn * 2, events
+
+
+def test_a_module_config_that_is_no_transformers_config_never_makes_auto_run_as_is():
+    from types import SimpleNamespace
+
+    from attnswitch.switch import runs_as_auto
+
+    model = tiny("llama")
+    assert runs_as_auto(model)
+    model.extra = torch.nn.Linear(2, 2)
+    model.extra.config = SimpleNamespace(_attn_implementation=["sdpa"])  # unhashable, not a name: no crash
+    assert not runs_as_auto(model)
+    model.extra.config = SimpleNamespace(_attn_implementation="eager")
+    assert not runs_as_auto(model)
+
+    class Raising:
+        @property
+        def _attn_implementation(self):
+            raise RuntimeError("no")
+
+    model.extra.config = Raising()
+    assert not runs_as_auto(model)

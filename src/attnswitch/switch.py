@@ -170,8 +170,11 @@ def runs_as_auto(model: nn.Module) -> bool:
     through attnswitch's entries."""
     if registries.installed_entries() or registries.original("attention", "sdpa") is not sdpa_attention_forward:
         return False
-    names = {getattr(getattr(m, "config", None), "_attn_implementation", None) for m in model.modules()}
-    return names - {None} == {"sdpa"}
+    try:
+        names = {getattr(getattr(m, "config", None), "_attn_implementation", None) for m in model.modules()}
+    except Exception:  # (a module's own ``config`` that is no transformers config: not a model auto runs as is)
+        return False
+    return {n for n in names if isinstance(n, str)} == {"sdpa"}
 
 
 def active_backend() -> Selection | None:

@@ -635,8 +635,9 @@ def _one_round(target: Target, name: str, n_calls: int, block: Callable, timing:
                 with pace.step():
                     watch.output(target.rewarm())
                 lines = pace.block(name, n_calls)
-        if as_is:
-            switch.close()  # the timed steps: the model as it is
+        if as_is:  # the timed steps: the model as it is, after an untimed step of it (its first step is slower)
+            switch.close()
+            watch.output(target.rewarm(sync=False))
         if 0 in lines:
             pace.say()
         samples = block(target, calls, lines, pace.say, kept)
@@ -659,8 +660,9 @@ def _prompt_turn(target: Target, name: str, p: int, prompts: int, timed: Callabl
         switch.enter_context(target.switched(name))
         with finite.watching("an untimed step of the timing rounds") as watch:
             target.rewarm(p)
-        if as_is:
-            switch.close()  # the timed generate: the model as it is (``Target.as_is``)
+        if as_is:  # the timed generate: the model as it is (``Target.as_is``), after an untimed one of it
+            switch.close()
+            target.rewarm(p)
         clock = ForwardClock(target.model, target.device.type == "cuda")
         with clock:
             start = time.perf_counter()
