@@ -59,7 +59,7 @@ from attnswitch.env import environment
 from attnswitch.profiling.capture import steps_per_round
 from attnswitch.ranking import BUSY_DRIFT
 from attnswitch.request import FIRST_ROUNDS, ITERS
-from attnswitch.stats import median, paired_margin
+from attnswitch.stats import median, paired_margin, percentile
 from attnswitch.switch import runs_as_auto
 from attnswitch.workload import make_workload
 
@@ -149,18 +149,10 @@ def verdict(row: dict) -> str:
 def round_spread(rounds) -> float | None:
     """The 90th over the 10th percentile of a candidate's round medians (``BackendResult.time_rounds_ms``:
     the rounds it sat out are empty); None with fewer than two rounds."""
-    meds = sorted(median(r) for r in rounds if r)
+    meds = [median(r) for r in rounds if r]
     if len(meds) < 2:
         return None
-    return round(_quantile(meds, 0.9) / _quantile(meds, 0.1), 4)
-
-
-def _quantile(xs: list[float], q: float) -> float:
-    """``q``'s quantile of the sorted ``xs``, linearly interpolated."""
-    i = (len(xs) - 1) * q
-    lo = int(i)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (i - lo)
+    return round(percentile(meds, 90) / percentile(meds, 10), 4)
 
 
 def _side_by_side(pairs) -> dict:
