@@ -270,12 +270,13 @@ def attention_forward(module, query, key, value, attention_mask, *, _own=None, *
     if fwd is None or id(module) not in fwd.modules or _STATE_GET() is not fwd.state:
         return _dispatch(_selected(module, fwd), fwd, module, query, key, value, attention_mask, kwargs, _own)
     op = fwd.op
-    if fwd.auto and (_RARE.isdisjoint(kwargs) or not _rare(kwargs)):
-        # what ``_dispatch`` makes of ``auto``'s common call (transformers' sdpa function), without its reading of
-        # the arguments: ``auto``'s time is compared with the others' and with a model run unswitched
-        fwd.calls += 1
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    if op is not None and attention_mask is None and (_RARE.isdisjoint(kwargs) or not _rare(kwargs)):
+    if op is None:
+        if fwd.auto and (_RARE.isdisjoint(kwargs) or not _rare(kwargs)):
+            # what ``_dispatch`` makes of ``auto``'s common call (transformers' sdpa function), without its reading
+            # of the arguments: ``auto``'s time is compared with the others' and with a model run unswitched
+            fwd.calls += 1
+            return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    elif attention_mask is None and (_RARE.isdisjoint(kwargs) or not _rare(kwargs)):
         qs, ks = query.shape, key.shape
         if not (qs[1] % ks[1] or qs[-1] % 8):
             get = kwargs.get
