@@ -9,6 +9,7 @@ steps under ``attnswitch.backend(...)``, on the same model and inputs, in the sa
     python -m benchmarks.user_loop OUT --only=decode --turn=5   # compare timing 5 steps per backend per round
     python -m benchmarks.user_loop OUT --total=250    # no check started that would not end within 250 s
     python -m benchmarks.user_loop --judge OUT...     # stored runs judged again by these rules
+    python -m benchmarks.user_loop --judge A B C --rows-into=rows.json   # and their rows in one file
 
 For each shape and workload (``check``): a user's loop of every backend (``user_loop``) before the compare and after
 it, never inside it, and ``compare`` of every backend (its defaults, numerics left out: they run no timed step, and
@@ -18,9 +19,10 @@ the loop's blocks, before and after pooled) and their ``ratio``. Then, side by s
 rounds (as many as fit ``PAIRED_S``) one turn of compare's timing rounds and one block of the loop per backend,
 seconds apart: ``paired_ratio``, the median over rounds of the turn's step over the block's, with its 95 %
 interval. A row's ``verdict`` (``verdict``) is ``within`` the band only where the evidence says so: the
-side-by-side interval inside the band and, where the loops before and after agree within it and the compare's
-rounds show no change of the host's speed (its first and last shared rounds, and this candidate's rounds within
-3 % of each other: ``round_spread``), the reported step over the loops too; ``outside`` where either clears the
+side-by-side interval inside the band and, where the loops before and after agree within it and the compare
+shows no change of the host's speed (its first and last shared rounds, this candidate's rounds and every
+candidate's within 3 % of each other: ``round_spread``, ``check_spread``; no busy sign in its own probes of the
+host: ``host_busy``), the reported step over the loops too; ``outside`` where either clears the
 band; else ``undecided`` (a steadier host decides it). On a shared machine the host's speed moves by up to 2x
 within a minute, and loops taken before and after a compare then cannot judge the reported step to 3 %.
 ``checked`` is the figure shown: the side-by-side one, or the reported step's ratio where farther from 1 and
@@ -57,7 +59,7 @@ from attnswitch.comparison import compare
 from attnswitch.device import device_of
 from attnswitch.env import environment
 from attnswitch.profiling.capture import steps_per_round
-from attnswitch.ranking import BUSY_DRIFT
+from attnswitch.ranking import BUSY_DRIFT, busy_signs
 from attnswitch.request import FIRST_ROUNDS, ITERS
 from attnswitch.stats import median, paired_margin, percentile
 from attnswitch.switch import runs_as_auto
@@ -88,12 +90,14 @@ STEADY_SPREAD = HIGH
 
 def _steady(row: dict) -> bool:
     """Can the loops before and after the compare judge its reported step? They agree within the band, and the
-    compare's rounds show no change of the host's speed: neither between its first and last shared rounds
-    (``round_drift``, ``ranking.BUSY_DRIFT``) nor across this candidate's rounds (``round_spread``). Not where
-    either is unknown."""
-    drift, spread = row.get("round_drift"), row.get("round_spread")
+    compare shows no change of the host's speed: neither between its first and last shared rounds
+    (``round_drift``, ``ranking.BUSY_DRIFT``), nor across this candidate's rounds (``round_spread``), nor across
+    any candidate's (``check_spread``: one dropped after the first rounds saw only those, while the host's speed
+    moved later), nor in the compare's own reading of the host (``host_busy``: ``ranking.busy_signs`` of the
+    probes around its rounds). Not where any is unknown."""
+    drift, spread, widest = row.get("round_drift"), row.get("round_spread"), row.get("check_spread")
     return _loops_agree(row) and drift is not None and drift <= BUSY_DRIFT and spread is not None and \
-        spread <= STEADY_SPREAD
+        spread <= STEADY_SPREAD and widest is not None and widest <= STEADY_SPREAD and row.get("host_busy") == []
 
 
 def _loops_agree(row: dict) -> bool:
@@ -153,6 +157,15 @@ def round_spread(rounds) -> float | None:
     if len(meds) < 2:
         return None
     return round(percentile(meds, 90) / percentile(meds, 10), 4)
+
+
+def _host_moved(host, rounds: dict, results=()) -> dict:
+    """A check's fields on the host's speed through its compare, the same in each of its rows: the widest
+    ``round_spread`` of its candidates (``rounds``: each one's round samples) and the kinds of
+    ``ranking.busy_signs`` the compare's host probes show (none: ``[]``; no probes: None)."""
+    spreads = [x for x in (round_spread(r or []) for r in rounds.values()) if x is not None]
+    return {"check_spread": max(spreads, default=None),
+            "host_busy": sorted(busy_signs(host, results)) if host else None}
 
 
 def _side_by_side(pairs) -> dict:
@@ -404,6 +417,8 @@ def check(model, shape: Shape, mode: str, names: list[str], turn: int | None = N
     per_turn = turn or steps_per_round(ITERS, FIRST_ROUNDS)[-1]  # compare's timed steps per backend per round
     side = mallocs.of("side by side", lambda: paired(work, ranked, per_turn, paired_s))
     rows, loops = [], {}
+    host = report.settings.get("host")
+    moved = _host_moved(host, {b.backend: b.time_rounds_ms for b in report.backends if b.ok}, report.backends)
     for b in report.backends:
         sets = {k: v.get(b.backend) for k, v in (("before", before), ("after", after), ("warm", warm))}
         loops[b.backend] = sets
@@ -417,8 +432,8 @@ def check(model, shape: Shape, mode: str, names: list[str], turn: int | None = N
                      and sets["before"] else None,
                      "loop_after_ms": round(median(sets["after"]), 4), "blocks": len(blocks),
                      **_side_by_side(side.get(b.backend)),
-                     "round_drift": (report.settings.get("host") or {}).get("round_drift"),
-                     "round_spread": round_spread(b.time_rounds_ms),
+                     "round_drift": (host or {}).get("round_drift"),
+                     "round_spread": round_spread(b.time_rounds_ms), **moved,
                      "batch": batch, "seq": seq, **({"turn": turn} if turn else {})})
     left_out = {b.backend: (b.status, b.reasons[:1]) for b in report.backends if not b.ok}
     samples = {b.backend: {"samples": [round(x, 4) for x in b.time_samples_ms],
@@ -427,7 +442,7 @@ def check(model, shape: Shape, mode: str, names: list[str], turn: int | None = N
     return {"rows": rows, "loops": loops, "left_out": left_out, "workload": report.workload, "repeats": repeats,
             "side_by_side": {n: [[round(a, 4), round(b, 4)] for a, b in v] for n, v in side.items()},
             "turn": turn, "compare_samples": samples, "device_mallocs": mallocs.counts,
-            "host": report.settings.get("host"), "time_s": report.settings.get("time_s")}
+            "host": host, "time_s": report.settings.get("time_s")}
 
 
 def _repeats(warm: dict, names: list[str], least: int, loop_s: float = LOOP_S) -> int:
@@ -534,12 +549,14 @@ def judge(out: Path) -> int:
     figure and ``verdict``; both files rewritten; the exit code as ``run``'s."""
     rows = json.loads((out / "user_loop_check.json").read_text())
     meta = json.loads((out / "user_loop_run.json").read_text())
-    rounds = {(c["check"], n): v.get("rounds") for c in meta["checks"]
-              for n, v in (c.get("compare_samples") or {}).items()}
+    rounds = {c["check"]: {n: v.get("rounds") for n, v in (c.get("compare_samples") or {}).items()}
+              for c in meta["checks"]}
+    moved = {c["check"]: _host_moved(c.get("host"), rounds[c["check"]]) for c in meta["checks"]}
     for i, r in enumerate(rows):
+        key = f"{r['shape']}/{r['workload']}"
         if "round_spread" not in r:
-            r = {**r, "round_spread": round_spread(rounds.get((f"{r['shape']}/{r['workload']}", r["backend"])) or [])}
-        rows[i] = judged(r)
+            r = {**r, "round_spread": round_spread(rounds.get(key, {}).get(r["backend"]) or [])}
+        rows[i] = judged({**moved.get(key, {"check_spread": None, "host_busy": None}), **r})
     return _conclude(out, rows, meta, bool(meta.get("smoke")))
 
 
@@ -567,14 +584,21 @@ def folder_main(argv, doc: str, run_in) -> int:
 def main(argv=None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if "--judge" in args:
-        folders = [Path(a) for a in args if a != "--judge"]
+        into = [a.split("=", 1)[1] for a in args if a.startswith("--rows-into=")]
+        folders = [Path(a) for a in args if a != "--judge" and not a.startswith("--rows-into=")]
         bad = [str(f) for f in folders if str(f).startswith("--") or not (f / "user_loop_run.json").is_file()
                or not (f / "user_loop_check.json").is_file()]
-        if not folders or bad:
+        if not folders or bad or len(into) > 1 or "" in into:
             print(f"--judge takes folders of a stored run (user_loop_run.json and user_loop_check.json in each)"
-                  f"{': not ' + ', '.join(bad) if bad else ''}\n\n{__doc__}", file=sys.stderr)
+                  f"{': not ' + ', '.join(bad) if bad else ''}, and at most one --rows-into=FILE\n\n{__doc__}",
+                  file=sys.stderr)
             return 2
         codes = [judge(f) for f in folders]
+        if into:  # the calls of one run (a call of the device tool each) as one list of rows
+            rows = [r for f in folders for r in json.loads((f / "user_loop_check.json").read_text())]
+            Path(into[0]).write_text(json.dumps(rows, indent=1))
+            print(f"{len(rows)} rows of {len(folders)} runs in {into[0]}: " + ", ".join(
+                f"{sum(r['verdict'] == v for r in rows)} {v}" for v in ("within", "undecided", "outside")))
         return 1 if 1 in codes else 3 if 3 in codes else 0
     try:
         turn = next((int(a.split("=", 1)[1]) for a in args if a.startswith("--turn=")), None)

@@ -78,7 +78,7 @@ def test_a_check_that_would_end_past_the_runs_bound_is_not_started(tmp_path, mon
 #: a row measured side by side over enough rounds, its interval inside the band, the host steady
 STEADY = {"ratio": 1.0, "paired_ratio": 1.0, "paired_low": 0.99, "paired_high": 1.01,
           "paired_rounds": user_loop.PAIRED_ROUNDS, "loop_before_ms": 10.0, "loop_after_ms": 10.1,
-          "round_drift": 1.01, "round_spread": 1.01}
+          "round_drift": 1.01, "round_spread": 1.01, "check_spread": 1.01, "host_busy": []}
 
 
 def test_the_band_holds_the_side_by_side_figure_where_there_is_one(tmp_path, monkeypatch):
@@ -278,3 +278,65 @@ def test_a_users_auto_on_an_sdpa_model_is_the_model_unswitched_and_every_other_b
     model.set_attn_implementation("eager")  # auto is not what this model runs unswitched
     with user_loop.users_switch("auto", model):
         assert registries.installed_entries()
+
+
+def test_loops_around_a_compare_judge_no_row_where_the_host_moved_during_that_compare():
+    # this candidate's own rounds are steady (it ran only the compare's first rounds), and the loops before and
+    # after agree, its reported step 5 % above them, its turn side by side within 1 %: the compare's other
+    # candidates' rounds moved 15 %, or its own probes of the host moved 2x, so the loops cannot judge the step
+    row = {**STEADY, "ratio": 1.05, "paired_ratio": 1.002, "paired_low": 0.98, "paired_high": 1.012}
+    assert user_loop.verdict(row) == "outside"  # the host steady through the whole compare: the loops judge
+    assert user_loop.verdict({**row, "check_spread": 1.15}) == "undecided"
+    assert user_loop.verdict({**row, "host_busy": ["drift"]}) == "undecided"
+    assert user_loop.verdict({**row, "check_spread": None}) == "undecided"  # not measured: not taken as steady
+    assert user_loop.verdict({**row, "host_busy": None}) == "undecided"
+    assert user_loop.checked({**row, "check_spread": 1.15}) == 1.002
+
+
+def test_a_stored_run_judged_again_reads_the_hosts_move_from_every_candidate_and_the_compares_probes(tmp_path):
+    row = {"shape": "gemma3", "workload": "prefill", "compare_ms": 19.7, "loop_ms": 18.7, "ratio": 1.054,
+           "loop_before_ms": 18.67, "loop_after_ms": 18.7, "paired_ratio": 1.002, "paired_low": 0.979,
+           "paired_high": 1.012, "paired_rounds": 6, "round_drift": 1.005}
+    steady_probes = {"cpus": 16, "probe_before_ms": [1.1, 1.1, 1.12], "probe_after_ms": [1.1, 1.11, 1.1]}
+
+    def judge(host, cudnn_rounds):
+        rows = [{**row, "backend": "efficient"}]
+        meta = {"smoke": False, "checks": [{"check": "gemma3/prefill", "status": "ok", "host": host,
+                                            "compare_samples": {"efficient": {"rounds": [[19.7]] * 6},
+                                                                "cudnn": {"rounds": cudnn_rounds}}}]}
+        (tmp_path / "user_loop_check.json").write_text(json.dumps(rows))
+        (tmp_path / "user_loop_run.json").write_text(json.dumps(meta))
+        code = user_loop.judge(tmp_path)
+        return code, json.loads((tmp_path / "user_loop_check.json").read_text())[0]
+
+    code, got = judge(steady_probes, [[16.8]] * 6)
+    assert (code, got["verdict"], got["check_spread"], got["host_busy"]) == (1, "outside", 1.0, [])
+    code, got = judge(steady_probes, [[16.8]] * 6 + [[16.0]] * 6)  # cudnn's later rounds 5 % faster
+    assert (code, got["verdict"], got["check_spread"]) == (3, "undecided", 1.05)
+    code, got = judge({**steady_probes, "probe_after_ms": [2.1, 2.2, 2.15]}, [[16.8]] * 6)
+    assert (code, got["verdict"], got["host_busy"]) == (3, "undecided", ["drift"])
+    code, got = judge(None, [[16.8]] * 6)  # no probes recorded: not taken for a steady host
+    assert (code, got["verdict"], got["host_busy"]) == (3, "undecided", None)
+
+
+def test_runs_of_several_calls_are_judged_and_their_rows_written_as_one_list(tmp_path, capsys):
+    row = {"workload": "train", "compare_ms": 10.0, "loop_ms": 10.0, "ratio": 1.0, "loop_before_ms": 10.0,
+           "loop_after_ms": 10.0, "paired_ratio": 1.0, "paired_low": 0.99, "paired_high": 1.01, "paired_rounds": 6,
+           "round_drift": 1.0}
+    host = {"cpus": 16, "probe_before_ms": [1.1, 1.1], "probe_after_ms": [1.1, 1.1]}
+    folders = []
+    for shape in ("host-bound", "gemma3"):
+        f = tmp_path / shape
+        f.mkdir()
+        (f / "user_loop_check.json").write_text(json.dumps([{**row, "shape": shape, "backend": "math"}]))
+        (f / "user_loop_run.json").write_text(json.dumps({"smoke": False, "checks": [
+            {"check": f"{shape}/train", "status": "ok", "host": host,
+             "compare_samples": {"math": {"rounds": [[10.0]] * 6}}}]}))
+        folders.append(str(f))
+    into = tmp_path / "rows.json"
+    assert user_loop.main(["--judge", *folders, f"--rows-into={into}"]) == 0
+    rows = json.loads(into.read_text())
+    assert [(r["shape"], r["verdict"]) for r in rows] == [("host-bound", "within"), ("gemma3", "within")]
+    assert "2 rows of 2 runs" in capsys.readouterr().out
+    assert user_loop.main(["--judge", *folders, "--rows-into="]) == 2
+    assert user_loop.main(["--judge", *folders, f"--rows-into={into}", f"--rows-into={into}"]) == 2
