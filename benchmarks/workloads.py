@@ -23,6 +23,8 @@ from attnswitch.models import load_model
 from attnswitch.stats import median, noise_pct
 from attnswitch.workload import make_workload
 
+from .user_loop import users_switch
+
 __all__ = ["generate_case", "train_case", "sweep_case", "independent_generate", "main"]
 
 
@@ -35,7 +37,8 @@ def _save(out: Path, name: str, report) -> dict:
 
 def independent_generate(work, names, repeats=5) -> dict:
     """Each backend's generate workload timed outside attnswitch's measurement: ``model.generate()`` on
-    every prompt under ``attnswitch.backend``, wall clock with the device synchronized, after a warm-up.
+    every prompt as a user runs it (``user_loop.users_switch``: ``attnswitch.backend``, none for ``auto`` on a
+    model that runs it unswitched, as the report times it), wall clock with the device synchronized, after a warm-up.
     Prompt by prompt, every backend generating it in turn (the first backend rotating), so that a slow
     spell of the machine falls on all alike; a backend's workload is the sum over prompts of each prompt's
     median, its whole workloads (every prompt once per repeat) a check. Garbage is collected before each
@@ -46,7 +49,7 @@ def independent_generate(work, names, repeats=5) -> dict:
 
     per: dict[str, list[list[float]]] = {n: [[] for _ in work.prompts] for n in names}
     for name in names:
-        with attnswitch.backend(name, model=work.model):
+        with users_switch(name, work.model):
             for p in work.prompts:  # warm: every length once
                 generate(p)
     turn = 0
@@ -55,7 +58,7 @@ def independent_generate(work, names, repeats=5) -> dict:
             order = names[turn % len(names):] + names[:turn % len(names)]
             turn += 1
             for name in order:
-                with attnswitch.backend(name, model=work.model):
+                with users_switch(name, work.model):
                     gc.collect()
                     gc.disable()
                     try:

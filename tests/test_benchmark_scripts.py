@@ -96,3 +96,20 @@ def test_peak_check_does_not_say_within_5pct_when_a_backend_gave_no_figure(tmp_p
     result = json.loads((tmp_path / "peak_check.json").read_text())
     assert result["backends"]["cudnn"]["ratio"] is None and result["backends"]["flash"]["ratio"] == pytest.approx(1)
     assert result["within_5pct"] is False, capsys.readouterr().out
+
+
+def test_the_independent_generate_loop_runs_auto_unswitched_as_the_report_times_it(monkeypatch):
+    from attnswitch.hf import registries
+    from attnswitch.workload import make_workload
+    from benchmarks import user_loop, workloads
+
+    model = user_loop.model_of("qwen3", True, "cpu", torch.float32)
+    work = make_workload(model, mode="generate", prompt_lens=(8,), new_tokens=2)
+    held = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(model, "generate", lambda **kw: held.append(bool(registries.installed_entries())))
+    got = workloads.independent_generate(work, ["auto"], repeats=2)
+    assert held == [False] * 3 and len(got["auto"]["samples"]) == 2  # the warm-up and both samples unswitched
+    held.clear()
+    workloads.independent_generate(work, ["math"], repeats=1)
+    assert held == [True] * 2  # a forced backend is switched, as a user switches it
