@@ -20,9 +20,10 @@ rounds (as many as fit ``PAIRED_S``) one turn of compare's timing rounds and one
 seconds apart: ``paired_ratio``, the median over rounds of the turn's step over the block's, with its 95 %
 interval. A row's ``verdict`` (``verdict``) is ``within`` the band only where the evidence says so: the
 side-by-side interval inside the band and, where the loops before and after agree within it and the compare
-shows no change of the host's speed (its first and last shared rounds, this candidate's rounds and every
-candidate's within 3 % of each other: ``round_spread``, ``check_spread``; no busy sign in its own probes of the
-host: ``host_busy``), the reported step over the loops too; ``outside`` where either clears the
+shows no change of the host's speed (its first and last shared rounds within ``ranking.BUSY_DRIFT``; the 90th
+over the 10th percentile of the round medians within 3 %, this candidate's and every candidate's:
+``round_spread``, ``check_spread``; no busy sign in its host record: ``host_busy``), the reported step over the
+loops too; ``outside`` where either clears the
 band; else ``undecided`` (a steadier host decides it). On a shared machine the host's speed moves by up to 2x
 within a minute, and loops taken before and after a compare then cannot judge the reported step to 3 %.
 ``checked`` is the figure shown: the side-by-side one, or the reported step's ratio where farther from 1 and
@@ -94,7 +95,7 @@ def _steady(row: dict) -> bool:
     (``round_drift``, ``ranking.BUSY_DRIFT``), nor across this candidate's rounds (``round_spread``), nor across
     any candidate's (``check_spread``: one dropped after the first rounds saw only those, while the host's speed
     moved later), nor in the compare's own reading of the host (``host_busy``: ``ranking.busy_signs`` of the
-    probes around its rounds). Not where any is unknown."""
+    probes around its rounds and of its rounds' drift). Not where any is unknown."""
     drift, spread, widest = row.get("round_drift"), row.get("round_spread"), row.get("check_spread")
     return _loops_agree(row) and drift is not None and drift <= BUSY_DRIFT and spread is not None and \
         spread <= STEADY_SPREAD and widest is not None and widest <= STEADY_SPREAD and row.get("host_busy") == []
@@ -159,13 +160,20 @@ def round_spread(rounds) -> float | None:
     return round(percentile(meds, 90) / percentile(meds, 10), 4)
 
 
-def _host_moved(host, rounds: dict, results=()) -> dict:
-    """A check's fields on the host's speed through its compare, the same in each of its rows: the widest
-    ``round_spread`` of its candidates (``rounds``: each one's round samples) and the kinds of
-    ``ranking.busy_signs`` the compare's host probes show (none: ``[]``; no probes: None)."""
-    spreads = [x for x in (round_spread(r or []) for r in rounds.values()) if x is not None]
-    return {"check_spread": max(spreads, default=None),
-            "host_busy": sorted(busy_signs(host, results)) if host else None}
+def _host_moved(host, rounds: dict | None) -> dict:
+    """A check's fields on the host's speed through its compare, the same in each of its rows, from what the run
+    recorded: ``check_spread``, the widest ``round_spread`` of its candidates (``rounds``: each one's round
+    samples; None: not recorded), and ``host_busy``, the kinds of ``ranking.busy_signs`` its host record shows
+    (the probes of a fixed task before and after the rounds, and ``round_drift``: none, ``[]``; None where no
+    probe was recorded). A field the run has nothing for is left out."""
+    out = {}
+    if rounds is not None:
+        spreads = [x for x in (round_spread(r or []) for r in rounds.values()) if x is not None]
+        out["check_spread"] = max(spreads, default=None)
+    if isinstance(host, dict):
+        probed = bool(host.get("probe_before_ms")) and bool(host.get("probe_after_ms"))
+        out["host_busy"] = sorted(busy_signs(host)) if probed else None
+    return out
 
 
 def _side_by_side(pairs) -> dict:
@@ -418,7 +426,8 @@ def check(model, shape: Shape, mode: str, names: list[str], turn: int | None = N
     side = mallocs.of("side by side", lambda: paired(work, ranked, per_turn, paired_s))
     rows, loops = [], {}
     host = report.settings.get("host")
-    moved = _host_moved(host, {b.backend: b.time_rounds_ms for b in report.backends if b.ok}, report.backends)
+    moved = {"check_spread": None, "host_busy": None,
+             **_host_moved(host, {b.backend: b.time_rounds_ms for b in report.backends if b.ok})}
     for b in report.backends:
         sets = {k: v.get(b.backend) for k, v in (("before", before), ("after", after), ("warm", warm))}
         loops[b.backend] = sets
@@ -533,7 +542,7 @@ def _conclude(out: Path, rows: list, meta: dict, smoke: bool) -> int:
     1 a row outside it or a check not ok, 3 rows undecided (and none outside)."""
     outside = [r for r in rows if r["verdict"] == "outside"]
     undecided = [r for r in rows if r["verdict"] == "undecided"]
-    failed = [c["check"] for c in meta["checks"] if c["status"] != "ok"]
+    failed = [c.get("check", "(unnamed)") for c in meta["checks"] if c.get("status") != "ok"]
     status = "failed" if failed or (outside and not smoke) else "undecided" if undecided and not smoke else "ok"
     meta.update(outside_band=outside, undecided=undecided, failed_checks=failed, status=status)
     _write(out, rows, meta)
@@ -545,18 +554,29 @@ def _conclude(out: Path, rows: list, meta: dict, smoke: bool) -> int:
 
 def judge(out: Path) -> int:
     """A stored run (``OUT/user_loop_check.json`` and ``OUT/user_loop_run.json``) judged again by this module's
-    rules: each row's ``round_spread`` from its compare's rounds where the run did not record it, its ``checked``
-    figure and ``verdict``; both files rewritten; the exit code as ``run``'s."""
+    rules: each row's ``round_spread`` from its compare's rounds where the run did not record it, its check's
+    ``check_spread`` and ``host_busy`` from what the run recorded (a row's stored value where it recorded
+    nothing, else None), its ``checked`` figure and ``verdict``; both files rewritten; the exit code as
+    ``run``'s."""
     rows = json.loads((out / "user_loop_check.json").read_text())
     meta = json.loads((out / "user_loop_run.json").read_text())
-    rounds = {c["check"]: {n: v.get("rounds") for n, v in (c.get("compare_samples") or {}).items()}
-              for c in meta["checks"]}
-    moved = {c["check"]: _host_moved(c.get("host"), rounds[c["check"]]) for c in meta["checks"]}
+    rounds, moved = {}, {}
+    for c in meta.get("checks") or []:
+        if not isinstance(c, dict) or "check" not in c:
+            continue
+        samples = c.get("compare_samples")
+        got = {n: v.get("rounds") for n, v in samples.items() if isinstance(v, dict)} \
+            if isinstance(samples, dict) else None
+        if c.get("status") == "ok" or c["check"] not in rounds:  # (a check's entry that ran wins)
+            rounds[c["check"]], moved[c["check"]] = got or {}, _host_moved(c.get("host"), got)
     for i, r in enumerate(rows):
         key = f"{r['shape']}/{r['workload']}"
         if "round_spread" not in r:
             r = {**r, "round_spread": round_spread(rounds.get(key, {}).get(r["backend"]) or [])}
-        rows[i] = judged({**moved.get(key, {"check_spread": None, "host_busy": None}), **r})
+        r = {**r, **moved.get(key, {})}
+        for name in ("check_spread", "host_busy"):
+            r.setdefault(name, None)
+        rows[i] = judged(r)
     return _conclude(out, rows, meta, bool(meta.get("smoke")))
 
 
@@ -581,25 +601,38 @@ def folder_main(argv, doc: str, run_in) -> int:
     return run_in(Path(folder), smoke="--smoke" in args, only=only)
 
 
+def _judge_main(args: list[str]) -> int:
+    """``--judge OUT... [--rows-into=FILE]``: stored runs judged again, and their rows in one list."""
+    into = [a.split("=", 1)[1] for a in args if a.startswith("--rows-into=")]
+    folders = [Path(a) for a in args if a != "--judge" and not a.startswith("--rows-into=")]
+    bad = [str(f) for f in folders if str(f).startswith("--") or not (f / "user_loop_run.json").is_file()
+           or not (f / "user_loop_check.json").is_file()]
+    why = f"not a folder of a stored run: {', '.join(bad)}" if bad else "no folder given" if not folders else \
+        "the same folder twice" if len({f.resolve() for f in folders}) < len(folders) else \
+        "one --rows-into=FILE at most" if len(into) > 1 or "" in into else None
+    target = Path(into[0]).expanduser() if into and why is None else None
+    if target is not None:  # refused before any run is rewritten
+        inputs = {(f / n).resolve() for f in folders for n in ("user_loop_check.json", "user_loop_run.json")}
+        wrong = "is a folder" if target.is_dir() else "is one of the runs' own files" \
+            if target.resolve() in inputs else "its folder does not exist" if not target.parent.is_dir() else None
+        why = f"--rows-into={into[0]} {wrong}" if wrong else None
+    if why is not None:
+        print(f"--judge takes folders of a stored run (user_loop_run.json and user_loop_check.json in each) and at "
+              f"most one --rows-into=FILE: {why}\n\n{__doc__}", file=sys.stderr)
+        return 2
+    codes = [judge(f) for f in folders]
+    if target is not None:  # the calls of one run (a call of the device tool each) as one list of rows
+        rows = [r for f in folders for r in json.loads((f / "user_loop_check.json").read_text())]
+        target.write_text(json.dumps(rows, indent=1))
+        print(f"{len(rows)} rows of {len(folders)} runs in {target}: " + ", ".join(
+            f"{sum(r['verdict'] == v for r in rows)} {v}" for v in ("within", "undecided", "outside")))
+    return 1 if 1 in codes else 3 if 3 in codes else 0
+
+
 def main(argv=None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if "--judge" in args:
-        into = [a.split("=", 1)[1] for a in args if a.startswith("--rows-into=")]
-        folders = [Path(a) for a in args if a != "--judge" and not a.startswith("--rows-into=")]
-        bad = [str(f) for f in folders if str(f).startswith("--") or not (f / "user_loop_run.json").is_file()
-               or not (f / "user_loop_check.json").is_file()]
-        if not folders or bad or len(into) > 1 or "" in into:
-            print(f"--judge takes folders of a stored run (user_loop_run.json and user_loop_check.json in each)"
-                  f"{': not ' + ', '.join(bad) if bad else ''}, and at most one --rows-into=FILE\n\n{__doc__}",
-                  file=sys.stderr)
-            return 2
-        codes = [judge(f) for f in folders]
-        if into:  # the calls of one run (a call of the device tool each) as one list of rows
-            rows = [r for f in folders for r in json.loads((f / "user_loop_check.json").read_text())]
-            Path(into[0]).write_text(json.dumps(rows, indent=1))
-            print(f"{len(rows)} rows of {len(folders)} runs in {into[0]}: " + ", ".join(
-                f"{sum(r['verdict'] == v for r in rows)} {v}" for v in ("within", "undecided", "outside")))
-        return 1 if 1 in codes else 3 if 3 in codes else 0
+        return _judge_main(args)
     try:
         turn = next((int(a.split("=", 1)[1]) for a in args if a.startswith("--turn=")), None)
         total = next((float(a.split("=", 1)[1]) for a in args if a.startswith("--total=")), TOTAL_S)

@@ -4,6 +4,7 @@ numbers (those are the GPU's)."""
 import json
 import statistics
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -340,3 +341,64 @@ def test_runs_of_several_calls_are_judged_and_their_rows_written_as_one_list(tmp
     assert "2 rows of 2 runs" in capsys.readouterr().out
     assert user_loop.main(["--judge", *folders, "--rows-into="]) == 2
     assert user_loop.main(["--judge", *folders, f"--rows-into={into}", f"--rows-into={into}"]) == 2
+
+
+def _stored_run(folder: Path, shape: str = "gemma3", host=None) -> Path:
+    row = {"shape": shape, "workload": "train", "backend": "math", "compare_ms": 10.0, "loop_ms": 10.0,
+           "ratio": 1.0, "loop_before_ms": 10.0, "loop_after_ms": 10.0, "paired_ratio": 1.0, "paired_low": 0.99,
+           "paired_high": 1.01, "paired_rounds": 6, "round_drift": 1.0}
+    folder.mkdir(parents=True)
+    (folder / "user_loop_check.json").write_text(json.dumps([row]))
+    (folder / "user_loop_run.json").write_text(json.dumps({"smoke": False, "checks": [
+        {"check": f"{shape}/train", "status": "ok",
+         "host": host if host is not None else {"cpus": 16, "probe_before_ms": [1.1], "probe_after_ms": [1.1]},
+         "compare_samples": {"math": {"rounds": [[10.0]] * 6}}}]}))
+    return folder
+
+
+@pytest.mark.parametrize("target", ["a/user_loop_check.json", "a/user_loop_run.json", "b", "nowhere/rows.json"])
+def test_rows_into_a_runs_own_file_a_folder_or_a_missing_folder_is_refused_before_any_run_is_rewritten(
+        tmp_path, capsys, target):
+    a, b = _stored_run(tmp_path / "a"), _stored_run(tmp_path / "b", "host-bound")
+    before = {p: p.read_text() for p in (*a.iterdir(), *b.iterdir())}
+    assert user_loop.main(["--judge", str(a), str(b), f"--rows-into={tmp_path / target}"]) == 2
+    assert "--rows-into=" in capsys.readouterr().err
+    assert {p: p.read_text() for p in before} == before  # nothing judged, nothing written
+    assert user_loop.main(["--judge", str(a), str(a) + "/"]) == 2  # the same run twice: its rows twice
+    assert "the same folder twice" in capsys.readouterr().err
+
+
+def test_rows_into_expands_the_home_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    a = _stored_run(tmp_path / "a")
+    assert user_loop.main(["--judge", str(a), "--rows-into=~/rows.json"]) == 0
+    assert [r["shape"] for r in json.loads((tmp_path / "rows.json").read_text())] == ["gemma3"]
+
+
+def test_a_judged_run_takes_the_hosts_move_from_what_it_recorded_each_time_and_keeps_a_rows_field_order(tmp_path):
+    a = _stored_run(tmp_path / "a")
+    assert user_loop.judge(a) == 0
+    row = json.loads((a / "user_loop_check.json").read_text())[0]
+    assert list(row)[-4:] == ["check_spread", "host_busy", "checked", "verdict"]  # appended, not put first
+    # the run's record changes (as a corrected rule would read it): judged again, the row follows it
+    meta = json.loads((a / "user_loop_run.json").read_text())
+    meta["checks"][0]["host"]["probe_after_ms"] = [2.2]
+    (a / "user_loop_run.json").write_text(json.dumps(meta))
+    assert user_loop.judge(a) == 0  # (the side-by-side interval inside the band: within either way)
+    assert json.loads((a / "user_loop_check.json").read_text())[0]["host_busy"] == ["drift"]
+    # a host record without the probes says nothing of the host's speed: not taken for a steady host
+    b = _stored_run(tmp_path / "b", host={"cpus": 16, "round_drift": 1.0})
+    assert user_loop.judge(b) == 0
+    assert json.loads((b / "user_loop_check.json").read_text())[0]["host_busy"] is None
+
+
+def test_a_stored_run_of_an_older_or_odd_format_is_judged_without_a_crash(tmp_path):
+    a = _stored_run(tmp_path / "a")
+    meta = json.loads((a / "user_loop_run.json").read_text())
+    meta["checks"][0]["compare_samples"]["cudnn"] = None  # a sample entry that is no record
+    meta["checks"].append({"status": "not run"})  # an entry without its check's name
+    meta["checks"].append({"check": "gemma3/train", "status": "failed", "error": "OverTime"})  # a later failure
+    (a / "user_loop_run.json").write_text(json.dumps(meta))
+    assert user_loop.judge(a) == 1  # a check not ok fails the run; the row is still judged from the one that ran
+    row = json.loads((a / "user_loop_check.json").read_text())[0]
+    assert (row["check_spread"], row["host_busy"], row["verdict"]) == (1.0, [], "within")
