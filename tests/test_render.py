@@ -309,3 +309,13 @@ def test_the_ranked_time_chart_draws_no_backend_whose_interval_holds_1_as_told_a
         m = r[name].margin
         assert m.low > 1, (name, m.text(), fig.caption)
     assert "flash" in fig.chart.categories and "flash" not in drawn_apart  # drawn, as behind a tied one
+
+
+def test_the_summarys_legend_says_eager_the_reference_is_never_marked_tied():
+    # eager's interval against the pick may hold 1 while it carries no ≈: the legend says why, where it is shown
+    from reports_fixed import _steady, fixed, report_of
+
+    with_eager = report_of([fixed("flash", _steady(10.0)), fixed("eager", _steady(12.0))])
+    assert "never `eager`, the reference" in " ".join(with_eager.to_markdown().split())
+    without = report_of([fixed("flash", _steady(10.0)), fixed("math", _steady(12.0))])
+    assert "never `eager`" not in " ".join(without.to_markdown().split())

@@ -312,8 +312,10 @@ def _timing_text(report) -> str:
     if shared and rounds and shared < rounds:
         how += (f"; every backend's time from the {shared} rounds all of them took (the more rounds sharpen "
                 "the vs-pick intervals only)")
+    reference = any(b.backend == "eager" and b.ok for b in report.backends) and report.pick != "eager"
     margins = (f" vs pick: the median of the per-round ratios of its time to the pick's, with {_bracket(report)}; "
-               "≈ and bold: tied for the fastest (the interval holds 1, and nothing tied is decidedly faster);"
+               "≈ and bold: tied for the fastest (the interval holds 1, and nothing tied is decidedly faster)" +
+               (", never `eager`, the reference the others are checked against" if reference else "") + ";"
                if report.pick is not None else "")  # (a profile ranks nothing: no such column)
     return how + "." + margins + f" counts from the profiler, {k.counted[1]}; /attn: per attention call."
 
