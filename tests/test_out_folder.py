@@ -194,6 +194,43 @@ def test_the_new_report_takes_the_folders_place_with_or_without_an_exchange_of_t
     assert _tree(out) == {"report.json": b"new"} and sorted(p.name for p in tmp_path.iterdir()) == ["report"]
 
 
+def test_a_folder_that_cannot_be_moved_keeps_its_report_and_the_new_one_is_kept_beside_it_and_said(tmp_path,
+                                                                                                  monkeypatch):
+    # an immutable folder, or a mount point: the finished report cannot take its place. Nothing is lost, no
+    # placeholder is left, and the error says where each report is
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "report.json").write_text("earlier")
+    rename = os.rename
+
+    def refusing(a, b):
+        if os.fspath(a) == str(out.resolve()):
+            raise OSError(16, "Device or resource busy")
+        return rename(a, b)
+
+    monkeypatch.setattr(outfolder, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(outfolder.os, "rename", refusing)
+    with pytest.raises(outfolder.OptionError) as e:
+        with outfolder.Staged(out) as staged:
+            (staged / "report.json").write_text("new")
+    kept = [p for p in tmp_path.iterdir() if p.name != "report"]
+    assert len(kept) == 1 and kept[0].name.startswith("report.new-") and _tree(kept[0]) == {"report.json": b"new"}
+    assert _tree(out) == {"report.json": b"earlier"}
+    said = e.value.worded({"out": "--out"})
+    assert said.startswith(f"--out {out.resolve()}: could not be replaced (Device or resource busy)")
+    assert f"this run's report is in {kept[0]}" in said
+
+
+def test_a_mount_point_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "volume"
+    out.mkdir()
+    monkeypatch.setattr(outfolder.os.path, "ismount", lambda p: os.fspath(p) == str(out))
+    assert cli.main([*QUICK, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "is a mount point" in err and "give a folder inside it" in err and "Traceback" not in err
+    assert list(out.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["volume"]
+
+
 # -- a run that ends in anything but a report leaves --out as it was -------------------------------------
 
 def _earlier_report(out, capsys):
@@ -403,3 +440,32 @@ def test_the_switchs_critical_sections_hold_back_the_commands_sigint_too():
                 signal.raise_signal(signal.SIGINT)
                 done.append("the rest of the block")
         assert done == ["the rest of the block"] and raised_signal() is KeyboardInterrupt
+
+
+def test_an_interrupt_landing_in_a_weakref_callback_prints_no_traceback_and_still_ends_the_run_as_one(monkeypatch):
+    # Python cannot raise an exception out of a weakref callback: it printed "Exception ignored in: ..." and a
+    # traceback of the command's handler before the one line of an interrupted run
+    import gc
+    import signal
+    import weakref
+
+    from attnswitch.errors import raised_signal, sigterm_as_interrupt
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("the test runner's SIGINT handler is not Python's own")
+
+    class Held:
+        pass
+
+    printed = []  # what Python would print as "Exception ignored"
+    monkeypatch.setattr(sys, "unraisablehook", printed.append)
+    with sigterm_as_interrupt():
+        handler = signal.getsignal(signal.SIGINT)
+        held = Held()
+        ref = weakref.ref(held, lambda r: handler(signal.SIGINT, None))  # the signal lands inside the callback
+        del held
+        gc.collect()
+        assert ref() is None and raised_signal() is KeyboardInterrupt  # recorded: the command ends as one
+    assert printed == [] and sys.unraisablehook == printed.append  # as it was after the block
+    other = weakref.ref(Held(), lambda r: 1 / 0)  # anything else, or after the block, still goes to the hook
+    assert other() is None and [type(u.exc_value) for u in printed] == [ZeroDivisionError]

@@ -69,6 +69,9 @@ def check(out: str) -> None:
     if d.resolve() == here or d.resolve() in here.parents:  # replacing it would pull the floor from under us
         raise OptionError("{out} {given}: is the current folder or holds it; give the report a folder of its own",
                           given=out)
+    if d.is_dir() and os.path.ismount(d):  # (a volume: the folder beside it cannot take its place)
+        raise OptionError("{out} {given}: is a mount point, and a report replaces its folder whole (a folder made "
+                          "beside it takes its place); give a folder inside it", given=out)
     if d.is_dir():
         strange = sorted(p.name for p in d.iterdir() if p.name not in REPORT_ENTRIES)
         strange += _strange_traces(d / "traces")
@@ -121,7 +124,15 @@ def _replace(new: Path, final: Path) -> None:
         shutil.rmtree(new, ignore_errors=True)  # now the earlier report
         return
     old = _new_folder(final.parent, f".{final.name}{_PREFIX}old-")
-    os.rename(final, old)  # (onto the empty folder just made)
+    try:
+        os.rename(final, old)  # (onto the empty folder just made)
+    except OSError as e:  # a folder that cannot be moved (immutable, a mount point): it keeps the previous report
+        old.rmdir()
+        kept = _new_folder(final.parent, f"{final.name}.new-")
+        os.rename(new, kept)  # this run's report, under a name of its own beside it
+        raise OptionError("{out} {given}: could not be replaced ({why}); it holds the previous report, and this "
+                          "run's report is in {kept}", given=str(final), why=e.strerror or str(e),
+                          kept=str(kept)) from None
     try:
         os.rename(new, final)
     except BaseException:
