@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -110,10 +112,23 @@ def sigterm_as_interrupt() -> Iterator[None]:
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, raise_interrupt)
     if previous:
         _RAISED.clear()  # (the block's own: none of an earlier one's)
+    hook = sys.unraisablehook
+    if previous:
+        sys.unraisablehook = functools.partial(_unraisable, hook)
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if previous:
+            sys.unraisablehook = hook
             _RAISED.clear()
+
+
+def _unraisable(hook, unraisable) -> None:
+    """An interrupt raised by these handlers where Python cannot raise it (inside a weakref callback, a
+    finalizer: Python would print it as "Exception ignored", with a traceback) is not printed: it is recorded,
+    and the command ends as one all the same (``raised_signal``). Anything else goes to ``hook``."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and _RAISED:
+        return
+    hook(unraisable)
