@@ -152,6 +152,8 @@ class Request:
             options.check_choice("mode", self.mode, options.MODES)
         _combinations(self)
         self.steps.check()
+        if self.steps.iters is not None and self.steps.rounds is not None:  # (given both: decided by them alone)
+            self.steps.resolved(self.generate)
         modes = parse_compile(self.compile)
         if any(m is not None for m in modes) and (self.device_map is not None or self.tp):
             raise OptionError("{compile} runs one process's model on one device; not with {device_map} or {tp}")
