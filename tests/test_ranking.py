@@ -69,6 +69,16 @@ def test_a_margin_is_decided_only_where_its_interval_excludes_1_at_95_percent():
     assert Margin("b", 1.09, 1.05, 1.13, 0.97, 6).text() == "1.09x [1.05–1.13]"
 
 
+@pytest.mark.parametrize("low, high, equal, said", [(1.006, 1.0204, False, "1.0132x [1.0060–1.0204]"),
+                                                    (1.006, 1.0196, True, "1.0128x [1.0060–1.0196]"),
+                                                    (0.9795, 1.01, False, "0.9948x [0.9795–1.0100]"),
+                                                    (0.9805, 1.01, True, "0.995x [0.981–1.010]")])
+def test_a_margins_words_show_on_which_side_of_a_ties_edges_its_bounds_lie(low, high, equal, said):
+    # [1.01–1.02] was printed alike for a margin told apart and a tie (its interval within 2 % of 1 either way)
+    m = Margin("b", (low + high) / 2, low, high, 0.97, 12)
+    assert m.equal is equal and m.text() == said
+
+
 # -- adaptive rounds, on a fake clock ----------------------------------------------------------------
 
 class _Noisy:
