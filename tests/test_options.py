@@ -31,6 +31,7 @@ BAD = [
     (["compare", "--device-map", "atuo"], "--device-map 'atuo' (did you mean `auto`?)"),
     (["compare", "--num-layers", "0"], "--num-layers must be at least 1"),
     (["compare", "--iters", "3", "--rounds", "5"], "--rounds 5 is more than --iters 3"),
+    (["compare", "--backends", "all,math"], "--backends: 'all' is every backend this device runs, and stands alone"),
     (["compare", "--mode", "generate", "--seq", "64"], "--seq is the length of a prefill, decode or train step"),
     (["compare", "--new-tokens", "4"], "--new-tokens: for --mode generate only"),
     (["compare", "--mode", "train", "--cache", "static"], "--cache: for --mode generate only"),

@@ -316,6 +316,9 @@ def check_backends(spec, registered: Iterable[str] = ()) -> list[str]:
         return backend_key(name, registered)
 
     items = [b for b in spec.split(",") if b.strip()] if isinstance(spec, str) else list(spec)
+    if any(isinstance(item, str) and item.strip().lower() == "all" for item in items) and len(items) > 1:
+        raise OptionError("{backends}: 'all' is every backend this device runs, and stands alone; give 'all' or "
+                          "the names you want")
     out = [str(selection_of(item, key)) for item in items]
     if not out:
         raise OptionError("no backends given: name at least one, or 'all'")
