@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -69,7 +70,7 @@ def check(out: str) -> None:
     if d.resolve() == here or d.resolve() in here.parents:  # replacing it would pull the floor from under us
         raise OptionError("{out} {given}: is the current folder or holds it; give the report a folder of its own",
                           given=out)
-    if d.is_dir() and os.path.ismount(d):  # (a volume: the folder beside it cannot take its place)
+    if d.is_dir() and _mount_point(d):  # (a volume: the folder beside it cannot take its place)
         raise OptionError("{out} {given}: is a mount point, and a report replaces its folder whole (a folder made "
                           "beside it takes its place); give a folder inside it", given=out)
     if d.is_dir():
@@ -86,6 +87,29 @@ def check(out: str) -> None:
     except OSError as e:
         raise OptionError("{out} {given}: cannot write there ({why})", given=out,
                           why=e.strerror or str(e)) from None
+
+
+_MOUNTS = "/proc/self/mountinfo"  # this process's mount table (Linux)
+
+
+def _mount_point(d: Path) -> bool:
+    """Whether the folder ``d`` (a link to it too) is a mount point: ``os.path.ismount`` of where it leads, or,
+    on Linux, a mount point this process's mount table lists (a bind mount of a folder of the same file system,
+    which ``ismount`` does not see)."""
+    real = d.resolve()
+    if os.path.ismount(real):
+        return True
+    try:
+        with open(_MOUNTS, encoding="utf-8", errors="replace") as f:
+            points = {_unescaped(line.split()[4]) for line in f if len(line.split()) > 4}
+    except OSError:
+        return False
+    return str(real) in points
+
+
+def _unescaped(field: str) -> str:
+    """A path as the mount table writes it (a space as ``\\040``, a tab ``\\011``, ...)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def _strange_traces(traces: Path) -> list[str]:
@@ -126,19 +150,35 @@ def _replace(new: Path, final: Path) -> None:
     old = _new_folder(final.parent, f".{final.name}{_PREFIX}old-")
     try:
         os.rename(final, old)  # (onto the empty folder just made)
-    except OSError as e:  # a folder that cannot be moved (immutable, a mount point): it keeps the previous report
-        old.rmdir()
-        kept = _new_folder(final.parent, f"{final.name}.new-")
-        os.rename(new, kept)  # this run's report, under a name of its own beside it
-        raise OptionError("{out} {given}: could not be replaced ({why}); it holds the previous report, and this "
-                          "run's report is in {kept}", given=str(final), why=e.strerror or str(e),
-                          kept=str(kept)) from None
+    except OSError as e:  # a folder that cannot be moved (immutable, a mount point): left as it is
+        with contextlib.suppress(OSError):
+            old.rmdir()
+        raise _Unmovable(e.strerror or str(e)) from None
     try:
         os.rename(new, final)
     except BaseException:
         os.rename(old, final)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+class _Unmovable(OSError):
+    """The report folder could not be moved aside for the new one to take its place."""
+
+
+def _kept_beside(staged: Path, final: Path) -> Path:
+    """``staged`` under a name of its own beside ``final`` (``final.new-XXXXXXXX``), or where it is where it cannot
+    be moved there: where this run's report stays."""
+    kept = None
+    try:
+        kept = _new_folder(final.parent, f"{final.name}.new-")
+        os.rename(staged, kept)
+        return kept
+    except OSError:
+        if kept is not None:
+            with contextlib.suppress(OSError):
+                kept.rmdir()
+        return staged
 
 
 @contextlib.contextmanager
@@ -170,6 +210,7 @@ class Staged:
     parent folders made for it, and ``out`` is as it was."""
 
     def __init__(self, out: str | Path, signals: int | None = None):
+        self.given = str(out)
         self.final = Path(out).resolve()
         self.path: Path | None = None
         self.replaced = False
@@ -200,6 +241,13 @@ class Staged:
                     _replace(self.path, self.final)
                     self.replaced = True
                 return
+            except _Unmovable as e:  # nothing lost: the folder as it was, this run's report beside it
+                earlier = previous_report(self.final)
+                kept, self.path = _kept_beside(self.path, self.final), None
+                raise OptionError("{out} {given}: could not be replaced ({why}); it {was}, and this run's report is "
+                                  "in {kept}", given=self.given, why=str(e),
+                                  was="holds the previous report" if earlier else "is as it was",
+                                  kept=str(kept)) from None
             except BaseException:
                 if not self.replaced:
                     self._discard()
