@@ -217,18 +217,55 @@ def test_a_folder_that_cannot_be_moved_keeps_its_report_and_the_new_one_is_kept_
     assert len(kept) == 1 and kept[0].name.startswith("report.new-") and _tree(kept[0]) == {"report.json": b"new"}
     assert _tree(out) == {"report.json": b"earlier"}
     said = e.value.worded({"out": "--out"})
-    assert said.startswith(f"--out {out.resolve()}: could not be replaced (Device or resource busy)")
+    assert said.startswith(f"--out {out}: could not be replaced (Device or resource busy); it holds the previous "
+                           "report")
     assert f"this run's report is in {kept[0]}" in said
+    (out / "report.json").unlink()  # an empty folder: said to be as it was, not to hold a report
+    with pytest.raises(outfolder.OptionError) as e:
+        with outfolder.Staged(out) as staged:
+            (staged / "report.json").write_text("new")
+    assert "; it is as it was, and this run's report is in" in str(e.value) and list(out.iterdir()) == []
 
 
-def test_a_mount_point_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+def test_the_new_report_stays_staged_and_said_where_it_cannot_be_moved_beside_the_folder_either(tmp_path,
+                                                                                               monkeypatch):
+    out = tmp_path / "report"
+    out.mkdir()
+    rename = os.rename
+
+    def refusing(a, b):
+        if os.fspath(a) == str(out.resolve()) or ".new-" in os.fspath(b):
+            raise OSError(1, "Operation not permitted")
+        return rename(a, b)
+
+    monkeypatch.setattr(outfolder, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(outfolder.os, "rename", refusing)
+    with pytest.raises(outfolder.OptionError) as e:
+        with outfolder.Staged(out) as staged:
+            (staged / "report.json").write_text("new")
+    assert f"this run's report is in {staged}" in str(e.value) and _tree(staged) == {"report.json": b"new"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["report", staged.name])  # no empty .new- left
+
+
+@pytest.mark.parametrize("how", ["ismount", "a link to it", "the mount table"])
+def test_a_mount_point_is_refused_before_any_work(how, tmp_path, monkeypatch, capsys):
     out = tmp_path / "volume"
     out.mkdir()
-    monkeypatch.setattr(outfolder.os.path, "ismount", lambda p: os.fspath(p) == str(out))
-    assert cli.main([*QUICK, "--out", str(out)]) == 2
+    given = out
+    if how == "the mount table":  # a bind mount of a folder of the same file system: ismount cannot see it
+        table = tmp_path / "mountinfo"
+        table.write_text(f"36 35 98:0 /src {str(out.resolve()).replace(' ', chr(92) + '040')} rw - ext4 /dev/x rw\n")
+        monkeypatch.setattr(outfolder, "_MOUNTS", str(table))
+    else:
+        monkeypatch.setattr(outfolder.os.path, "ismount", lambda p: os.fspath(p) == str(out.resolve()))
+    if how == "a link to it":
+        given = tmp_path / "link"
+        given.symlink_to(out)
+    assert cli.main([*QUICK, "--out", str(given)]) == 2
     err = capsys.readouterr().err
     assert "is a mount point" in err and "give a folder inside it" in err and "Traceback" not in err
-    assert list(out.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["volume"]
+    assert list(out.iterdir()) == []
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # nothing staged beside it
 
 
 # -- a run that ends in anything but a report leaves --out as it was -------------------------------------
@@ -469,3 +506,25 @@ def test_an_interrupt_landing_in_a_weakref_callback_prints_no_traceback_and_stil
     assert printed == [] and sys.unraisablehook == printed.append  # as it was after the block
     other = weakref.ref(Held(), lambda r: 1 / 0)  # anything else, or after the block, still goes to the hook
     assert other() is None and [type(u.exc_value) for u in printed] == [ZeroDivisionError]
+
+
+def test_an_interrupt_python_could_not_raise_stops_the_run_at_its_next_step(monkeypatch):
+    # recorded inside a weakref callback, it used to end the command only once the whole measurement was done
+    import io
+    import signal
+
+    from rich.console import Console
+
+    from attnswitch.errors import signals_so_far, sigterm_as_interrupt
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("the test runner's SIGINT handler is not Python's own")
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: None)
+    with sigterm_as_interrupt():
+        since = signals_so_far()
+        with cli._progress(Console(file=io.StringIO(), force_terminal=False), since) as progress:
+            progress("naive")  # nothing recorded: the step is said
+            with pytest.raises(KeyboardInterrupt):
+                signal.getsignal(signal.SIGINT)(signal.SIGINT, None)  # (as where Python swallows it)
+            with pytest.raises(KeyboardInterrupt):
+                progress("math")

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from . import options, outfolder
 from ._own_env import set_default
+from .candidate import means_all
 from .errors import Terminated, raised_signal, signals_so_far, sigterm_as_interrupt
 from .request import BUDGET_CAP_S, DEFAULT, DEFAULTS, FIRST_ROUNDS, ITERS, PROFILE_ITERS, REQUESTS, Request, Steps
 
@@ -168,6 +169,8 @@ def _check_options(args) -> Request:
     """Bad input found in the options alone, before torch is imported: one line, before any work. The
     rules are the library's (``Request.check``): the command line only words them with its flags."""
     request = _request(args).check(_registered())
+    if request.mode is not None:
+        _steps(request, request.generate)  # (--rounds against the command's own default of --iters)
     if getattr(args, "out", None) is not None:
         outfolder.check(args.out)
     return request
@@ -344,22 +347,30 @@ def _loaded(s: Session):
 
 
 @contextlib.contextmanager
-def _progress(console):
-    """A callback for each step of a measurement: a spinner on a terminal, else one line per step."""
+def _progress(console, since: int = 0):
+    """A callback for each step of a measurement: a spinner on a terminal, else one line per step. A signal the
+    command's handlers recorded (after the first ``since``) where Python could not raise it (a weakref
+    callback) is raised at the next step: the run stops there, not at its end."""
+    def said(step):
+        swallowed = raised_signal(since)
+        if swallowed is not None:
+            raise swallowed
+        return step
+
     if console.is_terminal:
         with console.status("") as status:
-            yield lambda step: status.update(f"running {step}")
+            yield lambda step: status.update(f"running {said(step)}")
     else:  # a log: each line with the seconds since the measurement began, so slow steps show
         t0 = time.perf_counter()
-        yield lambda step: console.print(f"attnswitch: [{time.perf_counter() - t0:6.1f} s] {step}", highlight=False,
-                                         markup=False, soft_wrap=True)
+        yield lambda step: console.print(f"attnswitch: [{time.perf_counter() - t0:6.1f} s] {said(step)}",
+                                         highlight=False, markup=False, soft_wrap=True)
 
 
 def _check(s: Session) -> int:
     from .eligibility import check
 
     model, work, _ = _loaded(s)
-    res = check(model, backends=None if s.args.backends == "all" else s.args.backends, work=work)
+    res = check(model, backends=None if means_all(s.args.backends) else s.args.backends, work=work)
     s.out.print(str(res), markup=False, highlight=False)
     return EXIT_OK if res.eligible else EXIT_NOTHING_RAN
 
@@ -412,8 +423,8 @@ def _report(s: Session, run: Callable, sweep: Callable | None, trace_dir: Path |
     importing = t0 - s.started if s.started else 0.0  # the subcommand's imports (torch, transformers)
     model, work, spec = _loaded(s)
     loading = time.perf_counter() - t0
-    backends = None if s.args.backends == "all" else s.args.backends
-    with _progress(s.err) as progress:
+    backends = None if means_all(s.args.backends) else s.args.backends
+    with _progress(s.err, s.outcome.signals) as progress:
         kw = dict(backends=backends, trace_dir=trace_dir, progress=progress, model_name=spec, compile=s.args.compile,
                   command=_command_line(s), time_before={"imports": importing, "loading the model": loading},
                   **_steps(s.request, s.request.generate))
