@@ -31,6 +31,8 @@ BAD = [
     (["compare", "--device-map", "atuo"], "--device-map 'atuo' (did you mean `auto`?)"),
     (["compare", "--num-layers", "0"], "--num-layers must be at least 1"),
     (["compare", "--iters", "3", "--rounds", "5"], "--rounds 5 is more than --iters 3"),
+    (["compare", "--rounds", "50"], "--rounds 50 is more than --iters 12"),  # the command's own default
+    (["profile", "--rounds", "8"], "--rounds 8 is more than --iters 6"),
     (["compare", "--backends", "all,math"], "--backends: 'all' is every backend this device runs, and stands alone"),
     (["compare", "--mode", "generate", "--seq", "64"], "--seq is the length of a prefill, decode or train step"),
     (["compare", "--new-tokens", "4"], "--new-tokens: for --mode generate only"),
@@ -149,3 +151,11 @@ def test_a_misspelt_compile_mode_is_answered_with_the_nearest_valid_name(capsys)
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith("error: --compile 'defalt'")
     assert "did you mean `default`?" in line, line
+
+
+@pytest.mark.parametrize("spec", ["all", " ALL", "all,", ["all"], None])
+def test_all_alone_in_any_spelling_is_every_backend_this_device_runs(spec):
+    from attnswitch.backends import default_backends
+    from attnswitch.backends.policy import parse_backends
+
+    assert check_backends(spec) == ["all"] and parse_backends(spec, "cpu") == default_backends("cpu")

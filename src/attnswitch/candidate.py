@@ -25,7 +25,7 @@ from . import catalog
 from .compiling import MODES
 from .options import OptionError, backend_key, near
 
-__all__ = ["Candidate", "Policy", "Kinds", "Selection", "PHASE_KEYS", "parse", "policy_of", "kinds_of",
+__all__ = ["Candidate", "Policy", "Kinds", "Selection", "PHASE_KEYS", "parse", "policy_of", "kinds_of", "means_all",
            "selection_of", "check_backends", "choose"]
 
 #: the keys of a policy per phase
@@ -304,11 +304,21 @@ def selection_of(value, key: Callable[[str], str] = str) -> Selection:
     return key(value)
 
 
+def means_all(spec) -> bool:
+    """Whether ``spec`` asks for every backend: None, or ``all`` alone (``"all"``, ``" ALL"``, ``"all,"``,
+    ``["all"]``)."""
+    if spec is None:
+        return True
+    items = [b for b in spec.split(",") if b.strip()] if isinstance(spec, str) else \
+        list(spec) if isinstance(spec, (list, tuple)) else None
+    return items is not None and len(items) == 1 and isinstance(items[0], str) and items[0].strip().lower() == "all"
+
+
 def check_backends(spec, registered: Iterable[str] = ()) -> list[str]:
     """Each name or policy of ``spec`` (``"all"``, a comma-separated string or an iterable of names, policies
     and their mappings) checked without torch: the canonical names, in order, without repeats (policies in
     their text, their names canonical). ``registered``: backends of the user's registered in this process."""
-    if spec is None or spec == "all":
+    if means_all(spec):
         return ["all"]
     registered = tuple(registered)
 
@@ -316,7 +326,7 @@ def check_backends(spec, registered: Iterable[str] = ()) -> list[str]:
         return backend_key(name, registered)
 
     items = [b for b in spec.split(",") if b.strip()] if isinstance(spec, str) else list(spec)
-    if any(isinstance(item, str) and item.strip().lower() == "all" for item in items) and len(items) > 1:
+    if any(isinstance(item, str) and item.strip().lower() == "all" for item in items):
         raise OptionError("{backends}: 'all' is every backend this device runs, and stands alone; give 'all' or "
                           "the names you want")
     out = [str(selection_of(item, key)) for item in items]

@@ -50,7 +50,7 @@ def parse_backends(spec, device) -> list[str]:
     can exist on ``device``), a comma-separated string, or an iterable of names, ``Candidate``s (their
     selection), policies and their mappings; a policy per phase (``prefill=cudnn/decode=flash``) is a
     candidate of its own."""
-    if spec is None or spec == "all":
+    if candidate.means_all(spec):
         return default_backends(device)
     if isinstance(spec, str):
         spec = [b for b in spec.split(",") if b.strip()]

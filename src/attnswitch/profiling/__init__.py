@@ -298,7 +298,7 @@ def _report(t: Target, results: list, settings: dict, modes, backends, ceiling: 
     the settings."""
     if modes != (None,):
         settings["compile"] = [m or "none" for m in modes]
-    if backends is None or backends == "all":  # what "all" leaves out here, and why: a report says so
+    if candidate.means_all(backends):  # what "all" leaves out here, and why: a report says so
         settings["not_offered"] = not_offered(t.device)
     if ceiling is not None:
         settings["ceiling"] = ceiling
