@@ -77,6 +77,7 @@ def test_a_margins_words_show_on_which_side_of_a_ties_edges_its_bounds_lie(low, 
     # [1.01–1.02] was printed alike for a margin told apart and a tie (its interval within 2 % of 1 either way)
     m = Margin("b", (low + high) / 2, low, high, 0.97, 12)
     assert m.equal is equal and m.text() == said
+    assert Margin("b", 1.013, 1.006, 1.02 + 2e-16, 0.97, 12).text() == "1.0130x [1.0060–1.0200]"  # 4 at most
 
 
 # -- adaptive rounds, on a fake clock ----------------------------------------------------------------

@@ -149,15 +149,16 @@ class Margin:
         never ``[1.00–1.20]`` for a decided margin), and so does a bound on either side of a tie's edges
         (``EQUIVALENT``: ``[1.01–1.0204]`` is told apart, ``[1.01–1.0196]`` a tie)."""
         d = _digits(self.low if self.low > 1 else self.high) if self.decided else 2
-        d = max(d, _digits(self.low, 1 / (1 + EQUIVALENT)), _digits(self.high, 1 + EQUIVALENT))
+        d = max(d, _digits(self.low, 1 / (1 + EQUIVALENT), 4), _digits(self.high, 1 + EQUIVALENT, 4))
         return f"{self.ratio:.{d}f}x [{self.low:.{d}f}–{self.high:.{d}f}]"
 
 
-def _digits(x: float, other: float = 1.0) -> int:
-    """The decimals (2 at least) that show ``x`` as other than ``other`` (1: a bound excluding 1; a tie's
-    edge), where it is (every figure of the margin gets them)."""
+def _digits(x: float, other: float = 1.0, most: int = 12) -> int:
+    """The decimals (2 at least, ``most`` at most) that show ``x`` as other than ``other`` (1: a bound excluding
+    1; a tie's edge, where 4 suffice: closer than that, the ≈ mark tells), where it is (every figure of the
+    margin gets them)."""
     digits = 2
-    while digits < 12 and x != other and f"{x:.{digits}f}" == f"{other:.{digits}f}":
+    while digits < most and x != other and f"{x:.{digits}f}" == f"{other:.{digits}f}":
         digits += 1
     return digits
 
