@@ -147,7 +147,7 @@ class Margin:
     def text(self) -> str:
         """``1.09x [1.05–1.13]``; a bound that excludes 1 gets the digits it needs to show it (``[1.003–1.20]``,
         never ``[1.00–1.20]`` for a decided margin), and so does a bound on either side of a tie's edges
-        (``EQUIVALENT``: ``[1.01–1.0204]`` is told apart, ``[1.01–1.0196]`` a tie)."""
+        (``EQUIVALENT``: ``[1.0060–1.0204]`` is told apart, ``[1.0060–1.0196]`` a tie)."""
         d = _digits(self.low if self.low > 1 else self.high) if self.decided else 2
         d = max(d, _digits(self.low, 1 / (1 + EQUIVALENT), 4), _digits(self.high, 1 + EQUIVALENT, 4))
         return f"{self.ratio:.{d}f}x [{self.low:.{d}f}–{self.high:.{d}f}]"
