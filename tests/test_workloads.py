@@ -669,3 +669,21 @@ def test_a_cli_generate_sweep_takes_the_generate_defaults(tmp_path):
     rep = attnswitch.Report.from_json(tmp_path / "report.json")
     assert rep.settings["iters"] == 1 and rep.settings["rounds"] == 6
     assert all(len(b.time_rounds_ms) == 6 for p in rep.sweep for b in p.backends if b.ok)
+
+
+def test_a_model_configured_without_a_cache_generates_with_one_its_decode_steps_one_token_each(registered):
+    # a config with use_cache=False ran every generated token over the whole sequence: no decode step, a per-phase
+    # policy's decode backend never ran, and the ranked time left out half the work
+    seen = []
+
+    def recording(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+        seen.append(q.shape[-2])
+        return _naive(q, k, v, attn_mask, dropout_p, is_causal, scale)
+
+    registered("recording", recording)
+    m = tiny("llama", use_cache=False)
+    work = make_workload(m, batch=1, mode="generate", prompt_lens=(6,), new_tokens=3)
+    with attnswitch.backend("recording", model=m):
+        work.step()
+    layers = m.config.num_hidden_layers
+    assert seen == [6] * layers + [1] * (2 * layers)  # the prompt, then two decode steps of one token each

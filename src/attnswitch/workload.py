@@ -123,16 +123,18 @@ class Workload:
             return self.model(**kwargs)
 
     def generate_kwargs(self) -> dict[str, Any]:
-        """Greedy generation of exactly ``new_tokens`` tokens (end-of-sequence tokens do not stop it), never
-        compiled by transformers itself (it compiles a static cache's decode steps on a GPU unless told not
-        to): a compiled candidate compiles them its own way (``profiling.compiled``), an uncompiled one is."""
+        """Greedy generation of exactly ``new_tokens`` tokens (end-of-sequence tokens do not stop it), with a
+        KV cache (a model whose config sets ``use_cache=False`` would run every step over the whole sequence:
+        no decode step, and a workload the report's cache does not describe), never compiled by transformers
+        itself (it compiles a static cache's decode steps on a GPU unless told not to): a compiled candidate
+        compiles them its own way (``profiling.compiled``), an uncompiled one is."""
         g = self.generation
         config = getattr(self.model, "generation_config", None)
         pad = getattr(config, "pad_token_id", None)
         pad = pad if pad is not None else getattr(config, "eos_token_id", None)
         kw: dict[str, Any] = {"max_new_tokens": g.new_tokens, "min_new_tokens": g.new_tokens, "do_sample": False,
                               "pad_token_id": pad[0] if isinstance(pad, list) else (pad if pad is not None else 0),
-                              "disable_compile": True}
+                              "disable_compile": True, "use_cache": True}
         if g.cache == "static":
             kw["cache_implementation"] = "static"
         if getattr(self.model.config, "is_encoder_decoder", False):
