@@ -175,7 +175,7 @@ def test_profile_a_bare_callable_as_in_the_post():
 def test_compare_a_bare_callable_ranks_it_and_says_its_numerics_were_not_checked():
     # compare takes what profile takes: a callable ran every timing round, then failed in the numerics pass
     q, k, v = (torch.randn(2, 4, 64, 16) for _ in range(3))
-    rep = attnswitch.compare(lambda: attnswitch.attention(q, k, v, is_causal=True), None,
+    rep = attnswitch.compare(lambda: attnswitch.attention(q, k, v, is_causal=True),  # (no batch, as profile)
                              backends=["naive", "flash"], warmup=1, iters=2, rounds=2, time_budget_s=0)
     assert rep.decision.pick in ("naive", "flash") and all(b.numerics is None for b in rep.backends)
     assert "Numerics not checked" in rep.to_markdown()
@@ -185,6 +185,8 @@ def test_profile_bad_input():
     m = tiny("llama")
     with pytest.raises(ValueError, match="inputs"):
         attnswitch.profile(m)
+    with pytest.raises(ValueError, match="inputs"):
+        attnswitch.compare(m)
     with pytest.raises(ValueError, match="unknown attention backend"):
         attnswitch.profile(m, batch_for(m), backends=["fastest"])
     with pytest.raises(ValueError, match="iters"):

@@ -92,7 +92,8 @@ def _with_grads(b: BackendResult, g) -> BackendResult:
     return dataclasses.replace(b, status="failed", reasons=(g.reason,)) if g.reason else b
 
 
-def compare(model: nn.Module, batch: Workload | dict[str, Any], *, backends: Iterable[str] | str | None = None,
+def compare(model: nn.Module | Callable[[], Any], batch: Workload | dict[str, Any] | None = None, *,
+            backends: Iterable[str] | str | None = None,
             warmup: int | None = None, iters: int | None = None, trace_dir=None,
             progress: Callable[[str], None] | None = None,
             model_name: str = "", check_numerics: bool = True, command: str | None = None,
@@ -103,12 +104,13 @@ def compare(model: nn.Module, batch: Workload | dict[str, Any], *, backends: Ite
     ``time_budget_s`` say how long each is timed), check numerics, rank by steady time per step with
     each backend's margin against the pick (``ranking.verdict``), and recommend one, or the tie.
     ``batch`` is a ``Workload`` (see ``workload.make_workload``: prefill, decode, generate or train) or
-    a dict of forward arguments. ``compile``: ``torch.compile`` modes, as in ``profile``
-    (``"default,none"``: every backend compiled and uncompiled, side by side, and the recommendation says
-    whether compiling changes the pick). ``deployed``: lengths a deployment meets besides the measured one, at
-    which the known defects are checked too (``defects``: a backend they make wrong there is never recommended).
-    ``command``: the command line the report reproduces; ``time_before``: seconds spent on it before this call
-    (imports, loading the model), in the report's account of its own time."""
+    a dict of forward arguments; none for a callable (as ``profile`` takes it: its numerics are not checked).
+    ``compile``: ``torch.compile`` modes, as in ``profile`` (``"default,none"``: every backend compiled and
+    uncompiled, side by side, and the recommendation says whether compiling changes the pick). ``deployed``:
+    lengths a deployment meets besides the measured one, at which the known defects are checked too
+    (``defects``: a backend they make wrong there is never recommended). ``command``: the command line the
+    report reproduces; ``time_before``: seconds spent on it before this call (imports, loading the model), in
+    the report's account of its own time."""
     if isinstance(batch, dict):
         batch = Workload.of(model, batch)
     report = profile(model, batch, backends=backends, warmup=warmup, iters=iters, trace_dir=trace_dir,
