@@ -73,3 +73,18 @@ def test_a_bracket_above_1_of_a_backend_called_tied_is_not_called_a_95_percent_i
     assert m.low > 1.0 and "naive" in r.ties  # (the decision is the documented one: too few rounds to tell)
     called_95 = "95% interval" in r.recommendation or "95 % interval" in str(r)
     assert not called_95, r.recommendation
+
+
+def test_a_generate_pick_tied_with_the_next_one_is_not_said_fastest_once_every_length_is_seen():
+    # the line on new key lengths said "`naive` is fastest once every length has been seen" of a pick tied with
+    # `math`, whose seen-length steps were faster
+    from attnswitch import recommend
+    from attnswitch.results import BackendResult, GenerateStats
+
+    best = BackendResult("naive", "ok", generate=GenerateStats(new_shape_step_ms=3.0, seen_shape_step_ms=1.347))
+    other = BackendResult("math", "ok", generate=GenerateStats(new_shape_step_ms=3.0, seen_shape_step_ms=1.251))
+    work = {"prompt_lens": [8], "new_tokens": 4}
+    tied = " ".join(recommend._generate_lines(best, [other], work, tied=True))
+    assert "is fastest" not in tied and "Each new key length costs `naive` 1.653 ms more per step" in tied
+    apart = " ".join(recommend._generate_lines(best, [other], work, tied=False))
+    assert "`naive` is fastest once every length has been seen; each new key length costs it 1.653 ms" in apart
