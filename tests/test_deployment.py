@@ -208,6 +208,9 @@ def test_a_bad_policy_file_is_a_clear_exception(text, message, tmp_path):
      "'environment'.'device' must be a version or a name (or null), not [\"cuda\"]"),
     ({"environment": {"torch": {"version": "2.0"}}}, "'environment'.'torch' must be a version or a name"),
     ({"workload": 5}, "'workload' must be an object (or absent), not 5"),
+    ({"env": ["x"]}, "'env' must be an object (or absent), not [\"x\"]"),
+    ({"ties": 3}, "'ties' must be a list of backend names (or absent), not 3"),
+    ({"model": [1]}, "'model' must be a name (or absent), not [1]"),
     ({"selection": 7}, "'selection' must be a backend name or {\"prefill\": ..., \"decode\": ...}, not 7"),
     ({"selection": None}, "'selection' must be a backend name or {\"prefill\": ..., \"decode\": ...}, not null"),
     ({"selection": ["math"]}, "'selection' must be a backend name or {\"prefill\": ..., \"decode\": ...}, not "
@@ -230,11 +233,12 @@ def test_a_malformed_policy_field_is_one_line_naming_the_file_and_the_field(fiel
     assert type(e.value) in (ValueError,) and said.startswith(f"{p}: ") and message in said and "\n" not in said, said
 
 
-def test_a_policy_file_may_leave_out_its_environment_and_workload(tmp_path):
+def test_a_policy_file_may_leave_out_its_environment_and_workload_and_is_then_said_unchecked(tmp_path):
     p = tmp_path / "policy.json"
     p.write_text(json.dumps({"schema": 1, "selection": {"prefill": "math", "decode": "flash"}, "environment": None,
                              "workload": None}))
-    policy = load_policy(p)
+    with pytest.warns(UserWarning, match="no record of the versions and the device: the pick may not hold here"):
+        policy = load_policy(p)
     assert policy.selection == {"prefill": "math", "decode": "flash"} and policy.environment == {} == policy.workload
 
 

@@ -208,7 +208,7 @@ def _shown(value) -> str:
 
 def load_policy(path: str | Path) -> MeasuredPolicy:
     """The policy ``compare --out`` wrote, to apply in a serving process. Warns once per file where it was
-    measured with other versions or on another GPU; raises ``ValueError`` (one line) for a file that is
+    measured with other versions or on another GPU, or has no record of them; raises ``ValueError`` (one line) for a file that is
     not one, and for a backend this process cannot resolve."""
     from .backends.policy import resolve_selection
 
@@ -237,9 +237,14 @@ def load_policy(path: str | Path) -> MeasuredPolicy:
         resolve_selection(selection)  # an unknown backend: the registry's own error
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: 'selection': {e}") from None
-    for key in ("environment", "workload"):
+    for key in ("environment", "workload", "env"):
         if doc.get(key) is not None and not isinstance(doc[key], dict):
             raise ValueError(f"{path}: '{key}' must be an object (or absent), not {_shown(doc[key])}")
+    ties = doc.get("ties")
+    if ties is not None and not (isinstance(ties, list) and all(isinstance(t, str) for t in ties)):
+        raise ValueError(f"{path}: 'ties' must be a list of backend names (or absent), not {_shown(ties)}")
+    if doc.get("model") is not None and not isinstance(doc["model"], str):
+        raise ValueError(f"{path}: 'model' must be a name (or absent), not {_shown(doc['model'])}")
     environment = doc.get("environment") or {}
     for key in (*_VERSIONS, "attnswitch", "device"):
         value = environment.get(key)
@@ -248,7 +253,8 @@ def load_policy(path: str | Path) -> MeasuredPolicy:
                              f"{_shown(value)}")
     policy = MeasuredPolicy(selection, environment, doc.get("workload") or {}, str(path), mode)
     key = str(p.resolve())
-    differ = _mismatches(policy.environment, doc.get("env"))
+    differ = _mismatches(policy.environment, doc.get("env")) if doc.get("environment") else \
+        ["no record of the versions and the device"]
     if differ and key not in _WARNED:
         _WARNED.add(key)
         warnings.warn(f"{path} was measured with {', '.join(differ)}: the pick may not hold here; measure again "
