@@ -2,6 +2,7 @@
 self-contained file whose every plot has data, the first the ranked time against the pick, drawn as the answer
 reads the margins; the plot helpers for other workloads."""
 
+import importlib
 import re
 import sys
 from pathlib import Path
@@ -319,3 +320,18 @@ def test_the_summarys_legend_says_eager_the_reference_is_never_marked_tied():
     assert "never `eager`, the reference" in " ".join(with_eager.to_markdown().split())
     without = report_of([fixed("flash", _steady(10.0)), fixed("math", _steady(12.0))])
     assert "never `eager`" not in " ".join(without.to_markdown().split())
+
+
+@pytest.mark.parametrize("mode, unit", [("prefill", "forward"), ("train", "training step")])
+def test_a_sweeps_chart_names_what_its_times_are_of(mode, unit):
+    # a generate sweep's chart said "ms per forward" under a title "per generate workload"
+    from reports_fixed import _steady, fixed, sweep_report
+
+    from attnswitch.render.document import Figure
+
+    sections = importlib.import_module("attnswitch.render.sections")  # (the package's ``sections`` is a function)
+
+    rep = sweep_report([(s, [fixed("flash", _steady(s / 100)), fixed("math", _steady(s / 50))]) for s in (64, 128)],
+                       {"mode": mode})
+    chart = next(b.chart for b in sections._sweep(rep, sections.Options()).blocks if isinstance(b, Figure))
+    assert chart.y_label == f"ms per {unit}" and chart.title.startswith(f"Time per {unit} against")

@@ -208,8 +208,8 @@ def _shown(value) -> str:
 
 def load_policy(path: str | Path) -> MeasuredPolicy:
     """The policy ``compare --out`` wrote, to apply in a serving process. Warns once per file where it was
-    measured with other versions or on another GPU, or has no record of them; raises ``ValueError`` (one line) for a file that is
-    not one, and for a backend this process cannot resolve."""
+    measured with other versions or on another GPU, or has no record of them; raises ``ValueError`` (one
+    line) for a file that is not one, and for a backend this process cannot resolve."""
     from .backends.policy import resolve_selection
 
     p = Path(path)

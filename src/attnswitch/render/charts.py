@@ -153,9 +153,9 @@ def train_time_chart(backends: Sequence[str], forward_ms: Sequence[float | None]
 
 
 def sweep_chart(series: Mapping[str, Sequence[tuple[float, float]]], x_label: str = "sequence length",
-                title: str = "Time per forward against sequence length") -> Lines:
-    """``(x, ms)`` points per backend over a sweep (sequence length, batch): log-log, so a quadratic
-    cost is a straight line of slope 2."""
-    return Lines(title, x_label, "ms per forward",
+                title: str = "Time per forward against sequence length", unit: str = "forward") -> Lines:
+    """``(x, ms)`` points per backend over a sweep (sequence length, batch), ``unit`` what each is the time of:
+    log-log, so a quadratic cost is a straight line of slope 2."""
+    return Lines(title, x_label, f"ms per {unit}",
                  tuple((name, tuple(sorted((float(x), float(y)) for x, y in pts))) for name, pts in series.items()),
                  log_x=True, log_y=True)

@@ -598,8 +598,10 @@ def _sweep(report, opts: Options) -> Section | None:
     series = {label(n, g): [(p.seq, b.time_ms) for p in report.sweep if group(p) == g for b in p.backends
                             if b.backend == n and b.ok and b.time_ms] for g in groups for n in names}
     x = "prompt length" if generate else "sequence length"
+    unit = "generate workload" if generate else "training step" if report.workload.get("mode") == "train" else \
+        "forward"
     chart = charts.sweep_chart({k: v for k, v in series.items() if v}, x_label=x,
-                               title=f"Time per {'generate workload' if generate else 'forward'} against {x}")
+                               title=f"Time per {unit} against {x}", unit=unit)
     return Section("Sweep", (drop_empty_columns(table, keep=len(heads)),
                              Figure(chart, f"Time per step against {x} (log-log); best: the pick and the backends "
                                            "not told apart from it at that length.")), key="sweep")
