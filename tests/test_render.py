@@ -335,3 +335,15 @@ def test_a_sweeps_chart_names_what_its_times_are_of(mode, unit):
                        {"mode": mode})
     chart = next(b.chart for b in sections._sweep(rep, sections.Options()).blocks if isinstance(b, Figure))
     assert chart.y_label == f"ms per {unit}" and chart.title.startswith(f"Time per {unit} against")
+
+
+def test_a_long_title_over_a_narrow_plot_is_wrapped_and_steps_get_whole_ticks():
+    # the ranked-time chart of a generate ("Time per generate workload against the pick, `naive`") was clipped at
+    # both ends of a narrow figure; a two-step line had ticks at 1.2, 1.4, ...
+    fig = plots.bar_plot("Time per generate workload against the pick, `naive`", ["naive", "math"],
+                         {"the pick": [1.0, 1.1], "tied": [None, None]}, "x the pick's time")
+    lines = fig.axes[0].get_title().splitlines()
+    assert len(lines) > 1 and " ".join(lines) == "Time per generate workload against the pick, `naive`"
+    fig = plots.draw(charts.step_time_chart({"flash": [5.0, 1.0]}))
+    fig.canvas.draw()
+    assert all(float(t).is_integer() for t in fig.axes[0].get_xticks())

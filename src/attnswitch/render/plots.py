@@ -10,6 +10,7 @@ import base64
 import io
 import math
 import re
+import textwrap
 from collections.abc import Mapping, Sequence
 
 from .document import Bars, Chart, Lines
@@ -24,6 +25,13 @@ def _figure(width: float, height: float = _HEIGHT):
 
     fig = Figure(figsize=(width, height), layout="constrained")
     return fig, fig.add_subplot()
+
+
+def _title(ax, title: str, legend: float) -> None:
+    """``title`` over ``ax``, wrapped to the plot's width: the figure's less the legend's (``legend`` inches) and
+    the y axis's labels (a long title over a narrow plot was clipped at both ends of the figure)."""
+    width = ax.figure.get_figwidth() - legend - 0.9
+    ax.set_title(textwrap.fill(title, max(24, int(width * 12))), fontsize=11)
 
 
 def _num(v) -> float:
@@ -101,7 +109,7 @@ def bar_plot(title: str, categories: Sequence[str], series: Mapping[str, Sequenc
         _limit(ax, limit, limit_label)
     _labels(ax, categories)
     ax.set_ylabel(y_label)
-    ax.set_title(title, fontsize=11)
+    _title(ax, title, legend)
     ax.margins(y=0.12)
     _legend(ax, len(series) + (1 if limit else 0))
     return fig
@@ -110,7 +118,8 @@ def bar_plot(title: str, categories: Sequence[str], series: Mapping[str, Sequenc
 def line_plot(title: str, x_label: str, y_label: str, series: Mapping[str, Sequence[tuple[float, float]]], *,
               log_x: bool = False, log_y: bool = False):
     """One line with markers per series through its ``(x, y)`` points."""
-    fig, ax = _figure(7.5 + (2.2 if len(series) > 1 else 0.0))
+    legend = 2.2 if len(series) > 1 else 0.0
+    fig, ax = _figure(7.5 + legend)
     for label, points in series.items():
         pts = sorted((x, y) for x, y in points if x is not None and y is not None)
         ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", markersize=3, linewidth=1.5, label=label)
@@ -118,9 +127,14 @@ def line_plot(title: str, x_label: str, y_label: str, series: Mapping[str, Seque
         ax.set_xscale("log", base=2)
     if log_y:
         ax.set_yscale("log")
+    xs = [x for points in series.values() for x, y in points if x is not None and y is not None]
+    if not log_x and xs and all(float(x).is_integer() for x in xs):
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # (steps, lengths: no tick between two)
     ax.set_xlabel(x_label)
     ax.set_ylabel(y_label)
-    ax.set_title(title, fontsize=11)
+    _title(ax, title, legend)
     ax.grid(alpha=0.3)
     _legend(ax, len(series))
     return fig
