@@ -341,7 +341,8 @@ def _presets(s: Session) -> int:
 def _loaded(s: Session):
     with s.err.status("loading model"):
         model, work, spec, desc = _setup(s)
-    about = work.description if not isinstance(work, list) else f"a sweep of {len(work)} shapes"
+    n = len(work) if isinstance(work, list) else 0
+    about = work.description if not isinstance(work, list) else f"a sweep of {n} shape{'s' if n != 1 else ''}"
     s.err.print(f"{desc}; {about}", highlight=False)
     return model, work, spec
 

@@ -195,7 +195,8 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
             spent[k] = round(spent.get(k, 0) + v, 3)
     if "total" in spent:  # each shape's total is its own: the time spent before the sweep counts once more
         spent["total"] = round(spent["total"] + sum(before.values()), 3)
-    description = f"sweep of {len(points)} shapes, {mode}" + (", padded" if padding else "")
+    counted = f"{len(points)} shape{'s' if len(points) != 1 else ''}"
+    description = f"sweep of {counted}, {mode}" + (", padded" if padding else "")
     workload = {**last.workload, "description": description, "shapes": [[b, s] for b, s, _ in shapes3]}
     if KINDS[mode].generates:
         workload.update(new_tokens=sorted({n for _, _, n in shapes3}), prompt_lens=sorted({s for _, s, _ in shapes3}))
