@@ -237,7 +237,8 @@ def test_a_policy_file_may_leave_out_its_environment_and_workload_and_is_then_sa
     p = tmp_path / "policy.json"
     p.write_text(json.dumps({"schema": 1, "selection": {"prefill": "math", "decode": "flash"}, "environment": None,
                              "workload": None}))
-    with pytest.warns(UserWarning, match="no record of the versions and the device: the pick may not hold here"):
+    with pytest.warns(UserWarning, match="has no record of the versions and the device it was measured with: the "
+                                         "pick may not hold here"):
         policy = load_policy(p)
     assert policy.selection == {"prefill": "math", "decode": "flash"} and policy.environment == {} == policy.workload
 

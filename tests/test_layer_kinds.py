@@ -326,6 +326,7 @@ def test_compare_measures_the_per_kind_candidate_in_the_same_rounds(monkeypatch)
     assert "Attention per layer kind" in text and chosen in text
 
 
+@pytest.mark.filterwarnings("ignore:.*has no record of the versions")  # (a file written by hand, here)
 def test_a_per_kind_pick_deploys_as_its_snippet_and_its_policy_file(tmp_path, spy):
     import json
 

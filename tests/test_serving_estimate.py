@@ -299,6 +299,7 @@ def test_a_compiled_picks_deploy_snippet_runs_as_written_under_dynamo():
     assert r.returncode == 0 and r.stdout.strip() == "ran", r.stderr[-3000:]
 
 
+@pytest.mark.filterwarnings("ignore:.*has no record of the versions")  # (a file written by hand, here)
 def test_a_policy_file_that_names_a_compiled_pick_in_its_selection_reads_as_backend_and_mode(tmp_path):
     import json
 

@@ -253,10 +253,11 @@ def load_policy(path: str | Path) -> MeasuredPolicy:
                              f"{_shown(value)}")
     policy = MeasuredPolicy(selection, environment, doc.get("workload") or {}, str(path), mode)
     key = str(p.resolve())
-    differ = _mismatches(policy.environment, doc.get("env")) if doc.get("environment") else \
-        ["no record of the versions and the device"]
-    if differ and key not in _WARNED:
+    differ = _mismatches(policy.environment, doc.get("env")) if doc.get("environment") else None
+    if differ != [] and key not in _WARNED:
         _WARNED.add(key)
-        warnings.warn(f"{path} was measured with {', '.join(differ)}: the pick may not hold here; measure again "
-                      "with `attnswitch compare`", stacklevel=2)
+        said = f"was measured with {', '.join(differ)}" if differ else \
+            "has no record of the versions and the device it was measured with"
+        warnings.warn(f"{path} {said}: the pick may not hold here; measure again with `attnswitch compare`",
+                      stacklevel=2)
     return policy
