@@ -687,3 +687,21 @@ def test_a_model_configured_without_a_cache_generates_with_one_its_decode_steps_
         work.step()
     layers = m.config.num_hidden_layers
     assert seen == [6] * layers + [1] * (2 * layers)  # the prompt, then two decode steps of one token each
+
+
+def test_a_model_of_other_code_configured_without_a_cache_keeps_its_configs_word():
+    # a model that cannot take a cache (remote code) fed only the last token to each step once the cache was forced
+    from transformers import LlamaForCausalLM
+
+    from attnswitch.workload import caches
+
+    class OwnCode(LlamaForCausalLM):
+        pass
+
+    OwnCode.__module__ = "transformers_modules.someone.model"
+    m = tiny("llama", use_cache=False)
+    own = OwnCode(m.config).eval()
+    assert caches(m) and not caches(own) and caches(tiny("llama"))
+    work = make_workload(own, batch=1, mode="generate", prompt_lens=(6,), new_tokens=2)
+    assert "use_cache" not in work.generate_kwargs() and "no KV cache (the model's config)" in work.description
+    assert make_workload(m, batch=1, mode="generate", prompt_lens=(6,), new_tokens=2).generate_kwargs()["use_cache"]

@@ -24,7 +24,7 @@ from . import options
 from .device import device_of
 
 __all__ = ["Workload", "Generation", "make_workload", "position_limit", "cache_kwarg", "task_of", "loss_of",
-           "prompt_lengths", "MODES", "CACHES"]
+           "prompt_lengths", "caches", "MODES", "CACHES"]
 
 MODES, CACHES = options.MODES, options.CACHES
 prompt_lengths = options.prompt_lengths
@@ -124,8 +124,8 @@ class Workload:
 
     def generate_kwargs(self) -> dict[str, Any]:
         """Greedy generation of exactly ``new_tokens`` tokens (end-of-sequence tokens do not stop it), with a
-        KV cache (a model whose config sets ``use_cache=False`` would run every step over the whole sequence:
-        no decode step, and a workload the report's cache does not describe), never compiled by transformers
+        KV cache where the model keeps one (``caches``: a transformers model whose config sets ``use_cache=False``
+        would run every step over the whole sequence: no decode step), never compiled by transformers
         itself (it compiles a static cache's decode steps on a GPU unless told not to): a compiled candidate
         compiles them its own way (``profiling.compiled``), an uncompiled one is."""
         g = self.generation
@@ -134,7 +134,9 @@ class Workload:
         pad = pad if pad is not None else getattr(config, "eos_token_id", None)
         kw: dict[str, Any] = {"max_new_tokens": g.new_tokens, "min_new_tokens": g.new_tokens, "do_sample": False,
                               "pad_token_id": pad[0] if isinstance(pad, list) else (pad if pad is not None else 0),
-                              "disable_compile": True, "use_cache": True}
+                              "disable_compile": True}
+        if caches(self.model):
+            kw["use_cache"] = True
         if g.cache == "static":
             kw["cache_implementation"] = "static"
         if getattr(self.model.config, "is_encoder_decoder", False):
@@ -277,6 +279,15 @@ def _train_kwargs(model: nn.Module, kwargs: dict[str, Any], task: str) -> tuple[
     return {**kwargs, "labels": labels}, "the model's loss, labels = the inputs (none on padding)"
 
 
+def caches(model) -> bool:
+    """Whether ``model`` generates with a KV cache: where its config asks for one, and, where it does not, where
+    the model is one of transformers' own, all of which keep one (a config's ``use_cache=False`` is a default,
+    not a limit there). A model of other code keeps its config's word: it may not take a cache at all."""
+    if getattr(getattr(model, "config", None), "use_cache", True) is not False:
+        return True
+    return type(model).__module__.startswith("transformers.models.")
+
+
 def _generate_workload(model, ids_of, batch, seq, new_tokens, prompt_lens, cache, device) -> Workload:
     lens = tuple(int(n) for n in prompt_lens) if prompt_lens is not None else prompt_lengths(seq, new_tokens)
     _check_generation(model, lens, new_tokens)
@@ -285,7 +296,7 @@ def _generate_workload(model, ids_of, batch, seq, new_tokens, prompt_lens, cache
         ids = ids_of(n).to(device)
         prompts.append({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
     desc = (f"batch {batch}, prompts of {', '.join(map(str, lens))} tokens, {new_tokens} new tokens each, "
-            f"greedy, {cache} cache")
+            + (f"greedy, {cache} cache" if caches(model) else "greedy, no KV cache (the model's config)"))
     return Workload(model, prompts[0], "generate", desc, generation=Generation(lens, new_tokens, cache),
                     prompts=tuple(prompts))
 
