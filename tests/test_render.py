@@ -335,6 +335,8 @@ def test_a_sweeps_chart_names_what_its_times_are_of(mode, unit):
                        {"mode": mode})
     chart = next(b.chart for b in sections._sweep(rep, sections.Options()).blocks if isinstance(b, Figure))
     assert chart.y_label == f"ms per {unit}" and chart.title.startswith(f"Time per {unit} against")
+    caption = next(b.caption for b in sections._sweep(rep, sections.Options()).blocks if isinstance(b, Figure))
+    assert caption.startswith(f"Time per {unit} against")
 
 
 def test_a_long_title_over_a_narrow_plot_is_wrapped_and_steps_get_whole_ticks():
@@ -344,6 +346,11 @@ def test_a_long_title_over_a_narrow_plot_is_wrapped_and_steps_get_whole_ticks():
                          {"the pick": [1.0, 1.1], "tied": [None, None]}, "x the pick's time")
     lines = fig.axes[0].get_title().splitlines()
     assert len(lines) > 1 and " ".join(lines) == "Time per generate workload against the pick, `naive`"
-    fig = plots.draw(charts.step_time_chart({"flash": [5.0, 1.0]}))
-    fig.canvas.draw()
-    assert all(float(t).is_integer() for t in fig.axes[0].get_xticks())
+    for times in ([5.0, 1.0], [5.0]):  # (one point too)
+        fig = plots.draw(charts.step_time_chart({"flash": times}))
+        fig.canvas.draw()
+        assert all(float(t).is_integer() for t in fig.axes[0].get_xticks())
+    name = "sliding_attention=flex/full_attention=cudnn"  # a backend's name is never split
+    fig = plots.bar_plot(f"Time per forward against the pick, `{name}`", ["a", "b"], {"x": [1.0, 1.1], "y": [1, 2]},
+                         "ms")
+    assert any(f"`{name}`" in line for line in fig.axes[0].get_title().splitlines())

@@ -31,7 +31,8 @@ def _title(ax, title: str, legend: float) -> None:
     """``title`` over ``ax``, wrapped to the plot's width: the figure's less the legend's (``legend`` inches) and
     the y axis's labels (a long title over a narrow plot was clipped at both ends of the figure)."""
     width = ax.figure.get_figwidth() - legend - 0.9
-    ax.set_title(textwrap.fill(title, max(24, int(width * 12))), fontsize=11)
+    ax.set_title(textwrap.fill(title, max(24, int(width * 12)), break_long_words=False, break_on_hyphens=False),
+                 fontsize=11)  # (a backend's name is never split)
 
 
 def _num(v) -> float:
@@ -131,7 +132,7 @@ def line_plot(title: str, x_label: str, y_label: str, series: Mapping[str, Seque
     if not log_x and xs and all(float(x).is_integer() for x in xs):
         from matplotlib.ticker import MaxNLocator
 
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # (steps, lengths: no tick between two)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # (steps: no tick between two)
     ax.set_xlabel(x_label)
     ax.set_ylabel(y_label)
     _title(ax, title, legend)

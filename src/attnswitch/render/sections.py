@@ -603,7 +603,7 @@ def _sweep(report, opts: Options) -> Section | None:
     chart = charts.sweep_chart({k: v for k, v in series.items() if v}, x_label=x,
                                title=f"Time per {unit} against {x}", unit=unit)
     return Section("Sweep", (drop_empty_columns(table, keep=len(heads)),
-                             Figure(chart, f"Time per step against {x} (log-log); best: the pick and the backends "
+                             Figure(chart, f"Time per {unit} against {x} (log-log); best: the pick and the backends "
                                            "not told apart from it at that length.")), key="sweep")
 
 
