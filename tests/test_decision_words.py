@@ -86,5 +86,9 @@ def test_a_generate_pick_tied_with_the_next_one_is_not_said_fastest_once_every_l
     work = {"prompt_lens": [8], "new_tokens": 4}
     tied = " ".join(recommend._generate_lines(best, [other], work, tied=True))
     assert "is fastest" not in tied and "Each new key length costs `naive` 1.653 ms more per step" in tied
-    apart = " ".join(recommend._generate_lines(best, [other], work, tied=False))
+    apart = " ".join(recommend._generate_lines(best, [other], work, tied=False))  # (1.347 against 1.251: noise)
     assert "`naive` is fastest once every length has been seen; each new key length costs it 1.653 ms" in apart
+    quicker = BackendResult("math", "ok", generate=GenerateStats(new_shape_step_ms=3.0, seen_shape_step_ms=0.9))
+    for others in ([quicker], []):  # another's seen-length steps faster beyond the noise, or none to compare
+        said = " ".join(recommend._generate_lines(best, others, work, tied=False))
+        assert "is fastest" not in said and "Each new key length costs `naive` 1.653 ms" in said

@@ -171,9 +171,14 @@ def _generate_lines(best: BackendResult, others: list[BackendResult], workload: 
     if cold.new_shape_step_ms is not None and cold.seen_shape_step_ms is not None and penalty > margin:
         cheaper = [o for o in others if o.generate and o.generate.new_shape_step_ms is not None and o is not peer
                    and o.generate.new_shape_step_ms < cold.new_shape_step_ms - margin]
-        # (fastest only where told apart: a pick tied with the next one is not said to be)
+        # fastest once every length has been seen: told apart from the next one, and no other's seen-length steps
+        # faster beyond the noise (a pick tied with the next one, or alone, is not said to be)
+        seen = g.seen_shape_step_ms
+        fastest = not tied and bool(others) and seen is not None and all(
+            o.generate is None or o.generate.seen_shape_step_ms is None
+            or o.generate.seen_shape_step_ms >= seen - margin for o in others)
         text = (f"`{best.backend}` is fastest once every length has been seen; each new key length costs it "
-                if not tied else f"Each new key length costs `{best.backend}` ")
+                if fastest else f"Each new key length costs `{best.backend}` ")
         text += f"{penalty:.3f} ms more per step" + (f" (as `{peer.backend}`, which runs its kernel, paid: its "
                                                      "caches were warm)" if peer is not None else "")
         text += (f", so `{cheaper[0].backend}` ({cheaper[0].generate.new_shape_step_ms:.3f} ms per new-length step) "
