@@ -179,6 +179,11 @@ def test_compare_a_bare_callable_ranks_it_and_says_its_numerics_were_not_checked
                              backends=["naive", "flash"], warmup=1, iters=2, rounds=2, time_budget_s=0)
     assert rep.decision.pick in ("naive", "flash") and all(b.numerics is None for b in rep.backends)
     assert "Numerics not checked" in rep.to_markdown()
+    fn = lambda: attnswitch.attention(q, k, v, is_causal=True)  # noqa: E731
+    with pytest.raises(TypeError, match="a callable is profiled as it is, without a batch"):
+        attnswitch.compare(fn, {"input_ids": torch.ones(1, 4, dtype=torch.long)}, backends=["naive"])
+    with pytest.raises(ValueError, match="compiles a model's forward; a callable is profiled as it is"):
+        attnswitch.compare(fn, backends=["naive"], compile="default,none")
 
 
 def test_profile_bad_input():

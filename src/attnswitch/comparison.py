@@ -111,7 +111,7 @@ def compare(model: nn.Module | Callable[[], Any], batch: Workload | dict[str, An
     (``defects``: a backend they make wrong there is never recommended). ``command``: the command line the
     report reproduces; ``time_before``: seconds spent on it before this call (imports, loading the model), in
     the report's account of its own time."""
-    if isinstance(batch, dict):
+    if isinstance(batch, dict) and isinstance(model, nn.Module):
         batch = Workload.of(model, batch)
     report = profile(model, batch, backends=backends, warmup=warmup, iters=iters, trace_dir=trace_dir,
                      progress=progress, model_name=model_name, rounds=rounds, profile_steps=profile_steps,

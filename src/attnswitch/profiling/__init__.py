@@ -213,8 +213,12 @@ def _request(t: Target, placed: dict | None, backends, compile, steps: Steps) ->
     mode = t.workload.mode if t.workload is not None else None
     device_map = placed["device_map"] if placed and placed["mode"] == "device_map" else None
     tp = bool(placed) and placed["mode"] == "tensor_parallel"
-    return Request(kind="profile", mode=mode, backends=backends, compile=compile, steps=steps,
-                   device_map=device_map, tp=tp).check(registered())
+    request = Request(kind="profile", mode=mode, backends=backends, compile=compile, steps=steps,
+                      device_map=device_map, tp=tp).check(registered())
+    if t.model is None and any(m is not None for m in request.compile):  # (what would it compile?)
+        raise OptionError("{compile} compiles a model's forward; a callable is profiled as it is (compile it "
+                          "yourself, inside it)")
+    return request
 
 
 def _prepared_modes(t: Target, modes, names: list[str], progress, spent: dict, **kw) -> dict:

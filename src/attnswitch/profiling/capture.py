@@ -139,6 +139,9 @@ class Target:
                 raise TypeError(f"batch must be a dict of forward arguments, not {type(batch).__name__}")
             return cls.of(Workload.of(target, batch))
         if callable(target):
+            if batch is not None:  # (it would be ignored: the callable is called as it is)
+                raise TypeError("a callable is profiled as it is, without a batch: profile(fn), or pass a model "
+                                "with its batch")
             dev = torch.device(device) if device is not None else default_device()
 
             def fn(_):
