@@ -241,6 +241,13 @@ def test_a_policy_file_may_leave_out_its_environment_and_workload_and_is_then_sa
                                          "pick may not hold here"):
         policy = load_policy(p)
     assert policy.selection == {"prefill": "math", "decode": "flash"} and policy.environment == {} == policy.workload
+    # an environment of nulls records nothing either; the settings that change what runs are checked all the same
+    p = tmp_path / "nulls.json"  # (a file warns once)
+    p.write_text(json.dumps({"schema": 1, "selection": "math", "environment": {"torch": None, "device": None},
+                             "env": {"ATTNSWITCH_TEST_UNSET_VAR": "1"}}))
+    with pytest.warns(UserWarning, match="was measured with ATTNSWITCH_TEST_UNSET_VAR=1 .here unset.* and has no "
+                                         "record of the versions"):
+        load_policy(p)
 
 
 def _point(seq, rows, ties):

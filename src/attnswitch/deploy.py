@@ -253,11 +253,12 @@ def load_policy(path: str | Path) -> MeasuredPolicy:
                              f"{_shown(value)}")
     policy = MeasuredPolicy(selection, environment, doc.get("workload") or {}, str(path), mode)
     key = str(p.resolve())
-    differ = _mismatches(policy.environment, doc.get("env")) if doc.get("environment") else None
-    if differ != [] and key not in _WARNED:
+    differ = _mismatches(policy.environment, doc.get("env"))
+    unrecorded = not any(environment.get(k) for k in ("torch", "transformers", "device"))
+    if (differ or unrecorded) and key not in _WARNED:
         _WARNED.add(key)
-        said = f"was measured with {', '.join(differ)}" if differ else \
-            "has no record of the versions and the device it was measured with"
-        warnings.warn(f"{path} {said}: the pick may not hold here; measure again with `attnswitch compare`",
-                      stacklevel=2)
+        said = [f"was measured with {', '.join(differ)}"] if differ else []
+        said += ["has no record of the versions and the device it was measured with"] if unrecorded else []
+        warnings.warn(f"{path} {' and '.join(said)}: the pick may not hold here; measure again with "
+                      "`attnswitch compare`", stacklevel=2)
     return policy
