@@ -118,6 +118,21 @@ def test_report_round_trips_through_json_csv_markdown(tiny_compare, tmp_path):
     assert len(copied) == 4 and all(p.exists() for p in copied)
 
 
+@pytest.mark.parametrize("doc, said", [
+    ({"schema": 1, "selection": "flash"}, "a policy file, not a report: attnswitch.load_policy reads it"),
+    ({"backends": []}, "not a report of schema 1 to 7 ('schema_version' is null)"),
+    ([1, 2], "not a report of schema 1 to 7 ('schema_version' is null)"),
+    ({"schema_version": 7, "backends": "x"}, "a report whose fields do not read as one"),
+])
+def test_a_file_that_is_no_report_is_one_line_naming_it(doc, said, tmp_path):
+    # a policy file gave "report schema None is not one of (1..7)"; a damaged report an AttributeError
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(ValueError) as e:
+        Report.from_json(p)
+    assert str(e.value).startswith(f"{p}: ") and said in str(e.value) and "\n" not in str(e.value)
+
+
 def test_decode_mode_compares_one_token_against_a_cache():
     m, _ = load_model("tiny-llama", layers=2)
     w = make_workload(m, batch=2, seq=16, mode="decode")

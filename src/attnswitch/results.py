@@ -435,15 +435,24 @@ class Report:
 
     @classmethod
     def from_json(cls, text_or_path: str | Path) -> Report:
-        """A report from its JSON text or file; older schema versions load with the new fields empty."""
+        """A report from its JSON text or file; older schema versions load with the new fields empty. A file
+        that is no report (a policy file, a report damaged by hand) raises ``ValueError``, in one line."""
         p = Path(text_or_path) if not str(text_or_path).lstrip().startswith("{") else None
+        where = f"{p}: " if p else ""
         data = json.loads(p.read_text() if p else str(text_or_path))
-        if data.get("schema_version") not in _READABLE:
-            raise ValueError(f"report schema {data.get('schema_version')} is not one of {_READABLE}")
+        if isinstance(data, dict) and "schema_version" not in data and "selection" in data:
+            raise ValueError(f"{where}a policy file, not a report: attnswitch.load_policy reads it")
+        if not isinstance(data, dict) or data.get("schema_version") not in _READABLE:
+            version = data.get("schema_version") if isinstance(data, dict) else None
+            raise ValueError(f"{where}not a report of schema {_READABLE[0]} to {_READABLE[-1]} "
+                             f"('schema_version' is {json.dumps(version)})")
         if data["schema_version"] < 5:
             data["decision"] = _old_decision(data)
         data["schema_version"] = SCHEMA_VERSION
-        return _build(cls, data)
+        try:
+            return _build(cls, data)
+        except (AttributeError, KeyError, TypeError, ValueError) as e:  # (a field of the wrong shape)
+            raise ValueError(f"{where}a report whose fields do not read as one ({type(e).__name__}: {e})") from None
 
     def to_csv(self, path: str | Path | None = None) -> str:
         """One row per backend (per shape, with ``batch`` and ``seq`` first, for a sweep); ``time_ms`` is
