@@ -194,6 +194,20 @@ def test_the_new_report_takes_the_folders_place_with_or_without_an_exchange_of_t
     assert _tree(out) == {"report.json": b"new"} and sorted(p.name for p in tmp_path.iterdir()) == ["report"]
 
 
+def _renames_refused(monkeypatch, refused, error: OSError) -> None:
+    """``os.rename(a, b)`` raises ``error`` where ``refused(a, b)`` (paths as text), and no exchange of two folders
+    is possible: a folder that cannot be moved (immutable, a mount point)."""
+    rename = os.rename
+
+    def refusing(a, b):
+        if refused(os.fspath(a), os.fspath(b)):
+            raise error
+        return rename(a, b)
+
+    monkeypatch.setattr(outfolder, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(outfolder.os, "rename", refusing)
+
+
 def test_a_folder_that_cannot_be_moved_keeps_its_report_and_the_new_one_is_kept_beside_it_and_said(tmp_path,
                                                                                                   monkeypatch):
     # an immutable folder, or a mount point: the finished report cannot take its place. Nothing is lost, no
@@ -201,15 +215,7 @@ def test_a_folder_that_cannot_be_moved_keeps_its_report_and_the_new_one_is_kept_
     out = tmp_path / "report"
     out.mkdir()
     (out / "report.json").write_text("earlier")
-    rename = os.rename
-
-    def refusing(a, b):
-        if os.fspath(a) == str(out.resolve()):
-            raise OSError(16, "Device or resource busy")
-        return rename(a, b)
-
-    monkeypatch.setattr(outfolder, "_exchange", lambda a, b: False)
-    monkeypatch.setattr(outfolder.os, "rename", refusing)
+    _renames_refused(monkeypatch, lambda a, b: a == str(out.resolve()), OSError(16, "Device or resource busy"))
     with pytest.raises(outfolder.OptionError) as e:
         with outfolder.Staged(out) as staged:
             (staged / "report.json").write_text("new")
@@ -231,15 +237,8 @@ def test_the_new_report_stays_staged_and_said_where_it_cannot_be_moved_beside_th
                                                                                                monkeypatch):
     out = tmp_path / "report"
     out.mkdir()
-    rename = os.rename
-
-    def refusing(a, b):
-        if os.fspath(a) == str(out.resolve()) or ".new-" in os.fspath(b):
-            raise OSError(1, "Operation not permitted")
-        return rename(a, b)
-
-    monkeypatch.setattr(outfolder, "_exchange", lambda a, b: False)
-    monkeypatch.setattr(outfolder.os, "rename", refusing)
+    _renames_refused(monkeypatch, lambda a, b: a == str(out.resolve()) or ".new-" in b,
+                     OSError(1, "Operation not permitted"))
     with pytest.raises(outfolder.OptionError) as e:
         with outfolder.Staged(out) as staged:
             (staged / "report.json").write_text("new")
