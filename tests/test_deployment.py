@@ -16,6 +16,7 @@ import attnswitch
 from attnswitch.comparison import compare_sweep, sweep_choice
 from attnswitch.deploy import load_policy, write_policy
 from attnswitch.lengths import Lengths, read_lengths
+from attnswitch.models import load_model
 from attnswitch.serving import serving_estimate
 
 LAYERS = 2
@@ -115,9 +116,9 @@ def test_a_policy_round_trips_and_warns_once_where_it_was_measured_elsewhere(cpu
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # measured here: no warning
         policy = load_policy(path)
+        model, _ = load_model("tiny-llama", layers=2)  # the model measured
+        policy.apply(model)
     assert policy.selection == cpu_report.pick and policy.environment["torch"] == torch.__version__
-    model = tiny("llama")
-    policy.apply(model)
     try:
         assert attnswitch.is_patched(model) == cpu_report.pick
     finally:
@@ -132,6 +133,58 @@ def test_a_policy_round_trips_and_warns_once_where_it_was_measured_elsewhere(cpu
         warnings.simplefilter("error")
         load_policy(other)  # once per file
 
+
+
+def test_a_policy_applied_to_a_model_of_another_shape_or_dtype_warns_naming_what_differs(cpu_report, tmp_path):
+    path = write_policy(cpu_report, tmp_path / "policy.json")
+    policy = load_policy(path)
+    assert policy.workload["model_shape"] == {"model_type": "llama", "layers": 2, "heads": 8, "kv_heads": 2,
+                                              "head_dim": 32}
+    same, _ = load_model("tiny-llama")  # all 4 layers: the first layers' pick is measured for the whole
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        policy.apply(same)
+        attnswitch.unpatch(same)
+    other = tiny("qwen2")
+    with pytest.warns(UserWarning, match=r"policy.json was measured on another model \(model type llama \(here "
+                                         r"qwen2\), heads 8 \(here 4\), kv heads 2 \(here 4\), head dim 32 \(here "
+                                         r"16\)\): the pick may not hold for this one"):
+        policy.apply(other)
+    attnswitch.unpatch(other)
+    same.to(torch.bfloat16)
+    with pytest.warns(UserWarning, match=r"another model \(dtype float32 \(here bfloat16\)\)"):
+        with policy.backend(model=same):
+            pass
+    # a policy from before shapes were kept: nothing to compare, nothing said
+    doc = json.loads(path.read_text())
+    del doc["workload"]["model_shape"], doc["workload"]["dtype"]
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_policy(tmp_path / "old.json").apply(other)
+        attnswitch.unpatch(other)
+
+
+def test_a_models_shape_is_read_from_its_text_config_and_names_its_layer_kinds():
+    from transformers import Gemma3Config
+
+    from attnswitch.modelshape import differences, model_shape
+
+    t5 = tiny("t5")
+    assert model_shape(t5) == {"model_type": "t5", "layers": 2, "heads": 4, "kv_heads": 4,
+                               "head_dim": t5.config.d_kv}
+    assert model_shape(torch.nn.Linear(2, 2)) is None and differences({"heads": 4}, torch.nn.Linear(2, 2)) == []
+    assert differences(None, t5) == [] and differences(model_shape(t5), t5) == []
+
+    class Holder(torch.nn.Module):  # a composite model: its text config's attention
+        config = Gemma3Config(text_config={"num_hidden_layers": 3, "layer_types": ["sliding_attention"] * 2 +
+                                           ["full_attention"], "sliding_window": 8, "head_dim": 16,
+                                           "num_attention_heads": 2, "num_key_value_heads": 1})
+
+    shape = model_shape(Holder())
+    assert shape["model_type"] == "gemma3" and shape["sliding_window"] == 8 and shape["head_dim"] == 16
+    assert shape["layer_types"] == "1 full_attention, 2 sliding_attention"
+    assert differences({**shape, "sliding_window": None}, Holder()) == ["sliding window none (here 8)"]
 
 
 def test_a_policy_measured_with_a_setting_that_changes_what_runs_warns_where_it_is_unset_or_other(cpu_report,

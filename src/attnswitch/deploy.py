@@ -20,6 +20,7 @@ from ._own_env import SET_BY_TORCH
 from ._versions import version_text
 from .compiling import MODES
 from .kinds import Kind, kind_of
+from .modelshape import differences
 from .results import Deploy
 
 __all__ = ["deploy_info", "policy_document", "write_policy", "load_policy", "MeasuredPolicy", "POLICY_SCHEMA"]
@@ -167,16 +168,38 @@ class MeasuredPolicy:
     def apply(self, model):
         """``attnswitch.patch(model, selection)``: every thread, until ``attnswitch.unpatch(model)``. The attention
         only: where it was measured compiled (``compile`` not None), compile after this as the report's Deploy
-        snippet does (``model.forward`` in that mode; a generate's decode steps alone)."""
+        snippet does (``model.forward`` in that mode; a generate's decode steps alone). Warns where ``model``
+        is not of the architecture, attention shape or dtype measured."""
         from .switch import patch
 
+        self._check(model)
         return patch(model, self.selection)
 
     def backend(self, model=None):
-        """``attnswitch.backend(selection, model=model)``: for a block."""
+        """``attnswitch.backend(selection, model=model)``: for a block (warns as ``apply`` does)."""
         from .switch import backend
 
+        if model is not None:
+            self._check(model)
         return backend(self.selection, model=model)
+
+    def differences(self, model) -> list[str]:
+        """What of ``model`` differs from the model measured: its architecture, its attention's shape
+        (``modelshape``) and its dtype; nothing where the policy has no record of them."""
+        out = differences(self.workload.get("model_shape"), model)
+        measured = self.workload.get("dtype")
+        # (the first parameter's, as the report's dtype is read)
+        dtype = next((str(p.dtype).replace("torch.", "") for p in model.parameters()), None) \
+            if isinstance(measured, str) and hasattr(model, "parameters") else None
+        if dtype is not None and dtype != measured:
+            out.append(f"dtype {measured} (here {dtype})")
+        return out
+
+    def _check(self, model) -> None:
+        differ = self.differences(model)
+        if differ:
+            warnings.warn(f"{self.source or 'the policy'} was measured on another model ({', '.join(differ)}): the "
+                          "pick may not hold for this one; measure it with `attnswitch compare`", stacklevel=3)
 
 
 _WARNED: set = set()

@@ -26,6 +26,7 @@ from ..errors import out_of_memory
 from ..hf import require_interface
 from ..hf.layerkinds import bind as check_kinds
 from ..hf.layerkinds import kind_map
+from ..modelshape import model_shape
 from ..options import OptionError
 from ..peak import figures
 from ..request import Request, Steps
@@ -50,8 +51,10 @@ def _workload_info(t: Target) -> dict:
         return {"description": "callable", "mode": "callable"}
     # the model's own attention as found: what keeping it means (transformers' sdpa, eager, ...)
     own = getattr(getattr(t.model, "config", None), "_attn_implementation", None)
+    shape = model_shape(t.model)  # what policy.json's pick is applied against
     return {**t.workload.describe(), "dtype": str(next(t.model.parameters()).dtype).replace("torch.", ""),
-            **({"attn_implementation": own} if isinstance(own, str) else {})}
+            **({"attn_implementation": own} if isinstance(own, str) else {}),
+            **({"model_shape": shape} if shape else {})}
 
 
 def _timed(t: Target, results: list, iters: int, rounds: int, budget_s, progress, spent: dict, host: dict) -> list:
