@@ -46,7 +46,7 @@ def _attnswitch_snippet(sel, mode: str | None, kind: Kind) -> str:
     """Runs as it is with ``model`` in scope: the switch, then (a compiled pick) the compile as measured."""
     imports, lines = ["import attnswitch"], [
         f"attnswitch.patch(model, {sel!r})  # every thread, until attnswitch.unpatch(model)",
-        "# or exactly what was measured, with a warning where the versions differ:",
+        "# or exactly what was measured, with a warning where the versions or the model differ:",
         "# attnswitch.load_policy(\"policy.json\").apply(model)"]
     if mode is not None:
         imports.append("import torch")
