@@ -705,3 +705,29 @@ def test_a_model_of_other_code_configured_without_a_cache_keeps_its_configs_word
     work = make_workload(own, batch=1, mode="generate", prompt_lens=(6,), new_tokens=2)
     assert "use_cache" not in work.generate_kwargs() and "no KV cache (the model's config)" in work.description
     assert make_workload(m, batch=1, mode="generate", prompt_lens=(6,), new_tokens=2).generate_kwargs()["use_cache"]
+
+
+def test_a_batch_holding_a_kv_cache_is_a_step_on_a_copy_of_it_and_leaves_the_callers_as_it_was():
+    from transformers import DynamicCache
+
+    from attnswitch.workload import cache_kwarg
+
+    model, key = tiny("llama"), cache_kwarg(tiny("llama"))  # (past_key_values before transformers 5.2x)
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(torch.randint(0, 100, (1, 8)), **{key: cache}, use_cache=True)
+    step = {"input_ids": torch.randint(0, 100, (1, 1)), key: cache}
+    r = compare(model, step, backends=["naive", "math", "flash"], warmup=1, iters=3, rounds=2, time_budget_s=0)
+    assert cache.get_seq_length() == 8  # every step, and every backend's numerics, ran on a copy
+    assert r.workload["mode"] == "decode" and r.workload["seq"] == 8 and "a KV cache of 8 tokens" in \
+        r.workload["description"]
+    assert {s.kv_len for b in r.backends for s in b.attn_shapes} == {9}  # every backend at the same key length
+    assert all(b.numerics.ok for b in r.backends) and r.pick is not None
+    assert attnswitch.check(model, **step, backends=["math", "flash"]).eligible == ["math", "flash"]
+    assert cache.get_seq_length() == 8
+    # more than one new token against the cache: a prefill, still on copies
+    chunk = {"input_ids": torch.randint(0, 100, (1, 3)), "attention_mask": torch.ones(1, 11, dtype=torch.long),
+             key: cache}
+    r = attnswitch.profile(model, chunk, backends=["math"], iters=2, rounds=1, time_budget_s=0)
+    assert r.workload["mode"] == "prefill" and cache.get_seq_length() == 8
+    assert {s.kv_len for s in r["math"].attn_shapes} == {11}

@@ -16,6 +16,7 @@ from .instrument import measuring
 from .options import OptionError
 from .results import no_attention_text
 from .switch import backend as use_backend
+from .workload import fresh
 
 __all__ = ["Eligibility", "CheckResult", "check"]
 
@@ -85,7 +86,7 @@ def check(model: nn.Module, *args, backends: Iterable[str] | str | None = None, 
     def step():
         if work is None:
             with torch.no_grad():
-                model(*args, **batch)
+                model(*args, **fresh(batch))  # (a KV cache copied: the caller's is left as it was)
             return
         for p in grads:  # (backward would add into the tensors the user holds)
             p.grad = None

@@ -164,7 +164,7 @@ def _grads(workload: Workload, name: str | None) -> dict[str, torch.Tensor]:
     model.zero_grad(set_to_none=True)
     try:
         with torch.enable_grad(), (use_backend(name, model=model) if name else contextlib.nullcontext()):
-            loss_of(model(**workload.kwargs)).backward()
+            loss_of(model(**workload.first())).backward()
         return {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
     finally:
         model.zero_grad(set_to_none=True)

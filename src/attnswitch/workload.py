@@ -24,7 +24,7 @@ from . import options
 from .device import device_of
 
 __all__ = ["Workload", "Generation", "make_workload", "position_limit", "cache_kwarg", "task_of", "loss_of",
-           "prompt_lengths", "caches", "MODES", "CACHES"]
+           "prompt_lengths", "caches", "cached", "fresh", "MODES", "CACHES"]
 
 MODES, CACHES = options.MODES, options.CACHES
 prompt_lengths = options.prompt_lengths
@@ -54,6 +54,20 @@ def cache_kwarg(model: nn.Module) -> str:
     """The forward argument that takes the KV cache (``cache`` from transformers 5.2x, before that
     ``past_key_values``; the old name still works there, with a warning)."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def cached(kwargs: dict[str, Any]) -> list[str]:
+    """The arguments of ``kwargs`` that hold a KV cache (a transformers ``Cache``: a forward appends to it)."""
+    from transformers.cache_utils import Cache
+
+    return [k for k, v in kwargs.items() if isinstance(v, Cache)]
+
+
+def fresh(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with a copy of each KV cache it holds: a step on them leaves the caller's as it was (and
+    every step, and every backend, runs at the same key length)."""
+    keys = cached(kwargs)
+    return {**kwargs, **{k: copy.deepcopy(kwargs[k]) for k in keys}} if keys else kwargs
 
 
 def _cache_to(cache, dtype: torch.dtype):
@@ -156,13 +170,13 @@ class Workload:
         return _training(self.model) if self.mode == "train" else contextlib.nullcontext()
 
     def calls(self, n: int) -> Iterator[dict[str, Any]]:
-        """``n`` argument sets, made one at a time (a decode cache copy each) as they are taken."""
-        if self.mode != "decode":
+        """``n`` argument sets, made one at a time (a copy of each KV cache, as a decode step's) as they are
+        taken."""
+        if not cached(self.kwargs):
             yield from itertools.repeat(self.kwargs, n)
             return
-        key = cache_kwarg(self.model)
         for _ in range(n):
-            yield {**self.kwargs, key: copy.deepcopy(self.kwargs[key])}
+            yield fresh(self.kwargs)
 
     def first(self) -> dict[str, Any]:
         return next(self.calls(1))
@@ -185,9 +199,7 @@ class Workload:
         old = next(self.model.parameters()).dtype
         kwargs = {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.dtype == old and v.is_floating_point() else v
                   for k, v in self.kwargs.items()}
-        if self.mode == "decode":
-            key = cache_kwarg(self.model)
-            kwargs = {**kwargs, key: _cache_to(kwargs[key], dtype)}
+        kwargs.update({k: _cache_to(kwargs[k], dtype) for k in cached(kwargs)})
         return dataclasses.replace(self, model=model, kwargs=kwargs)
 
     def short(self, new_tokens: int = 8) -> Workload:
@@ -213,8 +225,8 @@ class Workload:
         ids = (self.prompts[0] if self.prompts else self.kwargs).get("input_ids")
         if isinstance(ids, torch.Tensor) and ids.dim() == 2:
             d["batch"] = ids.shape[0]
-            cache = self.kwargs.get(cache_kwarg(self.model)) if self.mode == "decode" else None
-            if cache is not None and hasattr(cache, "get_seq_length"):  # a decode step: its key length
+            cache = next((self.kwargs[k] for k in cached(self.kwargs)), None) if self.mode == "decode" else None
+            if cache is not None:  # a decode step: its key length
                 d["seq"] = int(cache.get_seq_length())
             elif self.generation is None:  # (a generate's lengths are its prompts')
                 d["seq"] = ids.shape[1]
@@ -227,11 +239,22 @@ class Workload:
 
     @classmethod
     def of(cls, model: nn.Module, batch: dict[str, Any]) -> Workload:
-        """A prefill workload from a dict of forward arguments."""
+        """A workload from a dict of forward arguments: a prefill, or with a KV cache and one new token per row,
+        a decode step. Every step runs on its own copy of a cache the dict holds (``calls``)."""
         mask = batch.get("attention_mask")
-        return cls(model, batch, description=", ".join(
-            f"{k} {tuple(v.shape)}" for k, v in batch.items() if isinstance(v, torch.Tensor)),
-            tokens=mask.bool() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None)
+        tokens = mask.bool() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+        described = [f"{k} {tuple(v.shape)}" for k, v in batch.items() if isinstance(v, torch.Tensor)]
+        keys = cached(batch)
+        if not keys:
+            return cls(model, batch, description=", ".join(described), tokens=tokens)
+        ids = next((batch[k] for k in ("input_ids", "inputs_embeds", "decoder_input_ids")
+                    if isinstance(batch.get(k), torch.Tensor) and batch[k].dim() >= 2), None)
+        new = ids.shape[1] if ids is not None else None
+        if tokens is not None and new is not None:  # (the mask covers the cache's positions too)
+            tokens = tokens[:, -new:]
+        length = batch[keys[0]].get_seq_length()
+        described.append(f"a KV cache of {length} tokens (a copy for every step)")
+        return cls(model, batch, "decode" if new == 1 else "prefill", ", ".join(described), tokens=tokens)
 
 
 def _padding(mask: torch.Tensor, seq: int, task: str) -> None:
