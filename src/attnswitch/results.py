@@ -393,16 +393,35 @@ class Report:
         """Backends ran, and not one attention call went through attnswitch (``no_attention``)."""
         return no_attention(self.backends)
 
+    # a read-only mapping of backend name to its result, in the report's order: ``report["flash"]``,
+    # ``"flash" in report``, ``list(report)`` (the names), ``len(report)``
     def __getitem__(self, name) -> BackendResult:
         try:  # its names made canonical; a backend registered when the report was made and not now, as it is
-            key = str(candidate.parse(name, resolve_name)) if isinstance(name, (str, Candidate)) else \
-                resolve_name(name)
+            if isinstance(name, (str, Candidate)):
+                key = str(candidate.parse(name, resolve_name))
+            elif isinstance(name, typing.Mapping):  # a policy's or a per-kind selection's mapping
+                key = str(candidate.selection_of(name, resolve_name))
+            else:
+                key = resolve_name(name)
         except (ValueError, TypeError):
             key = name
         for b in self.backends:
             if b.backend == key:
                 return b
         raise KeyError(f"backend {name!r} is not in this report ({', '.join(b.backend for b in self.backends)})")
+
+    def __contains__(self, name) -> bool:
+        try:
+            self[name]
+        except KeyError:
+            return False
+        return True
+
+    def __iter__(self):
+        return (b.backend for b in self.backends)
+
+    def __len__(self) -> int:
+        return len(self.backends)
 
     @property
     def ok(self) -> list[BackendResult]:
