@@ -13,6 +13,7 @@ from conftest import batch_for, tiny
 
 import attnswitch
 from attnswitch import cli
+from attnswitch.options import OptionError
 from attnswitch.workload import make_workload
 
 
@@ -89,6 +90,74 @@ def test_api_arguments_of_the_wrong_kind_get_clear_errors(registered_kernel):
     with pytest.raises(attnswitch.BackendUnavailable) as e:
         attnswitch.attention(*(torch.randn(1, 2, 4, 8) for _ in range(3)), backend=registered_kernel)
     assert e.value.reasons == ["no masks here"]
+
+
+@pytest.mark.parametrize("deployed, message", [
+    ([-5], "a length is a whole number of tokens from 1 to .*, not -5"), ([3.7], "not 3.7"), (["x"], "not 'x'"),
+    ([10**12], "not 1000000000000"), (5, "deployed is a list of lengths .tokens., not 5"), ("12", "not '12'")])
+def test_deployed_lengths_are_checked_before_any_work(deployed, message, monkeypatch):
+    m = tiny("llama")
+    monkeypatch.setattr(m, "forward", lambda *a, **k: pytest.fail("the model ran"))
+    with pytest.raises(OptionError, match=message):
+        attnswitch.compare(m, {"input_ids": torch.ones(1, 4, dtype=torch.long)}, deployed=deployed)
+
+
+def test_backends_compile_and_deployed_given_as_iterators_are_read_once_and_whole():
+    m = tiny("llama")
+    batch = {"input_ids": torch.randint(0, 100, (1, 8))}
+    r = attnswitch.compare(m, batch, backends=iter(["math", "naive"]), compile=iter([None]), deployed=iter([16]),
+                           warmup=1, iters=2, rounds=1, time_budget_s=0)
+    assert list(r) == [b.backend for b in r.backends] and set(r) == {"math", "naive"}
+    r = attnswitch.profile(m, batch, backends=(b for b in ["flash"]), iters=2, rounds=1, time_budget_s=0)
+    assert list(r) == ["flash"]
+    r = attnswitch.compare_sweep(m, [(1, 4), (1, 8)], backends=iter(["math", "naive"]), warmup=1, iters=2,
+                                 rounds=1, time_budget_s=0)
+    assert [sorted(b.backend for b in p.backends) for p in r.sweep] == [["math", "naive"]] * 2
+
+
+def test_a_report_is_a_mapping_of_backend_names_to_results_aliases_and_policies_included():
+    m = tiny("llama")
+    w = make_workload(m, batch=1, seq=8, mode="generate", new_tokens=2)
+    policy = {"prefill": "flash", "decode": "naive"}
+    r = attnswitch.compare(m, w, backends=["naive", policy], warmup=1, iters=2, rounds=1, time_budget_s=0,
+                           check_numerics=False)
+    assert len(r) == 2 and set(r) == {"naive", "prefill=flash/decode=naive"}
+    assert r[policy] is r[{"decode": "naive", "prefill": "flash"}] is r["prefill=flash/decode=naive"]
+    assert policy in r and "naive" in r and "math" not in r and 0 not in r and [1] not in r
+    with pytest.raises(KeyError, match="backend 'math' is not in this report"):
+        r["math"]
+
+
+def test_a_comparison_of_a_model_a_switch_holds_is_refused_and_leaves_the_switch_as_it_was(monkeypatch):
+    # its answer ("keep the model's own attention: nothing to change") would be about a model running another
+    # backend
+    m, other = tiny("llama"), tiny("llama")
+    batch = {"input_ids": torch.randint(0, 100, (1, 8))}
+    monkeypatch.setattr(attnswitch.comparison, "profile", lambda *a, **k: pytest.fail("measured"))
+    attnswitch.patch(m, "naive")
+    try:
+        with pytest.raises(OptionError, match=r"the model is patched with `naive` .attnswitch.patch.: .* call "
+                                              r"attnswitch.unpatch.model. first"):
+            attnswitch.compare(m, batch)
+        with pytest.raises(OptionError, match="patched with `naive`"):
+            attnswitch.compare_sweep(m, [(1, 4)])
+        assert attnswitch.is_patched(m) == "naive"
+    finally:
+        attnswitch.unpatch(m)
+    for ctx in (attnswitch.backend("naive-inplace"), attnswitch.backend({"prefill": "math", "decode": "naive"},
+                                                                          model=m),
+                attnswitch.backend("math", model=m.model)):  # (a part of the model)
+        with ctx as sel:
+            with pytest.raises(OptionError, match=r"a comparison inside attnswitch.backend\('.*'\), which "
+                                                  r"switches this model: .* call it outside"):
+                attnswitch.compare(m, batch)
+            assert attnswitch.active_backend() in (sel, None)
+    attnswitch.patch(other, "naive")  # another model's switch leaves this one's comparison alone
+    try:
+        with pytest.raises(pytest.fail.Exception, match="measured"):
+            attnswitch.compare(m, batch)
+    finally:
+        attnswitch.unpatch(other)
 
 
 def test_a_failure_while_measuring_is_shown_whole_not_as_bad_input(monkeypatch):

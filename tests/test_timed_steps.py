@@ -11,6 +11,7 @@ from conftest import tiny
 
 import attnswitch
 from attnswitch import instrument
+from attnswitch.options import OptionError
 from attnswitch.profiling import capture, cupti
 from attnswitch.workload import make_workload
 
@@ -214,8 +215,8 @@ def _switched_in_timed_steps(monkeypatch, model, work, backends, **kw):
     monkeypatch.setattr(capture, "_one_round", one_round)
     monkeypatch.setattr(capture, "_prompt_turn", prompt_turn)
     monkeypatch.setattr(capture, "_timed_wall", timed)
-    r = attnswitch.compare(model, work, backends=backends, warmup=1, iters=2, rounds=2, time_budget_s=0,
-                           check_numerics=False, **kw)
+    # (profile: a comparison refuses a model a switch holds, as every setup below but one does)
+    r = attnswitch.profile(model, work, backends=backends, warmup=1, iters=2, rounds=2, time_budget_s=0, **kw)
     return set(seen), r
 
 
@@ -272,6 +273,9 @@ def test_auto_is_timed_switched_where_the_model_unswitched_would_not_run_what_au
     undo = setup(model)
     try:
         assert _switched_in_timed_steps(monkeypatch, model, work, ["auto"])[0] == {("auto", True)}
+        if setup in (_patched_submodel, _global):  # a comparison's answer would be about a switched model
+            with pytest.raises(OptionError, match="call attnswitch.unpatch.model. first|call it outside"):
+                attnswitch.compare(model, work, backends=["auto"])
     finally:
         undo()
 

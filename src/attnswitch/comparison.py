@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import numbers
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from .ranking import BUSY_PREFIX, busy_over, rank, ranked, verdict
 from .request import DEFAULT, Request
 from .results import BackendResult, Numerics, Report, SweepPoint
 from .serving import serving_estimate
+from .switch import switched
 from .workload import Workload, make_workload, position_limit
 
 __all__ = ["compare", "compare_sweep", "sweep_choice", "check_mix", "rank", "verdict", "recommend"]
@@ -111,6 +112,8 @@ def compare(model: nn.Module | Callable[[], Any], batch: Workload | dict[str, An
     (``defects``: a backend they make wrong there is never recommended). ``command``: the command line the
     report reproduces; ``time_before``: seconds spent on it before this call (imports, loading the model), in
     the report's account of its own time."""
+    if isinstance(model, nn.Module):
+        _not_switched(model)
     if isinstance(batch, dict) and isinstance(model, nn.Module):
         batch = Workload.of(model, batch)
     report = profile(model, batch, backends=backends, warmup=warmup, iters=iters, trace_dir=trace_dir,
@@ -154,6 +157,23 @@ def _swept(model: nn.Module, shapes, mode: str, new_tokens, **asked) -> tuple[li
     return out, req
 
 
+def _not_switched(model: nn.Module) -> None:
+    """A model a switch holds (a patch, or a ``backend()`` block around the call) is bad input: every candidate
+    is switched by the comparison itself, and an answer of keeping the model's own attention would say
+    "nothing to change" of a model that runs another backend."""
+    now = switched(model)
+    if now is None:
+        return
+    sel, how = now
+    if how == "patch":
+        raise options.OptionError("the model is patched with {sel} (attnswitch.patch): a comparison switches each "
+                                  "candidate itself, and its answer is about the model as it runs unswitched; "
+                                  "call attnswitch.unpatch(model) first", sel=f"`{sel}`")
+    raise options.OptionError("a comparison inside attnswitch.backend({sel}), which switches this model: each "
+                              "candidate is switched by the comparison itself, and its answer is about the model "
+                              "as it runs outside the block; call it outside", sel=repr(str(sel)))
+
+
 def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: str = "prefill",
                   padding: bool = False, new_tokens: int | Iterable[int] | None = None, cache: str = "dynamic",
                   lengths: Lengths | None = None, requests: int = DEFAULT,
@@ -167,8 +187,10 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
     and when that changes (``serving.serving_estimate``; ``report.serving``). A generate sweep without
     ``new_tokens`` takes the device's default (``request.DEFAULTS``). Traces go to one folder per shape under
     ``trace_dir``."""
+    _not_switched(model)
     shapes3, req = _swept(model, shapes, mode, new_tokens, padding=padding, cache=cache, lengths=lengths,
                           requests=requests)
+    kw.update({k: list(v) for k, v in kw.items() if isinstance(v, Iterator)})  # (every shape reads them)
     requests = req.requests
     if lengths is not None:
         check_mix(model, mode, lengths, requests, max(n or 0 for *_, n in shapes3))

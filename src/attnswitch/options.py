@@ -168,6 +168,19 @@ def check_requests(requests) -> None:
                           got=reprlib.repr(requests))
 
 
+def check_deployed(deployed) -> tuple[int, ...]:
+    """The lengths a deployment meets besides the measured one (where known defects are checked): an iterable
+    of whole numbers from 1 to ``MAX_LENGTH``, as a tuple."""
+    if isinstance(deployed, (str, bytes)) or not isinstance(deployed, Iterable):
+        raise OptionError("{deployed} is a list of lengths (tokens), not {got}", got=reprlib.repr(deployed))
+    lengths = tuple(deployed)
+    bad = [n for n in lengths if not (_whole(n) and 1 <= n <= MAX_LENGTH)]
+    if bad:
+        raise OptionError("{deployed}: a length is a whole number of tokens from 1 to {most}, not {got}",
+                          most=MAX_LENGTH, got=reprlib.repr(bad[0]))
+    return tuple(int(n) for n in lengths)
+
+
 def _generates(mode: str) -> bool:
     k = kinds.KINDS.get(mode)
     return k is not None and k.generates

@@ -14,7 +14,7 @@ Torch-free, like ``options`` (whose per-value checks it calls).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -132,6 +132,7 @@ class Request:
     compile: object = None  # torch.compile modes (``compiling.parse_compile``)
     steps: Steps = field(default_factory=Steps)
     numerics: bool = True
+    deployed: object = ()  # lengths a deployment meets besides the measured ones (the known defects' check)
 
     @property
     def sweeps(self) -> bool:
@@ -150,6 +151,8 @@ class Request:
         options.check_choice("kind", self.kind, KINDS)
         if self.mode is not None:
             options.check_choice("mode", self.mode, options.MODES)
+        # (an iterator is read once, here: what is checked is what runs)
+        backends = list(self.backends) if isinstance(self.backends, Iterator) else self.backends
         _combinations(self)
         self.steps.check()
         if self.steps.iters is not None and self.steps.rounds is not None:  # (given both: decided by them alone)
@@ -157,7 +160,7 @@ class Request:
         modes = parse_compile(self.compile)
         if any(m is not None for m in modes) and (self.device_map is not None or self.tp):
             raise OptionError("{compile} runs one process's model on one device; not with {device_map} or {tp}")
-        _one_phase(self.mode, candidate.check_backends(self.backends, registered))
+        _one_phase(self.mode, candidate.check_backends(backends, registered))
         if self.dtype is not None:
             options.dtype_name(self.dtype)
         options.check_placement(self.device_map, self.tp)
@@ -166,7 +169,8 @@ class Request:
         if lengths is not None and not isinstance(lengths, Lengths):
             raise TypeError(f"lengths must be a Lengths (lengths.Lengths.of or read_lengths), not "
                             f"{type(lengths).__name__}")
-        checked = dataclasses.replace(self, lengths=lengths, compile=modes)
+        checked = dataclasses.replace(self, lengths=lengths, compile=modes, backends=backends,
+                                      deployed=options.check_deployed(self.deployed))
         if self.mode is not None:  # (the smaller defaults where the device is not known yet: a CPU's)
             gpu = str(self.device or "").startswith("cuda")
             _shapes(dataclasses.replace(checked.resolved("cuda" if gpu else "cpu"), model=self.model))

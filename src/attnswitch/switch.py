@@ -22,7 +22,7 @@ from .backends import Call
 from .backends.call import autocast_inputs, check
 from .candidate import Kinds
 from .hf import compiled, install, layerkinds, owners, record, registries
-from .hf.selection import Policy, Selection, choose, resolve_selection
+from .hf.selection import PATCHED, Policy, Selection, choose, resolve_selection
 from .options import OptionError
 
 __all__ = ["backend", "patch", "unpatch", "attention", "active_backend", "is_patched", "layer_kinds"]
@@ -175,6 +175,21 @@ def runs_as_auto(model: nn.Module) -> bool:
     except Exception:  # (a module's own ``config`` that is no transformers config: not a model auto runs as is)
         return False
     return {n for n in names if isinstance(n, str)} == {"sdpa"}
+
+
+def switched(model: nn.Module) -> tuple[Selection, str] | None:
+    """What switches ``model``'s forwards, or a part of them, in the calling thread now, as ``(selection,
+    how)``: ``how`` is ``"context"`` (a ``backend()`` block naming it or a submodel of it, or every model) or
+    ``"patch"`` (of it or of a submodel); None: nothing does."""
+    st = record.current()
+    if st.global_sel is not None:
+        return st.global_sel, "context"
+    tokens = [info.token for m in model.modules() if (info := owners.info_of(m)) is not None]
+    for held, how in ((st.per_owner, "context"), (PATCHED, "patch")):
+        sel = next((held[t] for t in tokens if t in held), None)
+        if sel is not None:
+            return sel, how
+    return None
 
 
 def active_backend() -> Selection | None:

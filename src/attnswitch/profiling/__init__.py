@@ -211,13 +211,13 @@ def _counts(t: Target, steps: Steps) -> Steps:
     return dataclasses.replace(s, rounds=max(s.rounds, s.iters * t.prompts, MIN_PAIRS)) if generate else s
 
 
-def _request(t: Target, placed: dict | None, backends, compile, steps: Steps) -> Request:
+def _request(t: Target, placed: dict | None, backends, compile, steps: Steps, deployed) -> Request:
     """What ``profile`` is asked, checked as every request is (``request.Request.check``)."""
     mode = t.workload.mode if t.workload is not None else None
     device_map = placed["device_map"] if placed and placed["mode"] == "device_map" else None
     tp = bool(placed) and placed["mode"] == "tensor_parallel"
     request = Request(kind="profile", mode=mode, backends=backends, compile=compile, steps=steps,
-                      device_map=device_map, tp=tp).check(registered())
+                      device_map=device_map, tp=tp, deployed=deployed).check(registered())
     if t.model is None and any(m is not None for m in request.compile):  # (what would it compile?)
         raise OptionError("{compile} compiles a model's forward; a callable is profiled as it is (compile it "
                           "yourself, inside it)")
@@ -280,7 +280,8 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     t_start, spent, host = time.perf_counter() - sum((time_before or {}).values()), dict(time_before or {}), {}
     t = Target.of(target, batch)
     placed, steps = distribution_of(t.model), Steps(warmup, iters, rounds, time_budget_s, host_iters, profile_steps)
-    modes = _request(t, placed, backends, compile, steps).compile
+    request = _request(t, placed, backends, compile, steps, deployed)
+    modes, backends, deployed = request.compile, request.backends, request.deployed
     warmup, iters, rounds, time_budget_s, host_iters, profile_steps = dataclasses.astuple(_counts(t, steps))
     names, progress, t0 = _checked_names(t, backends), progress or (lambda step: None), time.perf_counter()
     with frozen_heap():
