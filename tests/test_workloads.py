@@ -448,6 +448,10 @@ def test_deciding_phase_is_the_one_the_best_gains_in_and_only_where_measured():
                                                        "the workload: prefill +1.0 ms).")
     mixed = row("flash", 11.5, 1.9)  # +3.0 prefill, -0.8 decode: net gain
     assert "Prefill decided it" in _deciding_phase(best, mixed, w)
+    both = row("math", 11.3, 2.2)  # +2.6 prefill, +1.6 decode: neither gains twice the other
+    assert _deciding_phase(best, both, w) == ("Both phases gain against `math` (each phase's median, over the "
+                                              "workload: prefill +2.6 ms, decode +1.6 ms).")
+    assert "Prefill decided it" in _deciding_phase(best, row("math", 11.3, 2.1), w)  # +2.6 against +0.8
     net_loss = row("flash", 10.5, 1.8)  # +1.0 prefill, -1.6 decode
     assert "do not show its lead" in _deciding_phase(best, net_loss, w)
     assert _deciding_phase(row("cudnn", None, None), other, w) == ""

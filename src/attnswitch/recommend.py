@@ -207,7 +207,8 @@ def _phase_backend(c: Candidate, phase: str) -> str | None:
 def _deciding_phase(best: BackendResult, o: BackendResult, workload: dict) -> str:
     """Which phase gains the best backend most over the next one (time saved over the workload, from each
     phase's median); phases without measurements on both sides are left out, as are phases both run with the
-    same backend (their difference is noise), and no phase is said to decide where the best gains in none."""
+    same backend (their difference is noise), and no phase is said to decide where the best gains in none, nor
+    where another phase gains half as much or more (both did)."""
     g = best.generate
     n_gen = len(workload.get("prompt_lens", [])) or 1
     steps = n_gen * max(0, (workload.get("new_tokens") or 1) - 1)
@@ -227,6 +228,8 @@ def _deciding_phase(best: BackendResult, o: BackendResult, workload: dict) -> st
     phase, gain = max(gains.items(), key=lambda kv: kv[1])
     if gain <= 0 or sum(gains.values()) <= 0:
         return f"Against `{o.backend}` the phases' medians do not show its lead ({told} over the workload)."
+    if any(0 < v and gain < 2 * v for k, v in gains.items() if k != phase):  # (no phase gains twice the other)
+        return f"Both phases gain against `{o.backend}` (each phase's median, over the workload: {told})."
     return f"{phase.capitalize()} decided it against `{o.backend}` (each phase's median, over the workload: {told})."
 
 
