@@ -125,6 +125,27 @@ def test_on_a_cpu_the_heaviest_are_leaves_by_host_time(cpu_report):
                for n in marked)
 
 
+def test_the_models_row_is_no_leaf_in_any_phase_of_a_training_step_or_a_generate():
+    # the model's row holds its phase's top-level rows, not every phase's: a training step's backward rows
+    # (or a generate's decode rows) beside it must not make it a leaf, nor the heaviest
+    from attnswitch.render.sections import _heaviest, _leaves
+    from attnswitch.results import LayerStats
+
+    def row(path, host, phase=None):
+        return LayerStats(path, "module", 1, 0, 0, 0, 0, host, 1, phase=phase)
+
+    for phases in ((None, "backward"), ("prefill", "decode")):
+        rows = [row("LlamaForCausalLM", 5564.0, phases[0]), row("model", 4000.0, phases[0]),
+                row("model.layers.0.mlp.gate_proj", 531.0, phases[0]), row("model.layers.0.mlp.up_proj", 451.0,
+                                                                              phases[0]),
+                row("lm_head", 1500.0, phases[0]), row("model.layers.0.mlp.down_proj", 362.0, phases[0]),
+                row("model", 9000.0, phases[1]), row("model.layers.0.mlp.gate_proj", 900.0, phases[1]),
+                row("lm_head", 3000.0, phases[1])]
+        leaves = {(rows[i].path, rows[i].phase) for i in _leaves(rows)}
+        assert ("LlamaForCausalLM", phases[0]) not in leaves and ("model", phases[1]) not in leaves
+        assert {rows[i].path for i in _heaviest(rows, gpu=False)} == {"lm_head", "model.layers.0.mlp.gate_proj"}
+
+
 # -- the HTML page ----------------------------------------------------------------------------------
 
 _ATTR_URL = re.compile(r"""(?:src|href|action|poster|data)\s*=\s*["']?\s*([a-z][a-z0-9+.-]*:)""", re.I)

@@ -168,14 +168,15 @@ def _layer_columns(b) -> list[str]:
 
 def _leaves(rows) -> list[int]:
     """The rows that hold no other row's time: attention calls, and modules without children. The model's
-    own row is named by its class, not by a prefix of its children's paths: it holds the top-level rows' time."""
-    paths = [x.path for x in rows if x.kind == "module"]
+    own row is named by its class, not by a prefix of its children's paths: it holds the top-level rows' time.
+    Each phase's rows (a generate's prefill and decode, a training step's forward and backward) on their own."""
+    paths = [(x.path, x.phase) for x in rows if x.kind == "module"]
     top = [x for x in rows if x.kind == "module" and "." not in x.path]
 
     def holds_others(x) -> bool:
-        if any(p.startswith(x.path + ".") for p in paths):
+        if any(p.startswith(x.path + ".") and phase == x.phase for p, phase in paths):
             return True
-        others = [y.host_us for y in top if y is not x]
+        others = [y.host_us for y in top if y is not x and y.phase == x.phase]
         return "." not in x.path and bool(others) and x.host_us >= sum(others)
 
     return [i for i, x in enumerate(rows) if x.kind == "attention" or (x.kind == "module" and not holds_others(x))]
