@@ -202,6 +202,18 @@ def test_cli_compare_writes_every_output(tmp_path, capsys):
     assert html.count('<figure class="plot"') == html.count("<svg") == 4
 
 
+def test_unfold_unfolds_the_printed_tables_and_the_files(tmp_path, capsys):
+    out = tmp_path / "rep"
+    rc = main(["compare", "tiny-llama", "--device", "cpu", "--num-layers", "2", "--seq", "8", "--iters", "2",
+               "--rounds", "1", "--backends", "math", "--unfold", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0 and "math: per layer" in printed  # (printed, as --layers does)
+    for text in (printed, (out / "report.md").read_text(), (out / "report.html").read_text()):
+        assert "model.layers.1.self_attn" in text and "×2" not in text
+    folded = Report.from_json(out / "report.json").to_markdown()
+    assert "model.layers.*.self_attn [attention] ×2" in folded and "model.layers.1.self_attn" not in folded
+
+
 def test_cli_exit_codes(tmp_path, capsys):
     assert main(["compare", "no-such-model"]) == 2
     assert "not a preset" in capsys.readouterr().err

@@ -150,7 +150,8 @@ def _profile_options(iters: int) -> Callable[[argparse.ArgumentParser], None]:
                             f"fastest; a round that would end past it is not started (default: as long as the first "
                             f"rounds took, at most {BUDGET_CAP_S:g}; 0: no more rounds)")
         p.add_argument("--out", default=None, help="write report.json/.csv/.md/.html and traces here")
-        p.add_argument("--unfold", action="store_true", help="one row per layer instead of folding repeated layers")
+        p.add_argument("--unfold", action="store_true", help="one row per layer instead of folding repeated layers, "
+                                                             "printed (as --layers does) and in the files")
         p.add_argument("--layers", action="store_true", help="print the per-layer tables too")
         p.add_argument("--compile", default="none", metavar="MODES",
                        help="run every backend under torch.compile: none, default, reduce-overhead or max-autotune; "
@@ -243,16 +244,16 @@ def _command_line(s: Session) -> str:
     return f"torchrun --nproc-per-node {w[1]} -m {command}" if w is not None else command
 
 
-def _write_outputs(report, d: Path) -> list[str]:
+def _write_outputs(report, d: Path, fold: bool = True) -> list[str]:
     """Every file of the report into the folder ``d`` (its traces are there already: they were written
     into ``d / "traces"`` as they were recorded), and the pick as ``policy.json`` where there is one; the
-    names of what is there now."""
+    names of what is there now. ``fold``: repeated layers as one row in the per-layer tables."""
     from .deploy import write_policy
 
     report.to_json(d / "report.json")
     report.to_csv(d / "report.csv")
-    report.to_markdown(d / "report.md")
-    report.write_html(d / "report.html")
+    report.to_markdown(d / "report.md", fold=fold)
+    report.write_html(d / "report.html", fold=fold)
     write_policy(report, d / "policy.json")  # the pick, to apply in a serving process (attnswitch.load_policy)
     if report.command:
         (d / "command.txt").write_text(report.command + "\n")
@@ -280,7 +281,7 @@ def _printed(s: Session, report) -> bool:
     """The report printed on stdout; False where its reader went away (``| head``): the files are still
     written, and the command ends with ``EXIT_BROKEN_PIPE``."""
     try:
-        report.render(s.out, layers=s.args.layers, fold=not s.args.unfold)
+        report.render(s.out, layers=s.args.layers or s.args.unfold, fold=not s.args.unfold)
         sys.stdout.flush()
     except BrokenPipeError:
         return False
@@ -401,7 +402,7 @@ def _measured(s: Session, run: Callable, sweep: Callable | None = None) -> int:
         measured = report.ok and answer not in ("no-attention", "none")
         if staging is not None and measured:
             report.save_traces(trace_dir)  # any trace recorded elsewhere (where written here: nothing to do)
-            written = _write_outputs(_moved(report, staged, Path(out)), staged)
+            written = _write_outputs(_moved(report, staged, Path(out)), staged, fold=not s.args.unfold)
         elif staging is not None:
             staging.discard()  # nothing ran, or nothing to answer: the folder keeps what it held
     if staging is not None:

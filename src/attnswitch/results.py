@@ -518,11 +518,12 @@ class Report:
         """Print the report on a rich console (stdout by default)."""
         render.to_console(self, console, layers=layers, fold=fold)
 
-    def to_markdown(self, path: str | Path | None = None) -> str:
-        return render.to_markdown(self, path)
+    def to_markdown(self, path: str | Path | None = None, *, fold: bool = True) -> str:
+        """``fold``: repeated layers as one row in the per-layer tables (False: one row per layer)."""
+        return render.to_markdown(self, path, fold=fold)
 
-    def write_html(self, path: str | Path) -> Path:
-        return render.write_html(self, path)
+    def write_html(self, path: str | Path, *, fold: bool = True) -> Path:
+        return render.write_html(self, path, fold=fold)
 
     def __str__(self) -> str:
         return render.to_text(self)

@@ -121,12 +121,13 @@ def page_html(blocks: list[Block]) -> str:
     return _page(title, about, nav, _blocks(rest, [0]))
 
 
-def to_html(report) -> str:
-    """The report's page, as text: every section of ``sections(report)``, plots drawn here."""
-    return page_html(sections(report))
+def to_html(report, *, fold: bool = True) -> str:
+    """The report's page, as text: every section of ``sections(report)``, plots drawn here. ``fold``: repeated
+    layers as one row."""
+    return page_html(sections(report, fold_layers=fold))
 
 
-def write_html(report, path: str | Path) -> Path:
+def write_html(report, path: str | Path, *, fold: bool = True) -> Path:
     path = Path(path)
-    path.write_text(to_html(report), encoding="utf-8")
+    path.write_text(to_html(report, fold=fold), encoding="utf-8")
     return path

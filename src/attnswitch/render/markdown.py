@@ -56,9 +56,9 @@ def _lines(blocks, level: int) -> list[str]:
     return lines
 
 
-def to_markdown(report, path: str | Path | None = None) -> str:
-    """The report as markdown text; written to ``path`` too when given."""
-    blocks: list[Block] = sections(report)
+def to_markdown(report, path: str | Path | None = None, *, fold: bool = True) -> str:
+    """The report as markdown text; written to ``path`` too when given. ``fold``: repeated layers as one row."""
+    blocks: list[Block] = sections(report, fold_layers=fold)
     text = "\n".join(_lines(blocks, 2))
     if path is not None:
         Path(path).write_text(text)
