@@ -111,6 +111,21 @@ def test_the_deploy_snippet_runs_and_the_recommended_op_runs(cpu_report):
         assert "sdpa_kernel" in d.plain and d.plain_loses
 
 
+def test_a_generate_measured_with_a_static_cache_is_deployed_with_one():
+    from attnswitch.deploy import deploy_info
+
+    work = {"mode": "generate", "cache": "static", "prompt_lens": [8, 9], "batch": 1, "dtype": "bfloat16"}
+    call = 'model.generate(**inputs, cache_implementation="static")'
+    d = deploy_info("flash", {}, work)
+    assert d.plain.splitlines()[-1] == "    " + call and call in d.attnswitch
+    assert "with another KV cache than a static one" in d.remeasure
+    keep = deploy_info("auto", {}, work, keep=True)
+    assert keep.plain.splitlines() == ["model.set_attn_implementation('sdpa')", call]
+    dynamic = deploy_info("flash", {}, {**work, "cache": "dynamic"})
+    assert "cache_implementation" not in dynamic.plain + dynamic.attnswitch
+    assert "with another KV cache than a dynamic one" in dynamic.remeasure
+
+
 def test_a_policy_round_trips_and_warns_once_where_it_was_measured_elsewhere(cpu_report, tmp_path):
     path = write_policy(cpu_report, tmp_path / "policy.json")
     with warnings.catch_warnings():

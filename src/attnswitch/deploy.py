@@ -42,12 +42,14 @@ def forward(*args, **kwargs):  # decode steps (one query token) compiled, the pr
 model.forward = forward  # generate(..., disable_compile=True): this compile in place of transformers' own"""
 
 
-def _attnswitch_snippet(sel, mode: str | None, kind: Kind) -> str:
+def _attnswitch_snippet(sel, mode: str | None, kind: Kind, static: bool = False) -> str:
     """Runs as it is with ``model`` in scope: the switch, then (a compiled pick) the compile as measured."""
     imports, lines = ["import attnswitch"], [
         f"attnswitch.patch(model, {sel!r})  # every thread, until attnswitch.unpatch(model)",
         "# or exactly what was measured, with a warning where the versions or the model differ:",
         "# attnswitch.load_policy(\"policy.json\").apply(model)"]
+    if static:
+        lines.append(f"# then, as measured: {_STATIC_CALL}")
     if mode is not None:
         imports.append("import torch")
         arg = "" if mode == "default" else f", mode={mode!r}"
@@ -56,8 +58,13 @@ def _attnswitch_snippet(sel, mode: str | None, kind: Kind) -> str:
     return "\n".join(imports) + "\n\n" + "\n".join(lines)
 
 
-def _plain_equivalent(sel, kind: Kind) -> tuple[str | None, list[str]]:
-    """PyTorch's and transformers' own way to run the same kernels, and what it loses; None where none."""
+#: a generate measured with a static KV cache, as it is run
+_STATIC_CALL = "model.generate(**inputs, cache_implementation=\"static\")"
+
+
+def _plain_equivalent(sel, kind: Kind, static: bool = False) -> tuple[str | None, list[str]]:
+    """PyTorch's and transformers' own way to run the same kernels, and what it loses; None where none.
+    ``static``: a generate measured with a static KV cache."""
     if isinstance(sel, dict) and set(sel) & {"prefill", "decode"}:
         return None, ["a backend per phase: transformers and PyTorch choose one kernel for every call"]
     if isinstance(sel, dict):
@@ -68,14 +75,14 @@ def _plain_equivalent(sel, kind: Kind) -> tuple[str | None, list[str]]:
         code = ("import torch\nfrom torch.nn.attention import SDPBackend, sdpa_kernel\n\n"
                 "model.set_attn_implementation(\"sdpa\")\n"
                 f"with sdpa_kernel([SDPBackend.{row.sdp_backend}]):  # process-wide while open\n"
-                f"    {kind.call}")
+                f"    {_STATIC_CALL if static else kind.call}")
         loses = ["the flags are process-wide: every thread and every model's SDPA calls are forced while it is open",
                  "no layout change where the backend refuses the inputs as given (grouped k/v heads for "
                  "efficient): SDPA raises 'No available kernel' instead",
                  "under torch.compile the kernel is the one of the first compile, whatever the flags say later"]
         return code, loses
     if row is not None and row.transformers:
-        return (f"model.set_attn_implementation({row.transformers!r})",
+        return (f"model.set_attn_implementation({row.transformers!r})" + (f"\n{_STATIC_CALL}" if static else ""),
                 [] if row.kind != "choice" else ["SDPA's own choice may change with the inputs, the GPU or PyTorch"])
     return None, [f"`{sel}` is attnswitch's own: transformers has no attention implementation that runs it"]
 
@@ -99,6 +106,8 @@ def _remeasure(environment: Mapping, workload: Mapping, sweep) -> list[str]:
         out.append(f"for batch sizes other than {', '.join(map(str, batches))}")
     if work.get("dtype"):
         out.append(f"in another dtype than {work['dtype']}")
+    if work.get("cache"):  # (a generate's)
+        out.append(f"with another KV cache than a {work['cache']} one")
     return [x for x in out if x]
 
 
@@ -112,11 +121,12 @@ def deploy_info(pick: str, environment: Mapping, workload: Mapping, *, sweep=(),
     c = candidate.parse(pick)  # a compiled candidate: its backend, then torch.compile as it was measured
     mode, kind = c.compile, kind_of(workload)
     sel = c.selection if isinstance(c.selection, str) else c.selection.as_dict()
-    plain, loses = _plain_equivalent(sel, kind)
+    static = kind.generates and workload.get("cache") == "static"
+    plain, loses = _plain_equivalent(sel, kind, static)
     if mode is not None and plain is not None:
         plain = f"# compiled as measured (torch.compile, mode {mode!r}) before the calls below\n{plain}"
     env = environment
-    return Deploy(pick, sel, mode, kind.where, "" if keep else _attnswitch_snippet(sel, mode, kind), plain,
+    return Deploy(pick, sel, mode, kind.where, "" if keep else _attnswitch_snippet(sel, mode, kind, static), plain,
                   tuple(loses), dict(env.get("env_vars") or {}),
                   {k: env.get(k) for k in (*_VERSIONS, "attnswitch") if env.get(k) is not None},
                   tuple(_remeasure(environment, workload, sweep)), tuple(ties), keep)
