@@ -301,7 +301,8 @@ def test_a_reader_that_goes_away_ends_the_command_with_141_and_no_traceback(tmp_
     assert (out / "report.json").stat().st_size > 0 and (out / "traces" / "trace_naive.json.gz").exists()
 
 
-def test_a_config_transformers_refuses_and_weights_that_do_not_match_it_are_one_line_and_exit_2(tmp_path):
+def test_a_config_transformers_refuses_and_weights_that_do_not_match_it_or_are_cut_short_are_one_line_and_exit_2(
+        tmp_path):
     # as the command meets them: a config whose validators fail (hidden size 64 with 5 heads), and a checkpoint
     # whose weights are of other shapes than its config says; transformers' own report of keys is not printed
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -314,10 +315,15 @@ def test_a_config_transformers_refuses_and_weights_that_do_not_match_it_are_one_
     LlamaForCausalLM(cfg).save_pretrained(tmp_path / "grown")
     config = json.loads((tmp_path / "grown" / "config.json").read_text())
     (tmp_path / "grown" / "config.json").write_text(json.dumps({**config, "intermediate_size": 256}))
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "cut")  # a weights file cut short (a copy that stopped)
+    weights = tmp_path / "cut" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
     cases = [("five.json", "five.json: transformers refuses this config: The hidden size (64) is not a multiple of "
                            "the number of attention heads (5)."),
              ("grown", "grown: its weights do not match its config: model.layers.0.mlp.down_proj.weight is [64, 128] "
-                       "in the checkpoint, [64, 256] by the config (and 2 more)")]
+                       "in the checkpoint, [64, 256] by the config (and 2 more)"),
+             ("cut", "cut: its weights cannot be read (Error while deserializing header: incomplete metadata, file "
+                     "not fully covered)")]
     for model, said in cases:
         r = subprocess.run([sys.executable, "-m", "attnswitch", "compare", model, "--device", "cpu", "--seq", "8",
                             "--iters", "1", "--backends", "naive"], capture_output=True, text=True, timeout=300,

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from safetensors import SafetensorError
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -268,9 +269,12 @@ def _pretrained(where: str, dtype, device, trust_remote_code: bool, layers: int 
                   local_files_only=local_files_only, ignore_mismatched_sizes=True, output_loading_info=True, **load)
     with _load_report_held() as held:
         try:
-            model, info = _AUTO[task].from_pretrained(where, **kwargs)
-        except ValueError:
-            model, info = AutoModel.from_pretrained(where, **kwargs)
+            try:
+                model, info = _AUTO[task].from_pretrained(where, **kwargs)
+            except ValueError:
+                model, info = AutoModel.from_pretrained(where, **kwargs)
+        except SafetensorError as e:  # a damaged or cut-short weights file
+            raise OptionError("{given}: its weights cannot be read ({why})", given=where, why=e) from None
         mismatched = sorted(info.get("mismatched_keys") or (), key=str)
         if mismatched:
             key, ckpt, want = mismatched[0]
