@@ -267,6 +267,23 @@ def test_a_mount_point_is_refused_before_any_work(how, tmp_path, monkeypatch, ca
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # nothing staged beside it
 
 
+@pytest.mark.parametrize("name, said", [
+    ("b" * 231, "its name is too long: a run names a folder beside it .NAME.attnswitch-old-XXXXXXXX, and names "
+                "here have at most 255 bytes; give a name of at most 230 bytes"),
+    ("b" * 300, "its name is too long"),
+    ("c" * 300 + "/sub", "a folder on its path has a name longer than names here have (at most 255 bytes)"),
+    ("nl\nx", "holds a line break or another control character; give a plain name")])
+def test_an_out_name_no_folder_beside_it_could_take_is_refused_in_one_line_before_any_work(name, said, tmp_path,
+                                                                                           monkeypatch, capsys):
+    monkeypatch.setattr(outfolder.os, "pathconf", lambda p, what: 255)  # (the usual limit, on any file system)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main([*QUICK, "--out", name]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0] and err[0].startswith("error: --out '")
+    assert list(tmp_path.iterdir()) == []
+    assert cli.main([*QUICK, "--out", "b" * 230]) == 0 and (tmp_path / ("b" * 230) / "report.json").is_file()
+
+
 # -- a run that ends in anything but a report leaves --out as it was -------------------------------------
 
 def _earlier_report(out, capsys):

@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import os
 import re
+import reprlib
 import secrets
 import shutil
 import signal
@@ -35,7 +36,10 @@ _PREFIX = ".attnswitch-"  # the staging folder: .<name>.attnswitch-XXXX beside t
 def previous_report(out: str | Path) -> bool:
     """Whether ``out`` holds a report now (one a failed or interrupted run keeps)."""
     d = Path(out)
-    return d.is_dir() and any(d.iterdir())
+    try:
+        return d.is_dir() and any(d.iterdir())
+    except OSError:  # (a name too long, a folder it may not read: none this run could keep)
+        return False
 
 
 def _new_folder(parent: Path, prefix: str) -> Path:
@@ -53,8 +57,9 @@ def _new_folder(parent: Path, prefix: str) -> Path:
 
 def _nearest_existing(d: Path) -> Path:
     for p in (d, *d.parents):
-        if p.exists():
-            return p
+        with contextlib.suppress(OSError):  # (a name too long: not there)
+            if p.exists():
+                return p
     return Path(".")
 
 
@@ -63,6 +68,10 @@ def check(out: str) -> None:
     run, and the folder it sits in can be written. Raises ``OptionError`` (about ``out``) otherwise."""
     if not str(out).strip():  # (an unset shell variable: nothing would be written, and nothing said)
         raise OptionError("{out} is empty: give the report a folder")
+    if any(ord(c) < 32 or c == "\x7f" for c in str(out)):  # (the profiler cannot write its traces there)
+        raise OptionError("{out} {given}: holds a line break or another control character; give a plain name",
+                          given=repr(str(out)))
+    _name_fits(Path(out), out)
     d = Path(out)
     if d.exists() and not d.is_dir():
         raise OptionError("{out} {given}: exists and is not a folder", given=out)
@@ -87,6 +96,28 @@ def check(out: str) -> None:
     except OSError as e:
         raise OptionError("{out} {given}: cannot write there ({why})", given=out,
                           why=e.strerror or str(e)) from None
+
+
+#: the most bytes a run adds to the folder's name, for a folder beside it: ``.NAME.attnswitch-old-XXXXXXXX``
+_ADDED = len(f".{_PREFIX}old-") + 8
+
+
+def _name_fits(d: Path, given) -> None:
+    """The folders a run makes beside ``d`` can be named: ``d``'s name and what a run adds to it fit the file
+    system's limit (read before anything touches ``d``: a name past it fails every call on it)."""
+    parent = _nearest_existing(Path(os.path.abspath(d)).parent)
+    try:
+        most = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        most = 255
+    if any(len(os.fsencode(part)) > most for part in Path(os.path.abspath(d)).parent.parts):
+        raise OptionError("{out} {given}: a folder on its path has a name longer than names here have (at most "
+                          "{most} bytes)", given=reprlib.repr(str(given)), most=most)
+    if len(os.fsencode(d.name)) + _ADDED > most:
+        raise OptionError("{out} {given}: its name is too long: a run names a folder beside it .NAME{suffix}, and "
+                          "names here have at most {most} bytes; give a name of at most {fits} bytes",
+                          given=reprlib.repr(str(given)), suffix=f"{_PREFIX}old-XXXXXXXX", most=most,
+                          fits=most - _ADDED)
 
 
 _MOUNTS = "/proc/self/mountinfo"  # this process's mount table (Linux)
