@@ -54,6 +54,8 @@ REFUSED = [
     (["--rounds", "0"], _compare(rounds=0)),
     (["--warmup", "-1"], _compare(warmup=-1)),
     (["--time-budget", "-1"], _compare(time_budget_s=-1.0)),
+    (["--time-budget", "inf"], _compare(time_budget_s=float("inf"))),  # (JSON has no Infinity)
+    (["--time-budget", "nan"], _compare(time_budget_s=float("nan"))),
     (["--compile", "default", "--device-map", "auto"], lambda: attnswitch.profile(
         m := _spread_model(), batch_for(m), backends=["naive"], compile="default")),
     (["--compile", "default", "--tp"], lambda: Request(compile="default", tp=True).check()),

@@ -157,8 +157,8 @@ def check_count(param: str, n, least: int) -> None:
 
 def check_seconds(param: str, s) -> None:
     """Seconds, 0 or more (None: left out)."""
-    if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float)) or not s >= 0):
-        raise OptionError("{" + param + "} must be 0 or more seconds, got {got!r}", got=s)
+    if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 <= s < float("inf")):
+        raise OptionError("{" + param + "} must be 0 or more seconds (a finite number), got {got!r}", got=s)
 
 
 def check_requests(requests) -> None:
