@@ -375,3 +375,21 @@ def test_a_long_title_over_a_narrow_plot_is_wrapped_and_steps_get_whole_ticks():
     fig = plots.bar_plot(f"Time per forward against the pick, `{name}`", ["a", "b"], {"x": [1.0, 1.1], "y": [1, 2]},
                          "ms")
     assert any(f"`{name}`" in line for line in fig.axes[0].get_title().splitlines())
+
+
+def test_log_axes_are_labelled_in_plain_numbers_and_a_sweeps_lengths_are_its_ticks():
+    # a sweep over 16 and 48 was ticked at 2^4 and 2^5 (48 unlabelled), its times labelled 4 × 10^0, ...
+    fig = plots.line_plot("t", "sequence length", "ms", {"a": [(16, 4.1), (48, 5.9)], "b": [(16, 4.4), (48, 6.8)]},
+                          log_x=True, log_y=True)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["16", "48"]
+    lo, hi = ax.get_ylim()
+    shown = [t.get_text() for t in ax.get_yticklabels() + ax.get_yticklabels(minor=True)
+             if t.get_text() and lo <= t.get_position()[1] <= hi]
+    assert shown and all(re.fullmatch(r"\d+(\.\d+)?", t) for t in shown), shown
+    bars = plots.bar_plot("t", ["a", "b"], {"x": [120.0, 340.0]}, "µs", log=True)
+    bars.canvas.draw()
+    lo, hi = bars.axes[0].get_ylim()
+    assert {"200", "300"} <= {t.get_text() for t in bars.axes[0].get_yticklabels(minor=True) +
+                                     bars.axes[0].get_yticklabels() if lo <= t.get_position()[1] <= hi}

@@ -24,6 +24,7 @@ code { font: 0.92em/1.3 ui-monospace, "DejaVu Sans Mono", monospace; background:
 .answer .detail { margin: 0; padding-left: 20px; }
 .scroll { overflow-x: auto; }
 pre.code { background: var(--bg-alt); padding: 8px 12px; border-radius: 4px; overflow-x: auto; font-size: 13px; }
+pre.code code { padding: 0; }  /* (inline code's padding would shift a block's first line alone) */
 table { border-collapse: collapse; font-size: 13px; margin: 4px 0; }
 caption { text-align: left; font-weight: 600; padding: 4px 0; }
 th, td { padding: 4px 9px; border-bottom: 1px solid var(--line); white-space: nowrap; }

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import math
 import re
@@ -86,7 +87,7 @@ def bar_plot(title: str, categories: Sequence[str], series: Mapping[str, Sequenc
     legend = 2.2 if k + (1 if limit else 0) > 1 else 0.0  # inches for a legend on the right
     fig, ax = _figure(min(12.0, max(5.5, 1.5 + legend + n * (0.55 if stacked else 0.3 + 0.25 * k))))
     if log:
-        ax.set_yscale("log")
+        _log_axes(ax, (), False, True)
     width = 0.7 if stacked else 0.8 / k
     bottom = [0.0] * n
     for j, (label, values) in enumerate(series.items()):
@@ -116,6 +117,46 @@ def bar_plot(title: str, categories: Sequence[str], series: Mapping[str, Sequenc
     return fig
 
 
+@functools.cache
+def _plain_log_class():
+    from matplotlib.ticker import LogFormatterSciNotation
+
+    class PlainLog(LogFormatterSciNotation):
+        """A log axis's labels as plain numbers (``40``, ``0.5``, not ``4 × 10^1``) from 0.001 to 10⁵, on the
+        ticks matplotlib labels; powers of ten beyond."""
+
+        def __call__(self, x, pos=None):
+            label = super().__call__(x, pos)
+            return f"{x:g}" if label and 1e-3 <= abs(x) < 1e5 else label
+    return PlainLog
+
+
+def _plain_log(**kw):
+    """A log axis's formatter of plain numbers (matplotlib imported only where a plot is drawn)."""
+    return _plain_log_class()(**kw)
+
+
+def _log_axes(ax, xs: Sequence[float], log_x: bool, log_y: bool) -> None:
+    """Log axes labelled in plain numbers (not ``4 × 10^0``); a log x axis of a few lengths is ticked at the
+    lengths measured (48 is one, where powers of 2 alone would leave it unlabelled)."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
+
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    if log_x:
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        measured = sorted({float(x) for x in xs if x > 0})
+        if 0 < len(measured) <= 12:
+            ax.xaxis.set_major_locator(FixedLocator(measured))
+            ax.xaxis.set_minor_locator(NullLocator())
+    if log_y:
+        ax.set_yscale("log")
+        # matplotlib's own choice of which ticks to label (a range within a decade: its minor ticks too)
+        ax.yaxis.set_major_formatter(_plain_log())
+        ax.yaxis.set_minor_formatter(_plain_log(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
+
+
 def line_plot(title: str, x_label: str, y_label: str, series: Mapping[str, Sequence[tuple[float, float]]], *,
               log_x: bool = False, log_y: bool = False):
     """One line with markers per series through its ``(x, y)`` points."""
@@ -124,11 +165,8 @@ def line_plot(title: str, x_label: str, y_label: str, series: Mapping[str, Seque
     for label, points in series.items():
         pts = sorted((x, y) for x, y in points if x is not None and y is not None)
         ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", markersize=3, linewidth=1.5, label=label)
-    if log_x:
-        ax.set_xscale("log", base=2)
-    if log_y:
-        ax.set_yscale("log")
     xs = [x for points in series.values() for x, y in points if x is not None and y is not None]
+    _log_axes(ax, xs, log_x, log_y)
     if not log_x and xs and all(float(x).is_integer() for x in xs):
         from matplotlib.ticker import MaxNLocator
 
