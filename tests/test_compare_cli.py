@@ -118,6 +118,26 @@ def test_report_round_trips_through_json_csv_markdown(tiny_compare, tmp_path):
     assert len(copied) == 4 and all(p.exists() for p in copied)
 
 
+def test_report_json_is_strict_json_and_a_non_finite_figure_reads_back(tiny_compare):
+    # a backend that gave NaN has an infinite error: JSON has no Infinity (a browser's JSON.parse refuses it)
+    import dataclasses
+    import math
+
+    b = tiny_compare["naive"]
+    broken = dataclasses.replace(b, numerics=dataclasses.replace(b.numerics, max_rel_err=math.inf,
+                                                                 mean_rel_err=math.nan))
+    r = dataclasses.replace(tiny_compare, backends=tuple(broken if x is b else x for x in tiny_compare.backends))
+    text = r.to_json()
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+    strict = json.loads(text, parse_constant=refuse)
+    assert next(x for x in strict["backends"] if x["backend"] == "naive")["numerics"]["max_rel_err"] == "inf"
+    back = Report.from_json(text)
+    assert back["naive"].numerics.max_rel_err == math.inf and math.isnan(back["naive"].numerics.mean_rel_err)
+    assert back.to_json() == text
+
+
 @pytest.mark.parametrize("doc, said", [
     ({"schema": 1, "selection": "flash"}, "a policy file, not a report: attnswitch.load_policy reads it"),
     ({"backends": []}, "not a report of schema 1 to 7 ('schema_version' is null)"),

@@ -11,6 +11,7 @@ import csv
 import dataclasses
 import io
 import json
+import math
 import shutil
 import types
 import typing
@@ -447,7 +448,9 @@ class Report:
         return dataclasses.asdict(self)
 
     def to_json(self, path: str | Path | None = None, indent: int = 1) -> str:
-        text = json.dumps(self.to_dict(), indent=indent, default=str)
+        """Strict JSON (any reader's): a non-finite figure (the error of a backend that gave NaN) is written as
+        the string ``float`` reads (``"inf"``, ``"nan"``), and read back as the float."""
+        text = json.dumps(_json_safe(self.to_dict()), indent=indent, default=str, allow_nan=False)
         if path is not None:
             Path(path).write_text(text)
         return text
@@ -531,9 +534,22 @@ class Report:
 
 # -- loading: dicts back into the frozen dataclasses, by their field types -------------------------
 
+def _json_safe(value):
+    """``value`` with each non-finite float as its string (JSON has no Infinity or NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def _convert(tp, value):
     if value is None:
         return None
+    if tp is float and isinstance(value, str):  # a non-finite figure, as ``to_json`` writes it
+        return float(value)
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
