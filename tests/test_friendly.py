@@ -136,9 +136,11 @@ def test_a_comparison_of_a_model_a_switch_holds_is_refused_and_leaves_the_switch
     monkeypatch.setattr(attnswitch.comparison, "profile", lambda *a, **k: pytest.fail("measured"))
     attnswitch.patch(m, "naive")
     try:
-        with pytest.raises(OptionError, match=r"the model is patched with `naive` .attnswitch.patch.: .* call "
-                                              r"attnswitch.unpatch.model. first"):
+        with pytest.raises(OptionError, match=r"^The model is patched with `naive` .attnswitch.patch.: .* unpatch "
+                                              r"it first \(attnswitch.unpatch\)$"):
             attnswitch.compare(m, batch)
+        with pytest.raises(OptionError, match=r"^A model the model is part of is patched with `naive`"):
+            attnswitch.compare(m.model, batch)  # (its forwards run the patch)
         with pytest.raises(OptionError, match="patched with `naive`"):
             attnswitch.compare_sweep(m, [(1, 4)])
         assert attnswitch.is_patched(m) == "naive"
@@ -149,7 +151,8 @@ def test_a_comparison_of_a_model_a_switch_holds_is_refused_and_leaves_the_switch
                 attnswitch.backend("math", model=m.model)):  # (a part of the model)
         with ctx as sel:
             with pytest.raises(OptionError, match=r"a comparison inside attnswitch.backend\('.*'\), which "
-                                                  r"switches this model: .* call it outside"):
+                                                  r"switches (every model|the model|a part of the model): .* call "
+                                                  r"it outside"):
                 attnswitch.compare(m, batch)
             assert attnswitch.active_backend() in (sel, None)
     attnswitch.patch(other, "naive")  # another model's switch leaves this one's comparison alone

@@ -274,7 +274,7 @@ def test_auto_is_timed_switched_where_the_model_unswitched_would_not_run_what_au
     try:
         assert _switched_in_timed_steps(monkeypatch, model, work, ["auto"])[0] == {("auto", True)}
         if setup in (_patched_submodel, _global):  # a comparison's answer would be about a switched model
-            with pytest.raises(OptionError, match="call attnswitch.unpatch.model. first|call it outside"):
+            with pytest.raises(OptionError, match="unpatch it first|call it outside"):
                 attnswitch.compare(model, work, backends=["auto"])
     finally:
         undo()

@@ -158,20 +158,27 @@ def _swept(model: nn.Module, shapes, mode: str, new_tokens, **asked) -> tuple[li
 
 
 def _not_switched(model: nn.Module) -> None:
-    """A model a switch holds (a patch, or a ``backend()`` block around the call) is bad input: every candidate
-    is switched by the comparison itself, and an answer of keeping the model's own attention would say
-    "nothing to change" of a model that runs another backend."""
+    """A model a switch holds (a patch, or a ``backend()`` block around the call, of it, of a model it is part
+    of, or of a part of it) is bad input: every candidate is switched by the comparison itself, and an answer
+    of keeping the model's own attention would say "nothing to change" of a model that runs another backend."""
     now = switched(model)
     if now is None:
         return
-    sel, how = now
+    sel, how, whose = now
+    named = _WHOSE[whose]
     if how == "patch":
-        raise options.OptionError("the model is patched with {sel} (attnswitch.patch): a comparison switches each "
+        raise options.OptionError("{whose} is patched with {sel} (attnswitch.patch): a comparison switches each "
                                   "candidate itself, and its answer is about the model as it runs unswitched; "
-                                  "call attnswitch.unpatch(model) first", sel=f"`{sel}`")
-    raise options.OptionError("a comparison inside attnswitch.backend({sel}), which switches this model: each "
+                                  "unpatch it first (attnswitch.unpatch)", whose=named[0].upper() + named[1:],
+                                  sel=f"`{sel}`")
+    raise options.OptionError("a comparison inside attnswitch.backend({sel}), which switches {whose}: each "
                               "candidate is switched by the comparison itself, and its answer is about the model "
-                              "as it runs outside the block; call it outside", sel=repr(str(sel)))
+                              "as it runs outside the block; call it outside", sel=repr(str(sel)), whose=named)
+
+
+#: ``switch.switched``'s words for the model a switch names, as a message about the compared model says them
+_WHOSE = {"every model": "every model", "the model": "the model", "a model it is part of": "a model the model is "
+          "part of", "a part of it": "a part of the model"}
 
 
 def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: str = "prefill",

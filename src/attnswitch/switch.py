@@ -177,18 +177,23 @@ def runs_as_auto(model: nn.Module) -> bool:
     return {n for n in names if isinstance(n, str)} == {"sdpa"}
 
 
-def switched(model: nn.Module) -> tuple[Selection, str] | None:
-    """What switches ``model``'s forwards, or a part of them, in the calling thread now, as ``(selection,
-    how)``: ``how`` is ``"context"`` (a ``backend()`` block naming it or a submodel of it, or every model) or
-    ``"patch"`` (of it or of a submodel); None: nothing does."""
+def switched(model: nn.Module) -> tuple[Selection, str, str] | None:
+    """What switches ``model``'s forwards, or a part of them, in the calling thread now, as ``(selection, how,
+    whose)``: ``how`` is ``"context"`` (a ``backend()`` block) or ``"patch"``; ``whose`` the model it names:
+    ``"every model"``, ``"the model"``, ``"a model it is part of"`` (a submodel of a patched model runs the
+    patch) or ``"a part of it"``. None: nothing does."""
     st = record.current()
     if st.global_sel is not None:
-        return st.global_sel, "context"
-    tokens = [info.token for m in model.modules() if (info := owners.info_of(m)) is not None]
+        return st.global_sel, "context", "every model"
+    info = owners.info_of(model)
+    own = info.token if info is not None else None
+    parts = [i.token for m in model.modules() if m is not model and (i := owners.info_of(m)) is not None]
+    whose = [(own, "the model"), *((t, "a model it is part of") for t in owners.owners(model) if t != own),
+             *((t, "a part of it") for t in parts)]
     for held, how in ((st.per_owner, "context"), (PATCHED, "patch")):
-        sel = next((held[t] for t in tokens if t in held), None)
-        if sel is not None:
-            return sel, how
+        found = next(((held[t], who) for t, who in whose if t is not None and t in held), None)
+        if found is not None:
+            return found[0], how, found[1]
     return None
 
 
