@@ -115,9 +115,12 @@ def test_a_generate_measured_with_a_static_cache_is_deployed_with_one():
     from attnswitch.deploy import deploy_info
 
     work = {"mode": "generate", "cache": "static", "prompt_lens": [8, 9], "batch": 1, "dtype": "bfloat16"}
-    call = 'model.generate(**inputs, cache_implementation="static")'
+    # (transformers compiles a static cache's decode steps itself unless told not to: the measurement tells it)
+    call = 'model.generate(**inputs, cache_implementation="static", disable_compile=True)'
     d = deploy_info("flash", {}, work)
-    assert d.plain.splitlines()[-1] == "    " + call and call in d.attnswitch
+    assert d.plain.splitlines()[-1] == "    " + call and d.attnswitch.splitlines()[-1] == "# then, as measured: " + call
+    compiled = deploy_info("flash+compile", {}, work).attnswitch.splitlines()
+    assert compiled[-1] == "# then, as measured: " + call and "model.forward = forward" in compiled[-2]
     assert "with another KV cache than a static one" in d.remeasure
     keep = deploy_info("auto", {}, work, keep=True)
     assert keep.plain.splitlines() == ["model.set_attn_implementation('sdpa')", call]

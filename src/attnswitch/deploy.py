@@ -48,18 +48,19 @@ def _attnswitch_snippet(sel, mode: str | None, kind: Kind, static: bool = False)
         f"attnswitch.patch(model, {sel!r})  # every thread, until attnswitch.unpatch(model)",
         "# or exactly what was measured, with a warning where the versions or the model differ:",
         "# attnswitch.load_policy(\"policy.json\").apply(model)"]
-    if static:
-        lines.append(f"# then, as measured: {_STATIC_CALL}")
     if mode is not None:
         imports.append("import torch")
         arg = "" if mode == "default" else f", mode={mode!r}"
         lines.append(_DECODE_ONLY.format(arg=arg) if kind.name == "generate" else
                      f"model.forward = torch.compile(model.forward{arg})  # compiled, as measured")
+    if static:
+        lines.append(f"# then, as measured: {_STATIC_CALL}")
     return "\n".join(imports) + "\n\n" + "\n".join(lines)
 
 
-#: a generate measured with a static KV cache, as it is run
-_STATIC_CALL = "model.generate(**inputs, cache_implementation=\"static\")"
+#: a generate measured with a static KV cache, as it is run: transformers compiles a static cache's decode steps
+#: on a GPU unless told not to, and the measurement tells it not to (a compiled pick compiles its own way)
+_STATIC_CALL = "model.generate(**inputs, cache_implementation=\"static\", disable_compile=True)"
 
 
 def _plain_equivalent(sel, kind: Kind, static: bool = False) -> tuple[str | None, list[str]]:
