@@ -201,8 +201,13 @@ def test_a_models_shape_is_read_from_its_text_config_and_names_its_layer_kinds()
 
     shape = model_shape(Holder())
     assert shape["model_type"] == "gemma3" and shape["sliding_window"] == 8 and shape["head_dim"] == 16
-    assert shape["layer_types"] == "1 full_attention, 2 sliding_attention"
+    assert shape["layer_kinds"] == "full_attention, sliding_attention"
     assert differences({**shape, "sliding_window": None}, Holder()) == ["sliding window none (here 8)"]
+    # the first layers of the same model (--num-layers): the same kinds, other counts, no difference
+    first = {**shape, "layers": 2}
+    assert differences(first, Holder()) == []
+    assert differences({**shape, "layer_kinds": "full_attention"}, Holder()) == [
+        "layer kinds full_attention (here full_attention, sliding_attention)"]
 
 
 def test_a_policy_measured_with_a_setting_that_changes_what_runs_warns_where_it_is_unset_or_other(cpu_report,

@@ -3,8 +3,8 @@ its architecture and its attention's shape (heads, key/value heads, head size, s
 config. ``load_policy(...).apply(model)`` compares the model it is applied to with the one measured
 (``differences``), so a pick measured on one model is not shipped silently on another.
 
-The layer count is kept but not compared: ``--layers`` measures the first layers of a model on purpose, and
-the pick of a model's first layers is the pick of the whole. A leaf: it reads configs only.
+The layer count is kept but not compared, nor how many layers are of each kind: ``--num-layers`` measures the
+first layers of a model on purpose, and the pick of a model's first layers is the pick of the whole. A leaf: it reads configs only.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Mapping
 
 __all__ = ["model_shape", "differences"]
 
-#: the fields compared where a policy is applied (the layer count is only said)
-_COMPARED = ("model_type", "heads", "kv_heads", "head_dim", "sliding_window", "layer_types")
+#: the fields compared where a policy is applied (the layer count, and how many layers are of each kind, are not)
+_COMPARED = ("model_type", "heads", "kv_heads", "head_dim", "sliding_window", "layer_kinds")
 
 
 def _int(cfg, *names) -> int | None:
@@ -26,8 +26,9 @@ def _int(cfg, *names) -> int | None:
 
 
 def model_shape(model) -> dict | None:
-    """``{"model_type", "layers", "heads", "kv_heads", "head_dim", ...}`` of ``model``'s config (its text
-    config, for a model of several), the fields it has; None for a model without a transformers config."""
+    """``{"model_type", "layers", "heads", "kv_heads", "head_dim", "sliding_window", "layer_kinds"}`` of
+    ``model``'s config (its text config, for a model of several), the fields it has; None for a model without a
+    transformers config."""
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "model_type"):
         return None
@@ -44,9 +45,8 @@ def model_shape(model) -> dict | None:
              "head_dim": _int(text, "head_dim", "d_kv") or (hidden // heads if hidden and heads else None),
              "sliding_window": _int(text, "sliding_window")}
     kinds = getattr(text, "layer_types", None)
-    if isinstance(kinds, (list, tuple)) and len(set(map(str, kinds))) > 1:  # one kind only: said by the rest
-        shape["layer_types"] = ", ".join(f"{sum(str(k) == kind for k in kinds)} {kind}"
-                                         for kind in sorted(set(map(str, kinds))))
+    if isinstance(kinds, (list, tuple)) and kinds:  # which kinds (their counts follow the layer count)
+        shape["layer_kinds"] = ", ".join(sorted(set(map(str, kinds))))
     return {k: v for k, v in shape.items() if v is not None}
 
 
