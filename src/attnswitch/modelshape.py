@@ -4,7 +4,8 @@ config. ``load_policy(...).apply(model)`` compares the model it is applied to wi
 (``differences``), so a pick measured on one model is not shipped silently on another.
 
 The layer count is kept but not compared, nor how many layers are of each kind: ``--num-layers`` measures the
-first layers of a model on purpose, and the pick of a model's first layers is the pick of the whole. A leaf: it reads configs only.
+first layers of a model on purpose, and the pick of a model's first layers is the pick of the whole. A leaf: it
+reads configs only.
 """
 
 from __future__ import annotations
