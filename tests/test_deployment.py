@@ -208,6 +208,7 @@ def test_a_models_shape_is_read_from_its_text_config_and_names_its_layer_kinds()
     assert differences(first, Holder()) == []
     assert differences({**shape, "layer_kinds": "full_attention"}, Holder()) == [
         "layer kinds full_attention (here full_attention, sliding_attention)"]
+    assert differences({k: v for k, v in shape.items() if k != "layer_kinds"}, Holder()) == []  # (not said there)
 
 
 def test_a_policy_measured_with_a_setting_that_changes_what_runs_warns_where_it_is_unset_or_other(cpu_report,

@@ -16,6 +16,8 @@ __all__ = ["model_shape", "differences"]
 
 #: the fields compared where a policy is applied (the layer count, and how many layers are of each kind, are not)
 _COMPARED = ("model_type", "heads", "kv_heads", "head_dim", "sliding_window", "layer_kinds")
+#: compared only where both configs say them (a config without ``layer_types`` does not say its layers' kinds)
+_WHERE_BOTH = ("layer_kinds",)
 
 
 def _int(cfg, *names) -> int | None:
@@ -58,7 +60,8 @@ def differences(measured: Mapping | None, model) -> list[str]:
     if not isinstance(measured, Mapping) or here is None:
         return []
     return [f"{k.replace('_', ' ')} {_said(measured.get(k))} (here {_said(here.get(k))})" for k in _COMPARED
-            if str(measured.get(k)) != str(here.get(k))]
+            if str(measured.get(k)) != str(here.get(k))
+            and (k not in _WHERE_BOTH or (measured.get(k) is not None and here.get(k) is not None))]
 
 
 def _said(value) -> str:
