@@ -735,3 +735,27 @@ def test_a_batch_holding_a_kv_cache_is_a_step_on_a_copy_of_it_and_leaves_the_cal
     r = attnswitch.profile(model, chunk, backends=["math"], iters=2, rounds=1, time_budget_s=0)
     assert r.workload["mode"] == "prefill" and cache.get_seq_length() == 8
     assert {s.kv_len for s in r["math"].attn_shapes} == {11}
+
+
+def test_an_encoder_decoder_step_against_its_cache_is_a_decode_step_in_half_precision_too():
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from attnswitch.workload import cache_kwarg, fresh
+
+    torch.manual_seed(0)
+    t5 = T5ForConditionalGeneration(T5Config(vocab_size=128, d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                                             num_heads=4, decoder_start_token_id=0)).eval().to(torch.bfloat16)
+    enc, key = torch.randint(0, 128, (2, 8)), cache_kwarg(t5)
+    with torch.no_grad():
+        cache = t5(input_ids=enc, decoder_input_ids=torch.zeros(2, 3, dtype=torch.long), use_cache=True)[key]
+    step = {"input_ids": enc, "decoder_input_ids": torch.zeros(2, 1, dtype=torch.long), key: cache}
+    r = compare(t5, step, backends=["naive", "math"], warmup=1, iters=2, rounds=1, time_budget_s=0)
+    assert r.workload["mode"] == "decode" and r.workload["seq"] == 3 and cache.get_seq_length() == 3
+    assert all(b.numerics.ok for b in r.backends)  # (its float32 reference got a float32 copy of both caches)
+    assert {(s.q_len, s.kv_len) for s in r["math"].attn_shapes} == {(8, 8), (1, 4), (1, 8)}
+    # a cache holding a stream (an offloading one's) is copied with the stream shared, not copied
+    from transformers import DynamicCache
+
+    offloading = DynamicCache(config=t5.config, offloading=True)
+    copied = fresh({key: offloading})[key]
+    assert copied is not offloading and copied.prefetch_stream is offloading.prefetch_stream

@@ -67,12 +67,25 @@ def fresh(kwargs: dict[str, Any]) -> dict[str, Any]:
     """``kwargs`` with a copy of each KV cache it holds: a step on them leaves the caller's as it was (and
     every step, and every backend, runs at the same key length)."""
     keys = cached(kwargs)
-    return {**kwargs, **{k: copy.deepcopy(kwargs[k]) for k in keys}} if keys else kwargs
+    return {**kwargs, **{k: _copied(kwargs[k]) for k in keys}} if keys else kwargs
+
+
+def _parts(cache) -> list:
+    """A cache and the caches it holds (an encoder-decoder's: its self-attention and cross-attention caches)."""
+    inner = [getattr(cache, n, None) for n in ("self_attention_cache", "cross_attention_cache")]
+    return [cache, *(p for c in inner if c is not None for p in _parts(c))]
+
+
+def _copied(cache):
+    """A copy of ``cache``, its tensors copied and any stream it holds shared (an offloading cache's prefetch
+    stream, which cannot be copied)."""
+    memo = {id(v): v for c in _parts(cache) for v in vars(c).values() if type(v).__name__.endswith("Stream")}
+    return copy.deepcopy(cache, memo)
 
 
 def _cache_to(cache, dtype: torch.dtype):
-    cache = copy.deepcopy(cache)
-    for layer in getattr(cache, "layers", []):
+    cache = _copied(cache)
+    for layer in (layer for c in _parts(cache) for layer in getattr(c, "layers", [])):
         for attr in ("keys", "values"):
             t = getattr(layer, attr, None)
             if isinstance(t, torch.Tensor):
@@ -247,8 +260,12 @@ class Workload:
         keys = cached(batch)
         if not keys:
             return cls(model, batch, description=", ".join(described), tokens=tokens)
-        ids = next((batch[k] for k in ("input_ids", "inputs_embeds", "decoder_input_ids")
-                    if isinstance(batch.get(k), torch.Tensor) and batch[k].dim() >= 2), None)
+        # the tokens a step adds against the cache: an encoder-decoder's decoder's (its encoder's are its input)
+        names = ("input_ids", "inputs_embeds")
+        if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+            names, mask = ("decoder_input_ids", "decoder_inputs_embeds"), batch.get("decoder_attention_mask")
+            tokens = mask.bool() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+        ids = next((batch[k] for k in names if isinstance(batch.get(k), torch.Tensor) and batch[k].dim() >= 2), None)
         new = ids.shape[1] if ids is not None else None
         if tokens is not None and new is not None:  # (the mask covers the cache's positions too)
             tokens = tokens[:, -new:]
