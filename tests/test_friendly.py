@@ -100,14 +100,22 @@ def test_deployed_lengths_are_checked_before_any_work(deployed, message, monkeyp
     monkeypatch.setattr(m, "forward", lambda *a, **k: pytest.fail("the model ran"))
     with pytest.raises(OptionError, match=message):
         attnswitch.compare(m, {"input_ids": torch.ones(1, 4, dtype=torch.long)}, deployed=deployed)
+    with pytest.raises(OptionError, match=message):  # (a sweep adds its own lengths to those named)
+        attnswitch.compare_sweep(m, [(1, 4)], deployed=deployed)
 
 
-def test_backends_compile_and_deployed_given_as_iterators_are_read_once_and_whole():
+def test_backends_compile_and_deployed_given_as_iterators_are_read_once_and_whole(monkeypatch):
+    import attnswitch.profiling as profiling
+
     m = tiny("llama")
     batch = {"input_ids": torch.randint(0, 100, (1, 8))}
+    checked, real = [], profiling.check_defects
+    monkeypatch.setattr(profiling, "check_defects", lambda r, env, work, deployed, **kw: (
+        checked.append((r.backend, deployed)), real(r, env, work, deployed, **kw))[1])
     r = attnswitch.compare(m, batch, backends=iter(["math", "naive"]), compile=iter([None]), deployed=iter([16]),
                            warmup=1, iters=2, rounds=1, time_budget_s=0)
     assert list(r) == [b.backend for b in r.backends] and set(r) == {"math", "naive"}
+    assert sorted(checked) == [("math", (16,)), ("naive", (16,))]  # every backend checked at the length named
     r = attnswitch.profile(m, batch, backends=(b for b in ["flash"]), iters=2, rounds=1, time_budget_s=0)
     assert list(r) == ["flash"]
     r = attnswitch.compare_sweep(m, [(1, 4), (1, 8)], backends=iter(["math", "naive"]), warmup=1, iters=2,

@@ -198,6 +198,7 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
     shapes3, req = _swept(model, shapes, mode, new_tokens, padding=padding, cache=cache, lengths=lengths,
                           requests=requests)
     kw.update({k: list(v) for k, v in kw.items() if isinstance(v, Iterator)})  # (every shape reads them)
+    named = set(options.check_deployed(kw.pop("deployed", ())))  # lengths deployed besides the sweep's own
     requests = req.requests
     if lengths is not None:
         check_mix(model, mode, lengths, requests, max(n or 0 for *_, n in shapes3))
@@ -207,7 +208,7 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
              for b, s, n in shapes3]
     trace_dir, before = kw.pop("trace_dir", None), kw.pop("time_before", None) or {}
     # every length the deployment meets: each shape's, and every length of the mix (not only those measured)
-    deployed = sorted({s for _, s, _ in shapes3} | set(lengths.lengths if lengths is not None else ()))
+    deployed = sorted({s for _, s, _ in shapes3} | set(lengths.lengths if lengths is not None else ()) | named)
     points, last, spent, said, verdicts, hosts = [], None, {k: round(v, 3) for k, v in before.items()}, [], [], []
     for (batch, seq, new), work in zip(shapes3, works):
         if progress:
