@@ -127,6 +127,9 @@ def test_a_generate_measured_with_a_static_cache_is_deployed_with_one():
     dynamic = deploy_info("flash", {}, {**work, "cache": "dynamic"})
     assert "cache_implementation" not in dynamic.plain + dynamic.attnswitch
     assert "with another KV cache than a dynamic one" in dynamic.remeasure
+    uncached = deploy_info("flash", {}, {**work, "cache": "dynamic", "description": "greedy, no KV cache (the "
+                                                                                    "model's config)"})
+    assert not any("KV cache" in line for line in uncached.remeasure)
 
 
 def test_a_policy_round_trips_and_warns_once_where_it_was_measured_elsewhere(cpu_report, tmp_path):
