@@ -477,3 +477,25 @@ def test_what_inductor_sets_in_its_process_as_it_compiles_is_not_measured_with(m
     assert relevant_env()["TRITON_CACHE_DIR"] == "/tmp/torchinductor_root/triton/0/abc"
     assert _own_env.BY_TORCH <= {"TRITON_CACHE_DIR", "TRITON_PTXAS_PATH", "TRITON_LIBDEVICE_PATH", "TORCH_WARM_POOL",
                                  "CUBLAS_WORKSPACE_CONFIG"}
+
+
+def test_a_compiled_generates_deploy_code_compiles_the_decoders_one_token_steps_as_measured():
+    # an encoder-decoder's generate passes decoder_input_ids (and no input_ids) to its forward: the measurement
+    # compiles each one-token decoder step (clock.query_length), so must the code a user pastes
+    from types import SimpleNamespace as NS
+
+    from attnswitch.deploy import _DECODE_ONLY
+    from attnswitch.profiling.clock import query_length
+
+    ran = []
+    model = NS(forward=lambda *a, **k: ran.append("eager"))
+    fake_torch = NS(compile=lambda fn, **kw: (lambda *a, **k: ran.append("compiled")))
+    exec(_DECODE_ONLY.format(arg=""), {"model": model, "torch": fake_torch})
+    ids = torch.ones(2, 1, dtype=torch.long)
+    steps = [{"decoder_input_ids": ids, "encoder_outputs": object()},  # T5's, in generate
+             {"input_ids": ids}, {"input_ids": torch.ones(2, 7, dtype=torch.long)},  # a decoder's step, its prefill
+             {"input_ids": torch.ones(2, 7, dtype=torch.long), "decoder_input_ids": ids}]
+    for kw in steps:
+        model.forward(**kw)
+    assert ran == ["compiled" if query_length((), kw) == 1 else "eager" for kw in steps] == \
+        ["compiled", "compiled", "eager", "compiled"]

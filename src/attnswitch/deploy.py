@@ -35,7 +35,8 @@ _DECODE_ONLY = """eager, compiled = model.forward, torch.compile(model.forward{a
 
 
 def forward(*args, **kwargs):  # decode steps (one query token) compiled, the prefill eager: as measured
-    x = kwargs.get("input_ids", kwargs.get("inputs_embeds", args[0] if args else None))
+    keys = ("decoder_input_ids", "input_ids", "decoder_inputs_embeds", "inputs_embeds")  # (a decoder's first)
+    x = next((kwargs[k] for k in keys if kwargs.get(k) is not None), args[0] if args else None)
     return (compiled if x is not None and x.shape[1] == 1 else eager)(*args, **kwargs)
 
 
