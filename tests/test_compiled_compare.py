@@ -2,6 +2,7 @@
 their graphs ran (CPU; real H200 traces for the kernel names)."""
 
 import csv
+import dataclasses
 import io
 from pathlib import Path
 
@@ -85,9 +86,13 @@ def test_the_recommendation_says_whether_compiling_changes_the_pick_and_when_it_
     assert v.order == ("flash+compile", "cudnn+compile", "cudnn", "flash")
     text = recommend(results, v, {"mode": "prefill"})
     assert "Compiling changes the pick: uncompiled `cudnn` (10.000 ms), compiled `flash+compile` (8.000 ms)" in text
-    assert "compiles once, 5.0 s, which has paid for itself after 1923 forwards" in text
+    assert "`flash+compile`'s compile took 5.0 s, which has paid for itself after 1923 forwards." in text
     same = recommend(results[:1] + results[3:], verdict(results[:1] + results[3:]), {"mode": "prefill"})
-    assert "Compiling does not change the pick: `cudnn` leads compiled and uncompiled" in same
+    assert "Compiling does not change the backend: `cudnn` leads compiled and uncompiled, and compiled " \
+        "(`cudnn+compile`) is the faster." in same  # (the pick is compiled: compiling is not for nothing)
+    again = [dataclasses.replace(results[3], recompiles=1)]
+    once = recommend(results[:1] + again, verdict(results[:1] + again), {"mode": "prefill"})
+    assert "it recompiled 1 time while measured (new shapes)." in once
 
 
 @pytest.fixture(scope="module")

@@ -134,18 +134,20 @@ def _compile_lines(results: list[BackendResult], v: Verdict, by: dict, workload:
             m = v.margins.get(c.backend)
             lines.append(f"Compiling does not change the pick: uncompiled `{u.backend}` is faster than every compiled "
                          f"candidate (the fastest, `{c.backend}`" + (f", {m.text()} of its time)." if m else ")."))
-        elif str(c.candidate.uncompiled) == u.backend:
-            lines.append(f"Compiling does not change the pick: `{u.backend}` leads compiled and uncompiled.")
+        elif str(c.candidate.uncompiled) == u.backend:  # (the compiled one ahead: the pick is compiled)
+            lines.append(f"Compiling does not change the backend: `{u.backend}` leads compiled and uncompiled, and "
+                         f"compiled (`{c.backend}`) is the faster.")
         else:
             lines.append(f"Compiling changes the pick: uncompiled `{u.backend}` ({u.time_ms:.3f} ms), compiled "
                          f"`{c.backend}` ({c.time_ms:.3f} ms).")
     best = by[picks[0]] if picks else None
     if best is not None and best.compile is not None and best.compile_ms is not None:
-        text = f"`{best.backend}` compiles once, {best.compile_ms / 1e3:.1f} s"
+        n = best.recompiles or 0
+        text = f"`{best.backend}`'s compile took {best.compile_ms / 1e3:.1f} s"
         text += (f", which has paid for itself after {_pays(best, workload)}" if best.compile_pays_after is not None
                  else "")
-        lines.append(text + (f"; it recompiled {best.recompiles} times while measured" if best.recompiles else "")
-                     + ".")
+        lines.append(text + (f"; it recompiled {n} time{'s' if n != 1 else ''} while measured (new shapes)" if n
+                             else "") + ".")
     odd = [f"`{b.backend}`: {b.attn_mismatch}" for b in results if b.attn_mismatch]
     if odd:
         lines.append("What the compiled graph ran is not what was selected: " + "; ".join(odd) + ".")

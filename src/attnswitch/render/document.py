@@ -28,7 +28,7 @@ KEEP_FIRST = tuple(re.compile(p) for p in (
     r"time/.*|time ms|step ms|workload ms|GPU µs|host µs",
     r"vs pick|best",
     r".*max rel err|tokens agree|mismatch",
-    r"ttft ms|step p50 ms|tokens/s|new-length step ms|compile s|pays after steps|forward ms|backward ms|"
+    r"ttft ms|step p50 ms|tokens/s|new-length step ms|compile s|pays after .*|forward ms|backward ms|"
     r"kernels/.*|comm µs",
 ))
 

@@ -544,18 +544,24 @@ def _compiled(report, opts: Options) -> Section | None:
                   "-" if b.compile_ms is None else f"{b.compile_ms / 1e3:.1f}", _n(b.graphs, 0), _n(b.recompiles, 0),
                   b.attn_seen or "-", "-" if b.compile_pays_after is None else f"{b.compile_pays_after:.1f}",
                   b.attn_mismatch or "-") for b in ran)
+    steps = _STEPS.get(kind_of(report.workload).short, "steps")  # (what the ranked time is per)
     table = drop_empty_columns(Table("Compiled", (
         "candidate", "mode", "time ms", "compile s", "graphs", "recompiles", "attention kernel seen",
-        "pays after steps", "mismatch"), rows, frozenset({"candidate", "mode", "attention kernel seen", "mismatch"}),
+        f"pays after {steps}", "mismatch"), rows, frozenset({"candidate", "mode", "attention kernel seen",
+                                                             "mismatch"}),
         tuple("error" if b.attn_mismatch else "plain" for b in ran)))
     return Section("Compiled", (table, Text(
         "Compile s: the cold step's host time over a steady step's, paid once per shape. Graphs: those Dynamo "
         "compiled in the cold step (graph breaks and recompiles make more than one); recompiles: compiled versions of "
         "the forward beyond the first (new shapes: a growing cache recompiles), made while measured. Attention "
         "kernel seen: the SDPA family of the attention kernels the compiled graph ran, read off the trace ('-': "
-        "none, as for naive attention or inductor's own kernels). Pays after: steps of this workload after which "
-        "the compile has paid for itself against the same backend uncompiled. Compiled forwards have no module "
+        f"none, as for naive attention or inductor's own kernels). Pays after: {steps} (the ranked time's unit) after "
+        "which the compile has paid for itself against the same backend uncompiled. Compiled forwards have no module "
         "ranges inside: their kernels count for the model as a whole.", "note")), key="compiled")
+
+
+#: what a compile pays itself back over, by the short name of the step the ranked time is per (``Kind.short``)
+_STEPS = {"fwd": "forwards", "workload": "generate workloads", "step": "training steps", "call": "calls"}
 
 
 def _train(report, opts: Options) -> Section | None:
