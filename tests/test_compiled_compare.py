@@ -119,6 +119,12 @@ def test_compare_puts_compiled_and_uncompiled_candidates_side_by_side(compiled_r
     assert "Compiling" in r.recommendation
     back = Report.from_json(r.to_json())
     assert back["flash+compile"].attn_seen == "flash" and back["flash+compile"].graphs == r["flash+compile"].graphs
+    # the payback in the ranked time's unit: forwards here, whole workloads for a generate
+    from attnswitch.render.sections import _compiled
+    table = _compiled(r, None).blocks[0]
+    assert "pays after forwards" in table.headers or r["flash+compile"].compile_pays_after is None
+    generate = dataclasses.replace(r, workload={**r.workload, "mode": "generate"})
+    assert "Pays after: generate workloads" in _compiled(generate, None).blocks[1].text
     assert "Compiled" in r.to_markdown() and "attention kernel seen" in r.to_markdown()
     assert {p.name for p in r.save_traces(tmp_path)} >= {"trace_flash.json.gz", "trace_flash+compile.json.gz"}
     # a compiled forward's calls are not counted or timed one by one: empty, never a measured-looking 0
