@@ -215,9 +215,9 @@ def _deciding_phase(best: BackendResult, o: BackendResult, workload: dict) -> st
     n_gen = len(workload.get("prompt_lens", [])) or 1
     steps = n_gen * max(0, (workload.get("new_tokens") or 1) - 1)
 
-    def apart(phase: str) -> bool:
+    def apart(phase: str) -> bool:  # (a generate compiles its decode steps alone: its prefill runs eager)
         mine = _phase_backend(best.candidate, phase)
-        return mine is None or best.candidate.compile != o.candidate.compile or \
+        return mine is None or (phase == "decode" and best.candidate.compile != o.candidate.compile) or \
             mine != _phase_backend(o.candidate, phase)
     gains = {}
     if g.ttft_ms is not None and o.generate.ttft_ms is not None and apart("prefill"):
