@@ -358,6 +358,8 @@ def test_a_sweeps_chart_names_what_its_times_are_of(mode, unit):
     assert chart.y_label == f"ms per {unit}" and chart.title.startswith(f"Time per {unit} against")
     caption = next(b.caption for b in sections._sweep(rep, sections.Options()).blocks if isinstance(b, Figure))
     assert caption.startswith(f"Time per {unit} against")
+    table = next(b for b in sections._sweep(rep, sections.Options()).blocks if isinstance(b, Table))
+    assert table.title == f"Sweep: time per {unit} (ms)"  # (a prefill's said "per step")
 
 
 def test_a_long_title_over_a_narrow_plot_is_wrapped_and_steps_get_whole_ticks():

@@ -594,7 +594,7 @@ def _sweep(report, opts: Options) -> Section | None:
                   " ≈ ".join(p.ties) or p.pick or "-")
                  for p in report.sweep)
     heads = ("batch", "new", "prompt") if generate else ("batch", "seq")
-    table = Table("Sweep: time per " + ("generate workload" if generate else "step") + " (ms)",
+    table = Table(f"Sweep: time {kind_of(report.workload).unit} (ms)",  # (a forward, a training step, ...)
                   (*heads, *names, "best"), rows, frozenset({"best"}))
     def group(p):
         return p.batch, getattr(p, "new_tokens", None)
