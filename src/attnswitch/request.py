@@ -216,7 +216,7 @@ def _combinations(r: Request) -> None:
         raise OptionError("{device} picks one device; {device_map} and {tp} place the model themselves")
     if r.generate and r.seq:
         raise OptionError("{seq} is the length of a prefill, decode or train step; a generate's prompts are "
-                          "{prompt_len} (lengths spread around it) or {prompt_lens}")
+                          "{prompt_len} (lengths spread around it), {prompt_lens} or {lengths}")
     given = _given(r)
     if not r.generate and r.mode is not None and given:
         mix = "; {lengths} is a generate sweep's mix of prompt lengths; a {this} sweep has none" \
