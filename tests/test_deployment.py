@@ -330,12 +330,13 @@ def test_a_policy_file_may_leave_out_its_environment_and_workload_and_is_then_sa
         load_policy(p)
 
 
-def _point(seq, rows, ties):
+def _point(seq, rows, ties, new_steps: int = 1):
     """A generate sweep's length: ``rows`` of (backend, steady ms per request, new-shape step ms, seen-shape
-    step ms, ops), one prompt per request."""
+    step ms, ops), one prompt per request; ``new_steps``: the first workload's new-shape steps."""
     from attnswitch.results import BackendResult, GenerateStats, SweepPoint
     backends = tuple(BackendResult(n, "ok", time_ms=ms, time_rounds_ms=((ms,),), noise_pct=1.0, attn_ops=ops,
-                                   generate=GenerateStats(new_shape_step_ms=new, seen_shape_step_ms=seen))
+                                   generate=GenerateStats(new_shape_step_ms=new, seen_shape_step_ms=seen,
+                                                          new_shape_steps=new_steps))
                      for n, ms, new, seen, ops in rows)
     ranking = tuple(n for n, *_ in sorted(rows, key=lambda r: r[1]))
     return SweepPoint(4, seq, backends, ranking, ties, new_tokens=4)
@@ -367,14 +368,21 @@ def test_a_plan_cache_is_charged_to_every_candidate_of_its_kernel_family():
     assert s.pick == "flash" and s.changes == ()  # tied steady: the shapes met first decide, at any run length
 
 
-def test_a_compiled_twins_recompiles_are_not_charged_to_the_uncompiled_backend():
-    # flash+compile pays a recompile per new shape (its graph's); eager flash shares no such cache with it
-    pts = [_point(n, [("flash+compile", 90.0, 900.0, 10.0, ()), ("flash", 100.0, 10.0, 10.0, ()),
-                      ("math", 101.0, 10.0, 10.0, ())], ("flash+compile", "flash", "math"))
-           for n in (256, 1024)]
+def test_a_compiled_twins_compiles_are_charged_once_per_run_and_not_to_the_uncompiled_backend():
+    # flash+compile's first length compiled on 2 steps (a static graph, then one of dynamic shapes), 890 ms each
+    # over its other steps; its second length compiled nothing: a run pays the compiles once, not per new shape;
+    # eager flash shares no such cache with it
+    rows = [("flash+compile", 90.0, 900.0, 10.0, ()), ("flash", 100.0, 10.0, 10.0, ()), ("math", 101.0, 10.0, 10.0, ())]
+    pts = [_point(256, rows, ("flash+compile",), new_steps=2),
+           _point(1024, [("flash+compile", 90.0, None, 10.0, ()), *rows[1:]], ("flash+compile",))]
     s = serving_estimate(pts, Lengths.of({256: 1, 1024: 1}), 10, 4)
     # its prompts run eager flash (a generate compiles its decode steps only), which paid nothing
-    assert s.first_met_ms["flash"] == 0.0 and s.first_met_phase_ms["flash+compile"] == (0.0, 890.0)
+    assert s.first_met_ms["flash"] == 0.0 == s.first_met_ms["flash+compile"]
+    assert s.once_ms == {"flash+compile": 1780.0}
+    assert s.per_request_ms["flash+compile"] == pytest.approx(90.0 + 1780.0 / 10)
+    assert "`flash` pays" not in " ".join(s.text()) and s.pick == "flash"
+    more = serving_estimate(pts, Lengths.of({256: 1, 1024: 1}), 1000, 4)  # over more requests it pays off
+    assert more.pick == "flash+compile" and "pays its compiles once per run: 1780.000 ms." in " ".join(more.text())
 
 
 def test_a_policy_per_phase_is_charged_its_phases_plan_caches():

@@ -766,28 +766,24 @@ def test_an_encoder_decoder_step_against_its_cache_is_a_decode_step_in_half_prec
     assert copied is not offloading and copied.prefetch_stream is offloading.prefetch_stream
 
 
-def test_a_compiled_generates_steps_are_new_or_seen_by_their_place_where_no_attention_call_was_recorded():
-    # a compiled graph records no attention call: its compile steps were all counted "seen" (no new-length cost)
+def test_a_compiled_generates_steps_are_new_where_dynamo_compiled_during_them():
+    # a compiled graph records no attention call: its compile steps were all counted "seen" (no new-length
+    # cost); nor is every new key length a compile (a graph of dynamic shapes meets later ones without one)
     from types import SimpleNamespace as NS
 
     from attnswitch.profiling.clock import Forward
     from attnswitch.profiling.stepstats import _new_shape_steps
 
-    def generate(prompt, steps, t0, slow):  # a prefill and ``steps`` decode steps, those in ``slow`` 1 s long
+    def generate(prompt, steps, t0, compiles):  # a prefill and ``steps`` decode steps; a compile takes 1 s
         starts = [t0]
         for i in range(steps):
-            starts.append(starts[-1] + 0.001 + (1.0 if i in slow else 0.0))
-        return [Forward(prompt if i == 0 else 1, start) for i, start in enumerate(starts)]
+            starts.append(starts[-1] + 0.001 + compiles.get(i, 0))
+        return [Forward(prompt if i == 0 else 1, start, graphs=compiles.get(i, 0)) for i, start in enumerate(starts)]
 
-    # two prompts of 4 tokens: the first one's decode steps meet key lengths 5, 6, 7 first (the first compiles)
-    forwards = generate(4, 4, 0.0, slow={1}) + generate(4, 4, 100.0, slow=())
+    # the first decode step compiles (a static shape), the second recompiles (dynamic), the rest compile nothing
+    forwards = generate(4, 5, 0.0, {1: 1.0, 2: 1.0}) + generate(6, 5, 100.0, {})
     new, old = _new_shape_steps(NS(forwards=forwards, attn=[]))
-    assert len(new) == 3 and len(old) == 3 and max(new) > 900 and max(old) < 900
-    # a static cache: one key length per prompt length (the cache's), met at the first decode step alone
-    new, old = _new_shape_steps(NS(forwards=forwards, attn=[]), static_new=4)
-    assert len(new) == 1 and len(old) == 5 and new[0] > 900
-    longer = generate(6, 4, 200.0, slow={1})  # (another prompt length: another cache, another graph)
-    new, old = _new_shape_steps(NS(forwards=forwards + longer, attn=[]), static_new=4)
-    assert len(new) == 2 and len(old) == 7 and min(new) > 900
-    # an encoder-decoder's (its decoder starts from one token): not known, in neither
-    assert _new_shape_steps(NS(forwards=[Forward(1, 0.1 * i) for i in range(5)], attn=[])) == ([], [])
+    assert len(new) == 2 and min(new) > 900 and len(old) == 6 and max(old) < 900
+    # not counted (an uncompiled step with no recorded call): seen, as before
+    uncounted = [Forward(4 if i == 0 else 1, 0.001 * i) for i in range(5)]
+    assert _new_shape_steps(NS(forwards=uncounted, attn=[])) == ([], [pytest.approx(1.0)] * 3)

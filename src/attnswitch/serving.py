@@ -55,6 +55,8 @@ class Serving:
     phase_shapes: dict[str, tuple[float, float]] = field(default_factory=dict)
     # candidate -> the backend its prompts run, where what that one pays per shape met first was not measured
     unpriced: dict[str, str] = field(default_factory=dict)
+    # what a candidate pays once per run (ms): a compiled one's compiles
+    once_ms: dict[str, float] = field(default_factory=dict)
 
     def text(self) -> list[str]:
         shape = f" (batch {self.batch}, {_count(self.new_tokens, 'new token')})" if self.batch else ""
@@ -66,7 +68,7 @@ class Serving:
                          "shapes met first.")
         elif self.pick in self.tied and len(self.tied) > 1:
             lines.append(f"Tied with {_names(n for n in self.tied if n != self.pick)} at every measured length: "
-                         "what each pays for shapes met first decides.")
+                         "what each pays for shapes met first (and any compile) decides.")
         if self.pick in self.tied and len(self.tied) > 1:
             own = [self.steady_ms[n] for n in self.tied]
             lines.append(f"Tied candidates are held to one steady cost, {min(own):.3f} ms per request (their own "
@@ -96,6 +98,8 @@ class Serving:
                 lines.append(f"`{self.pick}` pays {' and '.join(parts)}.")
         elif self.first_met_ms.get(self.pick, 0) > 0:
             lines.append(f"`{self.pick}` pays {self.first_met_ms[self.pick]:.3f} ms for each shape met first.")
+        if self.once_ms.get(self.pick):
+            lines.append(f"`{self.pick}` pays its compiles once per run: {self.once_ms[self.pick]:.3f} ms.")
         if self.pick in self.unpriced:
             lines.append(f"`{self.pick}`'s prompts run `{self.unpriced[self.pick]}`, which was not measured alone: "
                          "what it pays on prompt lengths met first is not in this estimate.")
@@ -144,12 +148,13 @@ class _Charge:
     """What a candidate pays per shape met first: on a prompt of more than ``short`` tokens (``prompt``), and
     on a decode step's new key length or a prompt of at most ``short`` tokens (``step``: a policy's decode
     phase runs those); ``prompts_by``: the backend its prompts run where what that one pays was not measured
-    (it ran alone nowhere), else None."""
+    (it ran alone nowhere), else None; ``once``: what it pays once per run (a compiled candidate's compiles)."""
 
     prompt: float
     step: float
     short: int = 0
     prompts_by: str | None = None
+    once: float = 0.0
 
 
 def _keys(name: str, ops: tuple, other: str | None = None) -> tuple[str, ...]:
@@ -167,9 +172,10 @@ def _first_met_costs(point) -> dict[str, _Charge]:
     (``_first_met_cost``); a backend is taken to pay the same on its prompts. Each is charged at least the most
     that any candidate sharing its cache paid alone (``_keys``: the plan cache a kernel family shares was
     filled by the first of them): a policy per phase its prefill phase's on prompts, its decode phase's on
-    decode steps. A compiled candidate (a generate compiles its decode steps only) is charged its own on
-    decode steps (its recompiles are its graph's, not a shared cache's) and its backend's on prompts, which
-    run uncompiled. What a backend that ran alone nowhere pays on prompts is not known: ``prompts_by``."""
+    decode steps. A compiled candidate (a generate compiles its decode steps only) is charged its backend's on
+    prompts, which run uncompiled, and its compiles once per run (``_compiles``): a graph of dynamic shapes
+    meets later key lengths without compiling. What a backend that ran alone nowhere pays on prompts is not
+    known: ``prompts_by``."""
     own = {b.backend: _first_met_cost(b) for b in point.backends}
     most: dict[str, float] = {}
     for b in point.backends:  # candidates measured alone, uncompiled, with a finite figure
@@ -195,11 +201,20 @@ def _first_met_costs(point) -> dict[str, _Charge]:
         elif cand.compile is not None:
             base = str(cand.uncompiled)
             kp = _keys(base, _ops(b))
-            out[name] = _Charge(charged(kp, 0.0), c, 0, None if set(kp) & set(most) else base)
+            out[name] = _Charge(charged(kp, 0.0), 0.0, 0, None if set(kp) & set(most) else base, _compiles(b))
         else:
             cost = charged(_keys(name, _ops(b)), c)
             out[name] = _Charge(cost, cost)
     return out
+
+
+def _compiles(b) -> float:
+    """What a compiled candidate's compiles cost at a point (ms): its steps that compiled (``new``: Dynamo
+    compiled while they ran) over its other steps, each; 0 where none did (the process had compiled it at an
+    earlier point), NaN where the figures are not finite."""
+    g = b.generate
+    cost = _first_met_cost(b)
+    return cost * g.new_shape_steps if g is not None and cost == cost and g.new_shape_steps else cost
 
 
 def _ops(b) -> tuple:
@@ -214,12 +229,13 @@ def _costs(points, lengths: Lengths):
         per = sorted((p.seq, _per_prompt(next(b for b in p.backends if b.backend == name))) for p in points)
         charges = [c[name] for c in paid if name in c]
         if any(t is None or not math.isfinite(t) for _, t in per) or \
-                not all(math.isfinite(c.prompt) and math.isfinite(c.step) for c in charges):
+                not all(math.isfinite(c.prompt) and math.isfinite(c.step) and math.isfinite(c.once) for c in charges):
             continue
         steady[name] = sum(w * _at(per, n) for n, w in lengths.weights)
         # where a shape is new to the process: a later length may meet shapes an earlier one's runs cached
         first[name] = _Charge(max(c.prompt for c in charges), max(c.step for c in charges), charges[0].short,
-                              next((c.prompts_by for c in charges if c.prompts_by), None))
+                              next((c.prompts_by for c in charges if c.prompts_by), None),
+                              max(c.once for c in charges))  # (the compiles, where the first length paid them)
     return steady, first
 
 
@@ -256,7 +272,7 @@ class _Runs:
             rows = []
             for n in steady:
                 on_prompt, on_step = self.split(first[n], cum, steps)
-                rows.append(steady[n] + (first[n].prompt * on_prompt + first[n].step * on_step) / r)
+                rows.append(steady[n] + (first[n].prompt * on_prompt + first[n].step * on_step + first[n].once) / r)
             parts.append(torch.stack(rows))
         return list(steady), torch.cat(parts, dim=1)
 
@@ -335,7 +351,8 @@ def serving_estimate(points, lengths: Lengths, requests: int, new_tokens: int) -
     cum, steps = runs.met([requests])
     met = float(cum[0, -1] + steps[0])
     shapes = {n: tuple(float(x) for x in runs.split(first[n], cum, steps)) for n in names}
-    total = {n: first[n].prompt * shapes[n][0] + first[n].step * shapes[n][1] for n in names}
+    per_shape = {n: first[n].prompt * shapes[n][0] + first[n].step * shapes[n][1] for n in names}
+    total = {n: per_shape[n] + first[n].once for n in names}
     same = tuple(n for n in tied if n != pick and total[n] <= total[pick])
     phased = [n for n in names if first[n].prompt != first[n].step]
     measured = (points[0].seq, points[-1].seq)
@@ -343,8 +360,9 @@ def serving_estimate(points, lengths: Lengths, requests: int, new_tokens: int) -
     # measured somewhere but not everywhere (a candidate refused at every length was never in the running)
     seen = dict.fromkeys(n for p in points for n in candidates(p.ranking))
     return Serving(requests, new_tokens, per_request, steady,
-                   {n: total[n] / met if met else first[n].step for n in names}, met, pick,
+                   {n: per_shape[n] / met if met else first[n].step for n in names}, met, pick,
                    tuple(_changes(runs, held, first, requests)), outside, tied, same if pick in tied else (),
                    tuple(n for n in seen if n not in steady), points[0].batch,
                    {n: (first[n].prompt, first[n].step) for n in phased}, {n: shapes[n] for n in phased},
-                   {n: first[n].prompts_by for n in names if first[n].prompts_by})
+                   {n: first[n].prompts_by for n in names if first[n].prompts_by},
+                   {n: first[n].once for n in names if first[n].once})

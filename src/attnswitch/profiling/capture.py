@@ -300,7 +300,8 @@ def _run(target: Target, c, attn: list | None = None, kept: list | None = None) 
     cuda = target.device.type == "cuda"
     attn = [] if attn is None else attn
     target.sync()
-    clock = ForwardClock(target.model, cuda, attn) if target.model is not None else contextlib.nullcontext()
+    clock = ForwardClock(target.model, cuda, attn, graphs=target.compile is not None) \
+        if target.model is not None else contextlib.nullcontext()
     with instrument.measuring(host_times=attn), clock, _no_gc():
         start = _event(cuda)
         t0 = time.perf_counter()

@@ -38,6 +38,7 @@ class Forward:
     host_end: float = 0.0
     calls_before: int = 0  # attention calls recorded before it began, and when it ended
     calls_after: int = 0
+    graphs: int | None = None  # graphs Dynamo compiled while it ran (None: not counted)
     start: object = None  # CUDA events
     end: object = None
 
@@ -63,12 +64,18 @@ class _ForwardHooks:
         self._handles = []
 
 
+def graphs_compiled() -> int:
+    """Graphs Dynamo has compiled in this process so far (recompiles included)."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
 class ForwardClock(_ForwardHooks):
     """Record every forward of ``model`` inside the block (its hooks are removed on exit). ``calls``:
-    the list a measurement appends attention calls to, so that each forward knows its calls."""
+    the list a measurement appends attention calls to, so that each forward knows its calls; ``graphs``:
+    count the graphs Dynamo compiles during each (a compiled candidate's: which steps paid a compile)."""
 
-    def __init__(self, model: nn.Module, cuda: bool, calls: list | None = None):
-        self.model, self.cuda, self.calls = model, cuda, calls
+    def __init__(self, model: nn.Module, cuda: bool, calls: list | None = None, graphs: bool = False):
+        self.model, self.cuda, self.calls, self.graphs = model, cuda, calls, graphs
         self.forwards: list[Forward] = []
         self._handles: list = []
 
@@ -82,13 +89,15 @@ class ForwardClock(_ForwardHooks):
     def _pre(self, module, args, kwargs):
         n = len(self.calls) if self.calls is not None else 0
         self.forwards.append(Forward(query_length(args, kwargs), time.perf_counter(), calls_before=n,
-                                     start=self._event()))
+                                     start=self._event(), graphs=graphs_compiled() if self.graphs else None))
 
     def _post(self, module, args, kwargs, output):
         f = self.forwards[-1]
         f.end = self._event()
         f.host_end = time.perf_counter()
         f.calls_after = len(self.calls) if self.calls is not None else 0
+        if f.graphs is not None:  # (at its start: the count so far)
+            f.graphs = graphs_compiled() - f.graphs
 
 
 class annotate_phases(_ForwardHooks):

@@ -25,7 +25,7 @@ import torch.nn as nn
 
 from .. import candidate, catalog
 from ..candidate import Candidate
-from .clock import query_length
+from .clock import graphs_compiled, query_length
 from .trace import DEVICE_KINDS, Trace
 
 __all__ = ["CompiledForward", "compiled_forward", "graphs_compiled", "attention_seen", "expected_family",
@@ -95,11 +95,6 @@ def compiled_forward(model: nn.Module, backend: str, mode: str, decode_only: boo
     if key not in per_model:
         per_model[key] = CompiledForward(model, backend, mode, decode_only)
     return per_model[key]
-
-
-def graphs_compiled() -> int:
-    """Graphs Dynamo has compiled in this process so far (recompiles included)."""
-    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
 
 
 attention_family = catalog.attention_family

@@ -72,24 +72,18 @@ def prompt_units(forwards: list, end_s: float,
     return units, figures
 
 
-def _new_shape_steps(cold, static_new: int | None = None) -> tuple[list[float], list[float]]:
+def _new_shape_steps(cold) -> tuple[list[float], list[float]]:
     """First-workload decode intervals whose forward met a key length for the first time, and the rest. A
-    decode step whose attention calls were not recorded (a compiled graph's) meets its graph's shape: the key
-    length of its place in a decoder's generate (the tokens so far; with a static cache, ``static_new`` the new
-    tokens, the cache's length: the prompt's and those), apart from the lengths eager forwards met; where that
-    is not known (an encoder-decoder's), the step is in neither list."""
-    seen: set = set()
+    compiled step records no attention call: it is new where Dynamo compiled while it ran (a first shape, a
+    recompile; a graph of dynamic shapes meets later lengths without one), and seen otherwise."""
+    seen: set[int] = set()
     new, old = [], []
     for gen in split_generates(cold.forwards):
-        decoder_only, tokens = gen[0].q_len > 1, 0
         for i, f in enumerate(gen):
-            tokens += f.q_len
             lens = {a[2] for a in cold.attn[f.calls_before:f.calls_after]}
-            if not lens and decoder_only and i >= 1:
-                lens = {("graph", gen[0].q_len + static_new if static_new is not None else tokens)}
-            fresh = bool(lens - seen)
+            fresh = bool(lens - seen) if lens else bool(f.graphs)
             seen |= lens
-            if 1 <= i < len(gen) - 1 and lens:
+            if 1 <= i < len(gen) - 1:
                 (new if fresh else old).append((gen[i + 1].host_start - f.host_start) * 1e3)
     return new, old
 
@@ -113,11 +107,11 @@ def generate_stats(workload, cold, steady: list, rss_grown_mb: float | None) -> 
     decode = [f for g in gens for f in g[1:]]
     intervals = [x for g in gens for x in _intervals_ms(g)]
     ttft = [(g[1].host_start - g[0].host_start) * 1e3 for g in gens if len(g) > 1]
-    g = workload.generation
-    new, old = _new_shape_steps(cold, g.new_tokens if g.cache == "static" else None)
+    new, old = _new_shape_steps(cold)
     steady_calls = [a[1] * 1e6 for r in steady for a in r.attn]
     slow, threshold = _slow_calls(cold, median(steady_calls))
     gpu = [f.gpu_ms() for f in decode if f.start is not None]
+    g = workload.generation
     tokens = g.new_tokens * len(g.prompt_lens) * workload.prompts[0]["input_ids"].shape[0]
     first_steady = split_generates(steady[0].forwards)[0] if steady[0].forwards else []
     first_cold = split_generates(cold.forwards)[0] if cold.forwards else []
