@@ -122,7 +122,8 @@ def test_compare_puts_compiled_and_uncompiled_candidates_side_by_side(compiled_r
     # the payback in the ranked time's unit: forwards here, whole workloads for a generate
     from attnswitch.render.sections import _compiled
     table = _compiled(r, None).blocks[0]
-    assert "pays after forwards" in table.headers or r["flash+compile"].compile_pays_after is None
+    assert table.title == "Compiled" and any(h.startswith("pays after") for h in table.headers) <= (
+        "pays after forwards" in table.headers)  # (a column left out where no payback was figured)
     generate = dataclasses.replace(r, workload={**r.workload, "mode": "generate"})
     assert "Pays after: generate workloads" in _compiled(generate, None).blocks[1].text
     assert "Compiled" in r.to_markdown() and "attention kernel seen" in r.to_markdown()

@@ -127,8 +127,7 @@ def test_a_generate_measured_with_a_static_cache_is_deployed_with_one():
     dynamic = deploy_info("flash", {}, {**work, "cache": "dynamic"})
     assert "cache_implementation" not in dynamic.plain + dynamic.attnswitch
     assert "with another KV cache than a dynamic one" in dynamic.remeasure
-    uncached = deploy_info("flash", {}, {**work, "cache": "dynamic", "description": "greedy, no KV cache (the "
-                                                                                    "model's config)"})
+    uncached = deploy_info("flash", {}, {**work, "cache": "none"})  # (a model whose config keeps none)
     assert not any("KV cache" in line for line in uncached.remeasure)
 
 

@@ -713,6 +713,7 @@ def test_a_model_of_other_code_configured_without_a_cache_keeps_its_configs_word
     assert caches(m) and not caches(own) and caches(tiny("llama"))
     work = make_workload(own, batch=1, mode="generate", prompt_lens=(6,), new_tokens=2)
     assert "use_cache" not in work.generate_kwargs() and "no KV cache (the model's config)" in work.description
+    assert work.describe()["cache"] == "none"  # (what a report and the Deploy section read, a sweep's too)
     assert make_workload(m, batch=1, mode="generate", prompt_lens=(6,), new_tokens=2).generate_kwargs()["use_cache"]
 
 

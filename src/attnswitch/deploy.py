@@ -108,7 +108,7 @@ def _remeasure(environment: Mapping, workload: Mapping, sweep) -> list[str]:
         out.append(f"for batch sizes other than {', '.join(map(str, batches))}")
     if work.get("dtype"):
         out.append(f"in another dtype than {work['dtype']}")
-    if work.get("cache") and "no KV cache" not in str(work.get("description", "")):  # (a generate's, with one)
+    if work.get("cache") not in (None, "none"):  # (a generate's, with a KV cache)
         out.append(f"with another KV cache than a {work['cache']} one")
     return [x for x in out if x]
 

@@ -245,7 +245,7 @@ class Workload:
                 d["seq"] = ids.shape[1]
         if self.generation is not None:
             d.update(prompt_lens=list(self.generation.prompt_lens), new_tokens=self.generation.new_tokens,
-                     cache=self.generation.cache)
+                     cache=self.generation.cache if caches(self.model) else "none")  # ("none": the model's config)
         if self.loss:
             d["loss"] = self.loss
         return d
