@@ -788,3 +788,25 @@ def test_a_compiled_generates_steps_are_new_where_dynamo_compiled_during_them():
     # not counted (an uncompiled step with no recorded call): seen, as before
     uncounted = [Forward(4 if i == 0 else 1, 0.001 * i) for i in range(5)]
     assert _new_shape_steps(NS(forwards=uncounted, attn=[])) == ([], [pytest.approx(1.0)] * 3)
+
+
+def test_an_encoder_decoders_generates_are_told_apart_by_their_encoder_outputs():
+    # every decoder forward of an encoder-decoder's generate has one query token: its prompts' forwards ran as
+    # one generate (steps spanning the next prompt's encoder, one time to first token for all of them)
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from attnswitch.profiling.stepstats import split_generates
+
+    torch.manual_seed(0)
+    t5 = T5ForConditionalGeneration(T5Config(vocab_size=128, d_model=32, d_ff=64, num_layers=2, num_heads=2, d_kv=16,
+                                             decoder_start_token_id=0, pad_token_id=0)).eval()
+    w = make_workload(t5, batch=1, mode="generate", prompt_lens=(6, 8, 10), new_tokens=5)
+    r = compare(t5, w, backends=["math"], warmup=0, iters=1, rounds=2, time_budget_s=0, check_numerics=False)
+    g = r["math"].generate
+    assert g.new_shape_steps + g.seen_shape_steps == 3 * (5 - 2)  # (per prompt: its steps between decode steps)
+    from attnswitch.profiling.clock import ForwardClock
+    clock = ForwardClock(t5, cuda=False)
+    with clock, torch.no_grad():
+        for p in w.prompts:
+            t5.generate(**p, **w.generate_kwargs())
+    assert [len(gen) for gen in split_generates(clock.forwards)] == [5, 5, 5]

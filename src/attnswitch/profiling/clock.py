@@ -6,6 +6,7 @@ forwards per step (a prefill, then one per new token); a training step is one fo
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,9 @@ class Forward:
     calls_before: int = 0  # attention calls recorded before it began, and when it ended
     calls_after: int = 0
     graphs: int | None = None  # graphs Dynamo compiled while it ran (None: not counted)
+    # it starts a generate though it has one query token: an encoder-decoder's first decoder step (new encoder
+    # outputs); a decoder's first forward is told by its query length
+    first: bool = False
     start: object = None  # CUDA events
     end: object = None
 
@@ -64,6 +68,14 @@ class _ForwardHooks:
         self._handles = []
 
 
+def _weak(obj):
+    """A weak reference to ``obj``, or a strong one's stand-in where it takes none (a tuple)."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
+
+
 def graphs_compiled() -> int:
     """Graphs Dynamo has compiled in this process so far (recompiles included)."""
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
@@ -78,6 +90,7 @@ class ForwardClock(_ForwardHooks):
         self.model, self.cuda, self.calls, self.graphs = model, cuda, calls, graphs
         self.forwards: list[Forward] = []
         self._handles: list = []
+        self._encoded = None  # the encoder outputs the last forward was given (weakly: a generate's own)
 
     def _event(self):
         if not self.cuda:
@@ -88,8 +101,13 @@ class ForwardClock(_ForwardHooks):
 
     def _pre(self, module, args, kwargs):
         n = len(self.calls) if self.calls is not None else 0
+        encoded = kwargs.get("encoder_outputs")
+        first = encoded is not None and (self._encoded is None or self._encoded() is not encoded)
+        if first:
+            self._encoded = _weak(encoded)
         self.forwards.append(Forward(query_length(args, kwargs), time.perf_counter(), calls_before=n,
-                                     start=self._event(), graphs=graphs_compiled() if self.graphs else None))
+                                     start=self._event(), graphs=graphs_compiled() if self.graphs else None,
+                                     first=first))
 
     def _post(self, module, args, kwargs, output):
         f = self.forwards[-1]

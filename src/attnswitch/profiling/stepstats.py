@@ -34,10 +34,11 @@ def mode_fields(workload, cold, steady: list, rss_grown_mb: float | None) -> dic
 
 def split_generates(forwards: list) -> list[list]:
     """The forwards of one run, one list per generate: each starts with its prefill (more than one
-    query token), then one decode forward per new token."""
+    query token; an encoder-decoder's first decoder step, ``Forward.first``), then one decode forward per new
+    token."""
     out: list[list] = []
     for f in forwards:
-        if f.q_len > 1 or not out:
+        if f.q_len > 1 or f.first or not out:
             out.append([])
         out[-1].append(f)
     return out
