@@ -329,13 +329,14 @@ def test_a_policy_file_may_leave_out_its_environment_and_workload_and_is_then_sa
         load_policy(p)
 
 
-def _point(seq, rows, ties, new_steps: int = 1):
+def _point(seq, rows, ties, compile_ms: float | None = None):
     """A generate sweep's length: ``rows`` of (backend, steady ms per request, new-shape step ms, seen-shape
-    step ms, ops), one prompt per request; ``new_steps``: the first workload's new-shape steps."""
+    step ms, ops), one prompt per request; ``compile_ms``: a compiled candidate's compiles at this length."""
     from attnswitch.results import BackendResult, GenerateStats, SweepPoint
     backends = tuple(BackendResult(n, "ok", time_ms=ms, time_rounds_ms=((ms,),), noise_pct=1.0, attn_ops=ops,
-                                   generate=GenerateStats(new_shape_step_ms=new, seen_shape_step_ms=seen,
-                                                          new_shape_steps=new_steps))
+                                   compile="default" if "+compile" in n else None,
+                                   compile_ms=compile_ms if "+compile" in n else None,
+                                   generate=GenerateStats(new_shape_step_ms=new, seen_shape_step_ms=seen))
                      for n, ms, new, seen, ops in rows)
     ranking = tuple(n for n, *_ in sorted(rows, key=lambda r: r[1]))
     return SweepPoint(4, seq, backends, ranking, ties, new_tokens=4)
@@ -368,12 +369,12 @@ def test_a_plan_cache_is_charged_to_every_candidate_of_its_kernel_family():
 
 
 def test_a_compiled_twins_compiles_are_charged_once_per_run_and_not_to_the_uncompiled_backend():
-    # flash+compile's first length compiled on 2 steps (a static graph, then one of dynamic shapes), 890 ms each
-    # over its other steps; its second length compiled nothing: a run pays the compiles once, not per new shape;
-    # eager flash shares no such cache with it
+    # flash+compile's first length compiled (a static graph, then one of dynamic shapes: 1780 ms, its Compiled
+    # table's), its second length 20 ms more (a recompile new to the process): a run pays the compiles once, not
+    # per new shape; eager flash shares no such cache with it
     rows = [("flash+compile", 90.0, 900.0, 10.0, ()), ("flash", 100.0, 10.0, 10.0, ()), ("math", 101.0, 10.0, 10.0, ())]
-    pts = [_point(256, rows, ("flash+compile",), new_steps=2),
-           _point(1024, [("flash+compile", 90.0, None, 10.0, ()), *rows[1:]], ("flash+compile",))]
+    pts = [_point(256, rows, ("flash+compile",), compile_ms=1760.0),
+           _point(1024, [("flash+compile", 90.0, None, 10.0, ()), *rows[1:]], ("flash+compile",), compile_ms=20.0)]
     s = serving_estimate(pts, Lengths.of({256: 1, 1024: 1}), 10, 4)
     # its prompts run eager flash (a generate compiles its decode steps only), which paid nothing
     assert s.first_met_ms["flash"] == 0.0 == s.first_met_ms["flash+compile"]

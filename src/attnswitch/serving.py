@@ -173,9 +173,9 @@ def _first_met_costs(point) -> dict[str, _Charge]:
     that any candidate sharing its cache paid alone (``_keys``: the plan cache a kernel family shares was
     filled by the first of them): a policy per phase its prefill phase's on prompts, its decode phase's on
     decode steps. A compiled candidate (a generate compiles its decode steps only) is charged its backend's on
-    prompts, which run uncompiled, and its compiles once per run (``_compiles``): a graph of dynamic shapes
-    meets later key lengths without compiling. What a backend that ran alone nowhere pays on prompts is not
-    known: ``prompts_by``."""
+    prompts, which run uncompiled, and its compiles once per run (``_compiles``, summed over the lengths): a
+    graph of dynamic shapes meets later key lengths without compiling. What a backend that ran alone nowhere
+    pays on prompts is not known: ``prompts_by``."""
     own = {b.backend: _first_met_cost(b) for b in point.backends}
     most: dict[str, float] = {}
     for b in point.backends:  # candidates measured alone, uncompiled, with a finite figure
@@ -209,12 +209,11 @@ def _first_met_costs(point) -> dict[str, _Charge]:
 
 
 def _compiles(b) -> float:
-    """What a compiled candidate's compiles cost at a point (ms): its steps that compiled (``new``: Dynamo
-    compiled while they ran) over its other steps, each; 0 where none did (the process had compiled it at an
-    earlier point), NaN where the figures are not finite."""
-    g = b.generate
-    cost = _first_met_cost(b)
-    return cost * g.new_shape_steps if g is not None and cost == cost and g.new_shape_steps else cost
+    """What a compiled candidate's compiles cost at a point (ms): its ``compile_ms``, the Compiled table's (its
+    first workload's host time over a steady one's: every compile it made there, wherever in a generate it
+    fell); about 0 where it made none (the process compiled it at an earlier point); NaN where not finite."""
+    ms = b.compile_ms
+    return 0.0 if ms is None else (max(0.0, ms) if math.isfinite(ms) else math.nan)
 
 
 def _ops(b) -> tuple:
@@ -235,7 +234,7 @@ def _costs(points, lengths: Lengths):
         # where a shape is new to the process: a later length may meet shapes an earlier one's runs cached
         first[name] = _Charge(max(c.prompt for c in charges), max(c.step for c in charges), charges[0].short,
                               next((c.prompts_by for c in charges if c.prompts_by), None),
-                              max(c.once for c in charges))  # (the compiles, where the first length paid them)
+                              sum(c.once for c in charges))  # (each length's compiles were new to the process)
     return steady, first
 
 
