@@ -466,6 +466,9 @@ def test_deciding_phase_is_the_one_the_best_gains_in_and_only_where_measured():
     compiled = row("flash+compile", 10.3, 1.5)
     assert _deciding_phase(compiled, row("flash", 10.0, 2.0), w) == (
         "Decode decided it against `flash` (each phase's median, over the workload: decode +4.0 ms).")
+    # an encoder-decoder's first decoder step (its prefill, one query token) is compiled too: told
+    assert "prefill -0.6 ms, decode +4.0 ms" in _deciding_phase(compiled, row("flash", 10.0, 2.0),
+                                                               {**w, "encoder_decoder": True})
     # a tie decided nothing: no phase is said to have decided it
     from attnswitch.recommend import _generate_lines
     assert not any("decided" in line for line in _generate_lines(best, [other], w, tied=True))
@@ -804,6 +807,7 @@ def test_an_encoder_decoders_generates_are_told_apart_by_their_encoder_outputs()
     r = compare(t5, w, backends=["math"], warmup=0, iters=1, rounds=2, time_budget_s=0, check_numerics=False)
     g = r["math"].generate
     assert g.new_shape_steps + g.seen_shape_steps == 3 * (5 - 2)  # (per prompt: its steps between decode steps)
+    assert r.workload["encoder_decoder"] and "encoder_decoder" not in make_workload(tiny("llama")).describe()
     from attnswitch.profiling.clock import ForwardClock
     clock = ForwardClock(t5, cuda=False)
     with clock, torch.no_grad():

@@ -215,10 +215,14 @@ def _deciding_phase(best: BackendResult, o: BackendResult, workload: dict) -> st
     n_gen = len(workload.get("prompt_lens", [])) or 1
     steps = n_gen * max(0, (workload.get("new_tokens") or 1) - 1)
 
-    def apart(phase: str) -> bool:  # (a generate compiles its decode steps alone: its prefill runs eager)
+    # a generate compiles its one-token steps alone: a decoder's prefill runs eager, an encoder-decoder's first
+    # decoder step (its "prefill") is compiled with the rest
+    compiled_apart = best.candidate.compile != o.candidate.compile
+
+    def apart(phase: str) -> bool:
         mine = _phase_backend(best.candidate, phase)
-        return mine is None or (phase == "decode" and best.candidate.compile != o.candidate.compile) or \
-            mine != _phase_backend(o.candidate, phase)
+        return mine is None or (compiled_apart and (phase == "decode" or workload.get("encoder_decoder", False))) \
+            or mine != _phase_backend(o.candidate, phase)
     gains = {}
     if g.ttft_ms is not None and o.generate.ttft_ms is not None and apart("prefill"):
         gains["prefill"] = (o.generate.ttft_ms - g.ttft_ms) * n_gen

@@ -248,6 +248,8 @@ class Workload:
                      cache=self.generation.cache if caches(self.model) else "none")  # ("none": the model's config)
         if self.loss:
             d["loss"] = self.loss
+        if getattr(getattr(self.model, "config", None), "is_encoder_decoder", False):
+            d["encoder_decoder"] = True  # (its decoder's first step has one query token: compiled with the rest)
         return d
 
     @classmethod
