@@ -545,7 +545,7 @@ def _compiled(report, opts: Options) -> Section | None:
                   "-" if b.compile_ms is None else f"{b.compile_ms / 1e3:.1f}", _n(b.graphs, 0), _n(b.recompiles, 0),
                   b.attn_seen or "-", "-" if b.compile_pays_after is None else f"{b.compile_pays_after:.1f}",
                   b.attn_mismatch or "-") for b in ran)
-    steps = _STEPS.get(kind_of(report.workload).short, "steps")  # (what the ranked time is per)
+    steps = kind_of(report.workload).step + "s"  # (what the ranked time is per: a generate's whole workload)
     table = drop_empty_columns(Table("Compiled", (
         "candidate", "mode", "time ms", "compile s", "graphs", "recompiles", "attention kernel seen",
         f"pays after {steps}", "mismatch"), rows, frozenset({"candidate", "mode", "attention kernel seen",
@@ -560,9 +560,6 @@ def _compiled(report, opts: Options) -> Section | None:
         "which the compile has paid for itself against the same backend uncompiled. Compiled forwards have no module "
         "ranges inside: their kernels count for the model as a whole.", "note")), key="compiled")
 
-
-#: what a compile pays itself back over, by the short name of the step the ranked time is per (``Kind.short``)
-_STEPS = {"fwd": "forwards", "workload": "generate workloads", "step": "training steps", "call": "calls"}
 
 
 def _train(report, opts: Options) -> Section | None:
@@ -606,8 +603,7 @@ def _sweep(report, opts: Options) -> Section | None:
     series = {label(n, g): [(p.seq, b.time_ms) for p in report.sweep if group(p) == g for b in p.backends
                             if b.backend == n and b.ok and b.time_ms] for g in groups for n in names}
     x = "prompt length" if generate else "sequence length"
-    unit = "generate workload" if generate else "training step" if report.workload.get("mode") == "train" else \
-        "forward"
+    unit = kind_of(report.workload).step  # (a forward, a training step, a generate workload)
     chart = charts.sweep_chart({k: v for k, v in series.items() if v}, x_label=x,
                                title=f"Time per {unit} against {x}", unit=unit)
     return Section("Sweep", (drop_empty_columns(table, keep=len(heads)),
