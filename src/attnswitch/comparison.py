@@ -165,20 +165,14 @@ def _not_switched(model: nn.Module) -> None:
     if now is None:
         return
     sel, how, whose = now
-    named = _WHOSE[whose]
     if how == "patch":
         raise options.OptionError("{whose} is patched with {sel} (attnswitch.patch): a comparison switches each "
                                   "candidate itself, and its answer is about the model as it runs unswitched; "
-                                  "unpatch it first (attnswitch.unpatch)", whose=named[0].upper() + named[1:],
+                                  "unpatch it first (attnswitch.unpatch)", whose=whose[0].upper() + whose[1:],
                                   sel=f"`{sel}`")
     raise options.OptionError("a comparison inside attnswitch.backend({sel}), which switches {whose}: each "
                               "candidate is switched by the comparison itself, and its answer is about the model "
-                              "as it runs outside the block; call it outside", sel=repr(str(sel)), whose=named)
-
-
-#: ``switch.switched``'s words for the model a switch names, as a message about the compared model says them
-_WHOSE = {"every model": "every model", "the model": "the model", "a model it is part of": "a model the model is "
-          "part of", "a part of it": "a part of the model"}
+                              "as it runs outside the block; call it outside", sel=repr(str(sel)), whose=whose)
 
 
 def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: str = "prefill",

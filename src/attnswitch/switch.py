@@ -180,16 +180,16 @@ def runs_as_auto(model: nn.Module) -> bool:
 def switched(model: nn.Module) -> tuple[Selection, str, str] | None:
     """What switches ``model``'s forwards, or a part of them, in the calling thread now, as ``(selection, how,
     whose)``: ``how`` is ``"context"`` (a ``backend()`` block) or ``"patch"``; ``whose`` the model it names:
-    ``"every model"``, ``"the model"``, ``"a model it is part of"`` (a submodel of a patched model runs the
-    patch) or ``"a part of it"``. None: nothing does."""
+    ``"every model"``, ``"the model"``, ``"a model the model is part of"`` (a submodel of a patched model runs
+    the patch) or ``"a part of the model"``. None: nothing does."""
     st = record.current()
     if st.global_sel is not None:
         return st.global_sel, "context", "every model"
     info = owners.info_of(model)
     own = info.token if info is not None else None
     parts = [i.token for m in model.modules() if m is not model and (i := owners.info_of(m)) is not None]
-    whose = [(own, "the model"), *((t, "a model it is part of") for t in owners.owners(model) if t != own),
-             *((t, "a part of it") for t in parts)]
+    whose = [(own, "the model"), *((t, "a model the model is part of") for t in owners.owners(model) if t != own),
+             *((t, "a part of the model") for t in parts)]
     for held, how in ((st.per_owner, "context"), (PATCHED, "patch")):
         found = next(((held[t], who) for t, who in whose if t is not None and t in held), None)
         if found is not None:
