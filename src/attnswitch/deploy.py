@@ -20,7 +20,7 @@ from ._own_env import SET_BY_TORCH
 from ._versions import version_text
 from .compiling import MODES
 from .kinds import Kind, kind_of
-from .modelshape import differences
+from .modelshape import differences, dtype_of
 from .results import Deploy
 
 __all__ = ["deploy_info", "policy_document", "write_policy", "load_policy", "MeasuredPolicy", "POLICY_SCHEMA"]
@@ -199,11 +199,8 @@ class MeasuredPolicy:
         """What of ``model`` differs from the model measured: its architecture, its attention's shape
         (``modelshape``) and its dtype; nothing where the policy has no record of them."""
         out = differences(self.workload.get("model_shape"), model)
-        measured = self.workload.get("dtype")
-        # (the first parameter's, as the report's dtype is read)
-        dtype = next((str(p.dtype).replace("torch.", "") for p in model.parameters()), None) \
-            if isinstance(measured, str) and hasattr(model, "parameters") else None
-        if dtype is not None and dtype != measured:
+        measured, dtype = self.workload.get("dtype"), dtype_of(model)  # (as the report read it)
+        if isinstance(measured, str) and dtype is not None and dtype != measured:
             out.append(f"dtype {measured} (here {dtype})")
         return out
 

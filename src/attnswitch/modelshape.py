@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["model_shape", "differences"]
+__all__ = ["model_shape", "differences", "dtype_of"]
 
 #: the fields compared where a policy is applied (the layer count, and how many layers are of each kind, are not)
 _COMPARED = ("model_type", "heads", "kv_heads", "head_dim", "sliding_window", "layer_kinds")
@@ -51,6 +51,12 @@ def model_shape(model) -> dict | None:
     if isinstance(kinds, (list, tuple)) and kinds:  # which kinds (their counts follow the layer count)
         shape["layer_kinds"] = ", ".join(sorted(set(map(str, kinds))))
     return {k: v for k, v in shape.items() if v is not None}
+
+
+def dtype_of(model) -> str | None:
+    """The dtype a report records for ``model``: its first parameter's (``float32``); None without one."""
+    first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return None if first is None else str(first.dtype).replace("torch.", "")
 
 
 def differences(measured: Mapping | None, model) -> list[str]:

@@ -26,7 +26,7 @@ from ..errors import out_of_memory
 from ..hf import require_interface
 from ..hf.layerkinds import bind as check_kinds
 from ..hf.layerkinds import kind_map
-from ..modelshape import model_shape
+from ..modelshape import dtype_of, model_shape
 from ..options import OptionError
 from ..peak import figures
 from ..request import Request, Steps
@@ -52,7 +52,7 @@ def _workload_info(t: Target) -> dict:
     # the model's own attention as found: what keeping it means (transformers' sdpa, eager, ...)
     own = getattr(getattr(t.model, "config", None), "_attn_implementation", None)
     shape = model_shape(t.model)  # what policy.json's pick is applied against
-    return {**t.workload.describe(), "dtype": str(next(t.model.parameters()).dtype).replace("torch.", ""),
+    return {**t.workload.describe(), "dtype": dtype_of(t.model),
             **({"attn_implementation": own} if isinstance(own, str) else {}),
             **({"model_shape": shape} if shape else {})}
 
