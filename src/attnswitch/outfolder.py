@@ -98,25 +98,27 @@ def check(out: str) -> None:
                           why=e.strerror or str(e)) from None
 
 
-#: the most bytes a run adds to the folder's name, for a folder beside it: ``.NAME.attnswitch-old-XXXXXXXX``
-_ADDED = len(f".{_PREFIX}old-") + 8
+#: where the earlier report is moved aside (``.NAME.attnswitch-old-XXXXXXXX``), the longest name a run makes
+_ASIDE = f"{_PREFIX}old-"
+#: the most bytes a run adds to the folder's name, for a folder beside it
+_ADDED = len("." + _ASIDE) + 8
 
 
 def _name_fits(d: Path, given) -> None:
     """The folders a run makes beside ``d`` can be named: ``d``'s name and what a run adds to it fit the file
     system's limit (read before anything touches ``d``: a name past it fails every call on it)."""
-    parent = _nearest_existing(Path(os.path.abspath(d)).parent)
+    parent = Path(os.path.abspath(d)).parent
     try:
-        most = os.pathconf(parent, "PC_NAME_MAX")
+        most = os.pathconf(_nearest_existing(parent), "PC_NAME_MAX")
     except (OSError, ValueError):
         most = 255
-    if any(len(os.fsencode(part)) > most for part in Path(os.path.abspath(d)).parent.parts):
+    if any(len(os.fsencode(part)) > most for part in parent.parts):
         raise OptionError("{out} {given}: a folder on its path has a name longer than names here have (at most "
                           "{most} bytes)", given=reprlib.repr(str(given)), most=most)
     if len(os.fsencode(d.name)) + _ADDED > most:
         raise OptionError("{out} {given}: its name is too long: a run names a folder beside it .NAME{suffix}, and "
                           "names here have at most {most} bytes; give a name of at most {fits} bytes",
-                          given=reprlib.repr(str(given)), suffix=f"{_PREFIX}old-XXXXXXXX", most=most,
+                          given=reprlib.repr(str(given)), suffix=f"{_ASIDE}XXXXXXXX", most=most,
                           fits=most - _ADDED)
 
 
@@ -178,7 +180,7 @@ def _replace(new: Path, final: Path) -> None:
     if _exchange(new, final):
         shutil.rmtree(new, ignore_errors=True)  # now the earlier report
         return
-    old = _new_folder(final.parent, f".{final.name}{_PREFIX}old-")
+    old = _new_folder(final.parent, f".{final.name}{_ASIDE}")
     try:
         os.rename(final, old)  # (onto the empty folder just made)
     except OSError as e:  # a folder that cannot be moved (immutable, a mount point): left as it is
