@@ -171,6 +171,22 @@ def test_a_comparison_of_a_model_a_switch_holds_is_refused_and_leaves_the_switch
         attnswitch.unpatch(other)
 
 
+def test_a_workload_made_for_another_model_is_refused_not_measured_on_that_model():
+    # it used to measure the workload's model (its heads, its patch) and report it as this one's
+    a, b = tiny("llama"), tiny("llama", num_attention_heads=2, num_key_value_heads=2)
+    work = make_workload(a, batch=1, seq=8)
+    attnswitch.patch(a, "naive")  # (which the refusal of a patched model, checked on b, would not see)
+    try:
+        for call in (lambda: attnswitch.compare(b, work), lambda: attnswitch.profile(b, work, backends=["math"])):
+            with pytest.raises(OptionError, match=r"^the workload was made for another model \(LlamaForCausalLM, "
+                                                  r"not this LlamaForCausalLM\): make_workload\(model, ...\)"):
+                call()
+    finally:
+        attnswitch.unpatch(a)
+    assert attnswitch.profile(b, work.for_model(b), backends=["math"], iters=1, rounds=1,
+                             time_budget_s=0)["math"].ok
+
+
 def test_a_failure_while_measuring_is_shown_whole_not_as_bad_input(monkeypatch):
     # the exit code follows what went wrong: a ValueError the model raises is its failure, raised whole (exit 1,
     # with its traceback), whenever it comes; only an OptionError is bad input
