@@ -81,21 +81,14 @@ def check(model: nn.Module, *args, backends: Iterable[str] | str | None = None, 
     if work is not None and (args or batch):
         raise OptionError("give the inputs or {work}, not both")
     names = backend_names(compared=True) if backends is None else parse_backends(backends, device_of(model))
-    grads = {p: p.grad for p in model.parameters()} if work is not None and work.mode == "train" else {}
 
     def step():
         if work is None:
             with torch.no_grad():
                 model(*args, **fresh(batch))  # (a KV cache copied: the caller's is left as it was)
             return
-        for p in grads:  # (backward would add into the tensors the user holds)
-            p.grad = None
-        try:
-            with work.context():
-                work.step(0 if work.mode == "generate" else None)
-        finally:  # a training step's gradients, as found (one that failed in backward leaves some behind)
-            for p, g in grads.items():
-                p.grad = g
+        with work.context():  # (the user's gradients as found, whatever the step left)
+            work.step(0 if work.mode == "generate" else None)
 
     step()  # the model's own attention first: an error here is the inputs', not a backend's
     results: dict[str, Eligibility] = {}

@@ -21,7 +21,7 @@ from .backends import REFERENCE
 from .errors import BackendUnavailable
 from .results import Numerics
 from .switch import backend as use_backend
-from .workload import Workload, loss_of
+from .workload import Workload, kept, loss_of
 
 __all__ = ["DTYPE_TOLERANCE", "REFERENCES", "numerics", "output_tensor", "errors", "reference_output",
            "token_agreement", "grad_numerics", "GradCheck"]
@@ -49,7 +49,9 @@ def output_tensor(out) -> torch.Tensor:
 
 
 def _forward(workload: Workload, name: str | None) -> torch.Tensor:
-    with torch.no_grad():
+    """The output, dropout off (in eval mode, the model's modes as found after): with dropout, eager's own error
+    would set a tolerance that passes anything."""
+    with torch.no_grad(), kept(workload.model, training=False):
         if name is None:
             return output_tensor(workload()).float()
         with use_backend(name, model=workload.model):
@@ -119,7 +121,7 @@ def _reference(workload: Workload, reference: str) -> tuple[Workload, str]:
 
 def _generated(workload: Workload, name: str) -> torch.Tensor:
     prompt = workload.prompts[0]
-    with torch.no_grad(), use_backend(name, model=workload.model):
+    with torch.no_grad(), kept(workload.model, training=False), use_backend(name, model=workload.model):
         out = workload.model.generate(**prompt, **workload.generate_kwargs())
     if getattr(workload.model.config, "is_encoder_decoder", False):
         return out[:, 1:]  # the decoder's sequence: its start token, then the generated ones
@@ -157,19 +159,13 @@ class GradCheck:
 
 
 def _grads(workload: Workload, name: str | None) -> dict[str, torch.Tensor]:
-    """Gradients of the workload's loss (dropout off: the model in eval mode, as it was found after)."""
+    """Gradients of the workload's loss (dropout off: the model in eval mode; its modes and the user's gradients
+    as found after)."""
     model = workload.model
-    was = [(m, m.training) for m in model.modules()]
-    model.eval()
-    model.zero_grad(set_to_none=True)
-    try:
-        with torch.enable_grad(), (use_backend(name, model=model) if name else contextlib.nullcontext()):
-            loss_of(model(**workload.first())).backward()
+    with kept(model, training=False), torch.enable_grad(), \
+            (use_backend(name, model=model) if name else contextlib.nullcontext()):
+        loss_of(model(**workload.first())).backward()
         return {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
-    finally:
-        model.zero_grad(set_to_none=True)
-        for m, t in was:
-            m.training = t
 
 
 #: a reference gradient this far below a typical one of its size (the root mean square over every parameter's

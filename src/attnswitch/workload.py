@@ -24,7 +24,7 @@ from . import options
 from .device import device_of
 
 __all__ = ["Workload", "Generation", "make_workload", "position_limit", "cache_kwarg", "task_of", "loss_of",
-           "prompt_lengths", "caches", "cached", "fresh", "MODES", "CACHES"]
+           "prompt_lengths", "caches", "cached", "fresh", "kept", "MODES", "CACHES"]
 
 MODES, CACHES = options.MODES, options.CACHES
 prompt_lengths = options.prompt_lengths
@@ -105,15 +105,22 @@ def loss_of(out) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def _training(model: nn.Module) -> Iterator[None]:
-    """The model in training mode (dropout as configured) for the block, every module's mode restored."""
+def kept(model: nn.Module, training: bool) -> Iterator[None]:
+    """The model in training mode (dropout as configured) or eval mode for the block, holding no gradients; every
+    module's mode and every parameter's gradient put back as found after, on any exit (a step's backward would
+    add into the gradient tensors the user holds, and a step that starts from them would not be the user's)."""
     modes = [(m, m.training) for m in model.modules()]
-    model.train()
+    grads = [(p, p.grad) for p in model.parameters()]
+    model.train(training)
+    for p, _ in grads:
+        p.grad = None
     try:
         yield
     finally:
         for m, was in modes:
             m.training = was
+        for p, g in grads:
+            p.grad = g
 
 
 @dataclass(frozen=True)
@@ -179,8 +186,9 @@ class Workload:
         return pad
 
     def context(self):
-        """What a measurement of many steps holds around them: training mode for a train workload."""
-        return _training(self.model) if self.mode == "train" else contextlib.nullcontext()
+        """What a measurement of many steps holds around them (``kept``): training mode for a train workload,
+        eval mode (dropout off) for the others, which are inference; the user's gradients set aside."""
+        return kept(self.model, training=self.mode == "train")
 
     def calls(self, n: int) -> Iterator[dict[str, Any]]:
         """``n`` argument sets, made one at a time (a copy of each KV cache, as a decode step's) as they are

@@ -284,7 +284,7 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     modes, backends, deployed = request.compile, request.backends, request.deployed
     warmup, iters, rounds, time_budget_s, host_iters, profile_steps = dataclasses.astuple(_counts(t, steps))
     names, progress, t0 = _checked_names(t, backends), progress or (lambda step: None), time.perf_counter()
-    with frozen_heap():
+    with t.context(), frozen_heap():  # (the model's modes and the user's gradients as found after, on any exit)
         spent["collecting garbage"] = time.perf_counter() - t0  # once, before everything alive is frozen
         runs = _prepared_modes(t, modes, names, progress, spent, warmup=warmup, iters=host_iters, trace_dir=trace_dir,
                                profile_steps=profile_steps)
