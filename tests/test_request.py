@@ -9,6 +9,7 @@ from attnswitch import cli, options
 from attnswitch.comparison import compare_sweep
 from attnswitch.lengths import Lengths
 from attnswitch.request import DEFAULTS, REQUESTS, Request, Steps
+from attnswitch.workload import make_workload
 
 
 def _spread_model():
@@ -22,6 +23,10 @@ MIX = Lengths.of({8: 3, 16: 1})
 
 def _sweep(**kw):
     return lambda: compare_sweep(tiny("llama"), kw.pop("shapes", [(1, 8)]), backends=["naive"], **kw)
+
+
+def _work(**kw):
+    return lambda: make_workload(tiny("llama"), seq=8, **kw)
 
 
 def _compare(**kw):
@@ -48,6 +53,10 @@ REFUSED = [
      _sweep(mode="generate", new_tokens=2, lengths=MIX, requests=0)),
     (["--mode", "generate", "--prompt-lens", "8", "--new-tokens", "2,3"],
      lambda: Request(mode="generate", prompt_lens=(8,), new_tokens=(2, 3)).check()),
+    # make_workload: what a mode does not take, refused rather than ignored
+    (["--new-tokens", "4"], _work(mode="prefill", new_tokens=4)),
+    (["--mode", "train", "--cache", "static"], _work(mode="train", cache="static")),
+    (["--mode", "decode", "--prompt-lens", "8,9"], _work(mode="decode", prompt_lens=(8, 9))),
     (["--mode", "decode", "--seq", "8,16"], _sweep(mode="decode", shapes=[(1, 8), (1, 16)])),
     (["--mode", "decode", "--batch", "2,4"], _sweep(mode="decode", shapes=[(2, 8), (4, 8)])),
     (["--iters", "0"], _compare(iters=0)),

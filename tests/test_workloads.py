@@ -532,6 +532,16 @@ def test_a_generate_workload_around_a_length_under_3_has_prompt_lengths_from_1_t
     assert list(lens) == list(range(1, around + 3)), lens
 
 
+@pytest.mark.parametrize("around, new_tokens, want", [(8, 128, (2, 5, 8, 11, 14)), (32, 100, (2, 17, 32, 47, 62)),
+                                                     (32, 8, (28, 30, 32, 34, 36)), (3, 8, (1, 2, 3, 4, 5))])
+def test_a_generate_workloads_five_prompt_lengths_stay_around_a_short_length(around, new_tokens, want):
+    # a quarter of new_tokens apart where they fit; closer where the shortest would be under one token. Before,
+    # they were clamped to 1 and merged: around 8 with 128 new tokens, (1, 8, 40, 72), far above what was asked
+    m = tiny("llama")
+    work = make_workload(m, mode="generate", batch=1, seq=around, new_tokens=new_tokens)
+    assert work.generation.prompt_lens == want
+
+
 # -- the command line -------------------------------------------------------------------------------
 
 def test_cli_generate_train_and_sweep(tmp_path, capsys):

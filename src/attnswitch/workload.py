@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from . import options
 from .device import device_of
+from .request import Request
 
 __all__ = ["Workload", "Generation", "make_workload", "position_limit", "cache_kwarg", "task_of", "loss_of",
            "prompt_lengths", "caches", "cached", "fresh", "kept", "MODES", "CACHES"]
@@ -352,16 +353,20 @@ def _generate_workload(model, ids_of, batch, seq, new_tokens, prompt_lens, cache
 
 
 def make_workload(model: nn.Module, *, batch: int = 1, seq: int = 128, padding: bool = False,
-                  mode: str = "prefill", seed: int = 0, new_tokens: int = 128,
+                  mode: str = "prefill", seed: int = 0, new_tokens: int | None = None,
                   prompt_lens: tuple[int, ...] | None = None, cache: str = "dynamic") -> Workload:
     """Random token inputs for ``model``: ``padding`` left-pads a decoder's batch (right-pads an
     encoder's); ``mode="decode"`` is one new token against a KV cache of ``seq`` tokens;
-    ``mode="generate"`` generates ``new_tokens`` tokens for prompts of ``prompt_lens`` tokens (default:
-    five lengths around ``seq``, fewer below 3); ``mode="train"`` is forward and backward of the loss on ``seq``
-    tokens."""
-    options.check_shape(batch, seq, mode, padding)
-    if mode == "generate":
-        options.check_generation(new_tokens, prompt_lens, cache)
+    ``mode="generate"`` generates ``new_tokens`` tokens (default 128) for prompts of ``prompt_lens`` tokens
+    (default: lengths spread around ``seq``, ``options.prompt_lengths``); ``mode="train"`` is forward and backward
+    of the loss on ``seq`` tokens. What a mode does not take (``new_tokens``, ``prompt_lens``, ``cache`` outside a
+    generate) is refused, by the rules the command line's options meet (``request.Request.check``)."""
+    generate = mode == "generate"
+    Request(mode=mode, batch=(batch,), seq=() if generate else (seq,),
+            prompt_len=(seq,) if generate and prompt_lens is None else (),  # (the length they spread around)
+            padding=padding, prompt_lens=prompt_lens, new_tokens=() if new_tokens is None else (new_tokens,),
+            cache=cache).check()
+    new_tokens = 128 if new_tokens is None else new_tokens
     batch, seq = int(batch), int(seq)
     config = model.config
     takes = getattr(model, "main_input_name", "input_ids")
