@@ -519,6 +519,16 @@ def test_a_padded_workload_has_padding():
     assert not bool(work.kwargs["attention_mask"].all()), work.kwargs["attention_mask"].tolist()
 
 
+def test_a_generate_sweeps_csv_rows_say_their_new_tokens():
+    # two shapes told apart only by their new tokens used to read as two rows of "1,6,naive" with other times
+    r = compare_sweep(tiny("llama"), [(1, 6)], mode="generate", new_tokens=[2, 3], backends=["naive"], warmup=0,
+                      iters=1, rounds=1, time_budget_s=0, check_numerics=False)
+    rows = list(csv.DictReader(r.to_csv().splitlines()))
+    assert [(row["batch"], row["seq"], row["new_tokens"], row["backend"]) for row in rows] == [
+        ("1", "6", "2", "naive"), ("1", "6", "3", "naive")]
+    assert [float(row["time_ms"]) for row in rows] == [p.backends[0].time_ms for p in r.sweep]
+
+
 @pytest.mark.parametrize("around", [1, 2])
 def test_a_generate_workload_around_a_length_under_3_has_prompt_lengths_from_1_to_that_length_plus_2(around):
     # docs/cli.md: "--prompt-len N ... generate: five prompt lengths spread around N (fewer for N under 3: they

@@ -477,13 +477,15 @@ class Report:
             raise ValueError(f"{where}a report whose fields do not read as one ({type(e).__name__}: {e})") from None
 
     def to_csv(self, path: str | Path | None = None) -> str:
-        """One row per backend (per shape, with ``batch`` and ``seq`` first, for a sweep); ``time_ms`` is
-        per step of the workload's mode (a forward, a training step, the whole generate workload)."""
+        """One row per backend (per shape, with ``batch`` and ``seq`` first, for a sweep, and a generate sweep's
+        ``new_tokens``); ``time_ms`` is per step of the workload's mode (a forward, a training step, the whole
+        generate workload)."""
         buf = io.StringIO()
         w = csv.writer(buf)
-        groups = [((p.batch, p.seq), p.backends, p.ranking) for p in self.sweep] if self.sweep else \
-            [((), self.backends, self.ranking)]
-        w.writerow((["batch", "seq"] if self.sweep else []) + _CSV_COLUMNS)
+        new = any(p.new_tokens is not None for p in self.sweep)
+        groups = [((p.batch, p.seq) + ((p.new_tokens,) if new else ()), p.backends, p.ranking) for p in self.sweep] \
+            if self.sweep else [((), self.backends, self.ranking)]
+        w.writerow((["batch", "seq"] + (["new_tokens"] if new else []) if self.sweep else []) + _CSV_COLUMNS)
         for shape, backends, ranking in groups:
             for b in backends:
                 w.writerow(list(shape) + ["" if v is None else v for v in _csv_row(b, ranking)])
