@@ -95,6 +95,22 @@ def test_the_recommendation_says_whether_compiling_changes_the_pick_and_when_it_
     assert "it recompiled 1 time while measured (new shapes)." in once
 
 
+def test_whether_compiling_changes_the_pick_compares_each_sides_own_pick_ties_going_to_the_preferred():
+    # uncompiled naive and flash not told apart (naive a hair ahead by median): the uncompiled pick is flash, the
+    # fused kernel, as a comparison of them alone picks; the line used to take the first uncompiled by median and
+    # say "Compiling changes the pick: uncompiled `naive`"
+    def noisy(name, time_ms, mode=None, **kw):
+        rounds = tuple((time_ms * f,) for f in (0.9, 1.1, 0.95, 1.05, 0.92, 1.08))
+        return dataclasses.replace(_result(name, time_ms, mode, **kw), time_rounds_ms=rounds, noise_pct=10.0)
+    plain = [noisy("naive", 2.4997), noisy("flash", 2.4999)]
+    results = [*plain, _result("flash+compile", 1.0, "default", compile_ms=5000.0, compile_pays_after=3333.0)]
+    assert verdict(plain).pick == "flash" and verdict(plain).order[0] == "flash"
+    assert verdict(results).order.index("naive") < verdict(results).order.index("flash")  # (naive ahead by median)
+    text = recommend(results, verdict(results), {"mode": "prefill"})
+    assert "Compiling does not change the backend: `flash` leads compiled and uncompiled" in text, text
+    assert "Compiling changes the pick" not in text
+
+
 @pytest.fixture(scope="module")
 def compiled_report():
     torch._dynamo.reset()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from .backends import kernel_families, kernel_family
 from .candidate import Candidate
 from .kinds import kind_of
-from .ranking import NUMERICS, Verdict, gate_cautions, ruled_out
+from .ranking import NUMERICS, Verdict, gate_cautions, ruled_out, verdict
 from .results import BackendResult, candidates
 from .stats import bracket_words, covers, paired_margin
 
@@ -123,17 +123,17 @@ def _compile_lines(results: list[BackendResult], v: Verdict, by: dict, workload:
         return []
     lines = []
     picks = candidates(v.order)
-    compiled = [by[n] for n in picks if by[n].compile is not None]
-    plain = [by[n] for n in picks if by[n].compile is None]
-    if compiled and plain:
-        c, u = compiled[0], plain[0]
+    # each side's own pick, by the same rules as the whole (a tie goes to the preferred), not the first by median
+    c, u = (by.get(verdict([b for b in results if (b.compile is None) == plain]).pick) for plain in (False, True))
+    if c is not None and u is not None:
         if c.backend in v.ties and u.backend in v.ties:
             lines.append(f"Compiling makes no measured difference to the pick: compiled `{c.backend}` and uncompiled "
                          f"`{u.backend}` are not told apart.")
         elif u.backend == v.pick:
             m = v.margins.get(c.backend)
-            lines.append(f"Compiling does not change the pick: uncompiled `{u.backend}` is faster than every compiled "
-                         f"candidate (the fastest, `{c.backend}`" + (f", {m.text()} of its time)." if m else ")."))
+            lines.append(f"Compiling does not change the pick: uncompiled `{u.backend}` is faster than every "
+                         f"compiled candidate (the compiled pick, `{c.backend}`"
+                         + (f", {m.text()} of its time)." if m else ")."))
         elif str(c.candidate.uncompiled) == u.backend:  # (the compiled one ahead: the pick is compiled)
             lines.append(f"Compiling does not change the backend: `{u.backend}` leads compiled and uncompiled, and "
                          f"compiled (`{c.backend}`) is the faster.")
