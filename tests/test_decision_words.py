@@ -36,6 +36,18 @@ def test_the_rule_of_a_compiled_auto_pick_does_not_say_it_changes_nothing():
     assert "Compiling changes the pick" not in r.recommendation
 
 
+def test_sdpas_own_choice_is_said_to_change_nothing_only_where_the_model_runs_it():
+    # a model whose own attention is eager: picking `auto` switches it to SDPA, which the Deploy section says; the
+    # first line used to say "pick `auto`: SDPA's own choice changes nothing"
+    rs = [fixed("auto", [10.1, 10.0, 10.0, 9.9, 10.1, 10.2], attn_ops=FLASH_OP),
+          fixed("flash", [10.0, 10.1, 9.9, 10.0, 10.2, 10.0]), fixed("eager", [30.0] * 6)]
+    sdpa, eager = report_of(rs), report_of(rs, {"attn_implementation": "eager"})
+    assert sdpa.pick == eager.pick == "auto"
+    assert "SDPA's own choice changes nothing" in sdpa.decision.rule and sdpa.decision.answer == "keep"
+    assert eager.decision.rule.startswith("SDPA's own choice, no kernel forced, preferred to `flash`")
+    assert "changes nothing" not in eager.recommendation and "set_attn_implementation('sdpa')" in eager.deploy.plain
+
+
 # -- compiling ---------------------------------------------------------------------------------------------------------
 
 def test_compiling_is_not_said_to_change_the_pick_where_the_uncompiled_pick_is_faster_than_every_compiled_one():

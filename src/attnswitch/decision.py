@@ -52,16 +52,18 @@ def _eager_ahead(results: list[BackendResult], v: Verdict, own: str | None = Non
     return min(ahead, key=lambda m: m.ratio) if ahead else None
 
 
-def _rule_parts(v: Verdict, pick: str) -> tuple[str, list[str]]:
+def _rule_parts(v: Verdict, pick: str, own: str | None) -> tuple[str, list[str]]:
     """Why ``pick`` among the tie (what it is), and the tied ones it is preferred to; ``("", [])`` where all
-    are alike."""
+    are alike. ``own``: the model's own attention (``own_attention``): SDPA's own choice changes nothing only
+    where the model runs it."""
     c = candidate.parse(pick)
     less = [n for n in v.ties if candidate.parse(n).preference() > c.preference()]
     if not less:
         return "", []
     row = catalog.row(c.backend or "")
     if row is not None and row.kind == "choice":
-        what = "SDPA's own choice" + (", compiled as measured" if c.compile else " changes nothing")
+        what = "SDPA's own choice" + (", compiled as measured" if c.compile else " changes nothing" if own == "auto"
+                                      else ", no kernel forced")
     elif all(candidate.parse(n).uncompiled == c for n in less):
         what = "uncompiled, nothing to compile"
     elif row is not None and row.kind == "fused":
@@ -71,8 +73,7 @@ def _rule_parts(v: Verdict, pick: str) -> tuple[str, list[str]]:
     return what, less
 
 
-def _rule(v: Verdict, pick: str) -> str:
-    what, less = _rule_parts(v, pick)
+def _rule(what: str, less: list[str]) -> str:
     if not less:
         return ""
     return f"{what}, preferred to {', '.join(f'`{n}`' for n in less[:3])}" + (" and more" if len(less) > 3 else "")
@@ -94,8 +95,10 @@ def _tie_names(by, ties: Iterable[str], tail: str, head: str = "Tie: ") -> str:
     return _fit(*_tie_variants(by, ties, tail, head))
 
 
-def _headline(by: dict[str, BackendResult], v: Verdict, answer: str, pick: str, rule: str, t: str,
+def _headline(by: dict[str, BackendResult], v: Verdict, answer: str, pick: str, rule: tuple[str, str], t: str,
               numerics: bool) -> str:
+    """``rule``: why the pick among a tie, whole and as what the pick is (``_rule``, ``_rule_parts``)."""
+    rule, what = rule
     b = by[pick]
     beaten = v.beaten
     m = v.margins.get(beaten[0]) if beaten else None
@@ -111,7 +114,7 @@ def _headline(by: dict[str, BackendResult], v: Verdict, answer: str, pick: str, 
     if len(v.ties) > 1:
         if not rule:
             return _tie_names(by, v.ties, f" at {t}, not told apart: any is as good here.")
-        what = _rule_parts(v, pick)[0]  # the rule stays in the line: whole, or what the pick is, before names go
+        # (the rule stays in the line: whole, or what the pick is, before names go)
         return _fit(*_tie_variants(by, v.ties, f" at {t}; pick `{pick}`: {rule}."),
                     *_tie_variants(by, v.ties, f" at {t}; pick `{pick}`: {what}."),
                     f"Tie at {t}; pick `{pick}`: {what}.")
@@ -144,10 +147,11 @@ def decide(results: Iterable[BackendResult], v: Verdict, workload: Mapping | Non
         v = against(v, results, "eager")
     pick = v.pick
     answer = "keep" if pick == own else "tie" if len(v.ties) > 1 else "use"
-    rule = _rule(v, pick) if len(v.ties) > 1 else ""
+    what, less = _rule_parts(v, pick, own) if len(v.ties) > 1 else ("", [])
+    rule = _rule(what, less)
     unit = kind_of(workload).unit
     t = f"{by[pick].time_ms:.3f} ms {unit}"
-    headline = _headline(by, v, answer, pick, rule, t, numerics)
+    headline = _headline(by, v, answer, pick, (rule, what), t, numerics)
     deploy = deploy_info(pick, environment or {}, workload, ties=v.ties, keep=answer == "keep")
     return Decision(answer, pick, v.ties, v.fastest if ahead is None else "eager", rule, headline,
                     tuple(reasons(results, v, workload, numerics)), v.cautions, deploy), v
