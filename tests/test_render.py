@@ -2,9 +2,12 @@
 self-contained file whose every plot has data, the first the ranked time against the pick, drawn as the answer
 reads the margins; the plot helpers for other workloads."""
 
+import dataclasses
+import html
 import importlib
 import re
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import matplotlib
@@ -395,3 +398,31 @@ def test_log_axes_are_labelled_in_plain_numbers_and_a_sweeps_lengths_are_its_tic
     lo, hi = bars.axes[0].get_ylim()
     assert {"200", "300"} <= {t.get_text() for t in bars.axes[0].get_yticklabels(minor=True) +
                                      bars.axes[0].get_yticklabels() if lo <= t.get_position()[1] <= hi}
+
+
+def test_a_model_path_with_markup_stays_text_and_the_command_one_code_span(cpu_report):
+    # a path with a backtick split the HTML's reproduce line into code and text (copying it gave another command),
+    # and report.md's title let `<b>` through as markup
+    path = "weird/m|o <b>x</b> & `y`"
+    command = f"attnswitch compare '{path}' --seq 8"
+    r = dataclasses.replace(cpu_report, model=path, command=command)
+    page = render.to_html(r)
+    assert f"<code>{html.escape(command, quote=False)}</code>" in page
+    md = r.to_markdown()
+    assert md.splitlines()[0] == r"# attnswitch report: weird/m\|o \<b\>x\</b\> \& \`y\`"
+    assert f"reproduce: `` {command} ``" in md or f"reproduce: ``{command}``" in md
+
+    class Ids(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.ids = []
+
+        def handle_starttag(self, tag, attrs):
+            self.ids += [v for k, v in attrs if k == "id"]
+
+    ids = Ids()
+    ids.feed(page)
+    # every id once (matplotlib numbers each figure's figure_1, axes_1, ... alike), and every reference resolves
+    assert ids.ids and len(ids.ids) == len(set(ids.ids)), [i for i in set(ids.ids) if ids.ids.count(i) > 1][:5]
+    refs = {a or b for a, b in re.findall(r'url\(#([^)]+)\)|xlink:href="#([^"]+)"', page)}
+    assert refs and refs <= set(ids.ids)

@@ -351,10 +351,11 @@ def test_a_sweeps_one_choice_ran_at_every_shape_whoever_was_tied_or_cheapest():
     assert serving["pick"] == "A" and sweep_choice(mixed, serving) == "B"
 
 
-def test_a_backend_name_cannot_look_like_a_compiled_candidate():
+def test_a_backend_name_cannot_look_like_a_compiled_candidate_nor_end_a_code_span():
     import attnswitch
-    with pytest.raises(ValueError, match=r"without ',', '=', '/', '\+' or white space"):
-        attnswitch.register_backend("my+compile", lambda q, k, v, **kw: q)
+    for name in ("my+compile", "my`kernel"):  # (a report writes a backend's name in backticks)
+        with pytest.raises(ValueError, match=r"without ',', '=', '/', '\+', '`' or white space"):
+            attnswitch.register_backend(name, lambda q, k, v, **kw: q)
 
 
 @pytest.mark.parametrize("args, said", [(["--prompt-lens", "99999999"], "--prompt-lens 99999999 is beyond"),

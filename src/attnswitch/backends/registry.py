@@ -239,9 +239,10 @@ class _Kernel:
 
 def _key(name) -> str:
     key = name.strip().lower() if isinstance(name, str) else None
-    # ',' '=' '/' separate backends and phases; '+' marks a compiled candidate (``flash+compile``)
-    if not key or any(c in key for c in ",=/+") or any(c.isspace() for c in key):
-        raise ValueError(f"backend name must be a non-empty string without ',', '=', '/', '+' or white space: "
+    # ',' '=' '/' separate backends and phases; '+' marks a compiled candidate (``flash+compile``); a report writes
+    # a name in backticks (a code span)
+    if not key or any(c in key for c in ",=/+`") or any(c.isspace() for c in key):
+        raise ValueError(f"backend name must be a non-empty string without ',', '=', '/', '+', '`' or white space: "
                          f"{name!r}")
     if key == "all":  # (``backends="all"``: every backend)
         raise ValueError("'all' means every backend; choose another name")

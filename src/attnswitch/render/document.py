@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 __all__ = ["Heading", "Text", "Code", "Callout", "Table", "Bars", "Lines", "Figure", "Section", "Block", "Chart",
-           "EMPTY", "NAMING", "KEEP_FIRST", "drop_empty_columns", "has_data", "walk"]
+           "EMPTY", "NAMING", "KEEP_FIRST", "drop_empty_columns", "has_data", "walk", "code", "CODE_SPAN", "code_text"]
 
 #: what a cell holds when there is nothing to show; a column of only these is left out
 EMPTY = frozenset({"-", ""})
@@ -31,6 +31,25 @@ KEEP_FIRST = tuple(re.compile(p) for p in (
     r"ttft ms|step p50 ms|tokens/s|new-length step ms|compile s|pays after .*|forward ms|backward ms|"
     r"kernels/.*|comm µs",
 ))
+
+
+def code(text: str) -> str:
+    """``text`` as one inline code span (CommonMark's): fenced by more backticks than any run inside it, padded by
+    a space where it starts or ends with one (a command whose path holds a backtick stays one span)."""
+    runs = [len(r) for r in re.findall(r"`+", text)]
+    fence = "`" * (max(runs, default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+#: an inline code span as ``code`` writes it: its fence, then its text (the writers' reading of it)
+CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)")
+
+
+def code_text(span: re.Match) -> str:
+    """The text of a ``CODE_SPAN`` match: one space stripped from each end where both have one."""
+    t = span.group(2)
+    return t[1:-1] if len(t) > 1 and t.startswith(" ") and t.endswith(" ") and t.strip() else t
 
 
 @dataclass(frozen=True)

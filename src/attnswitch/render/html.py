@@ -11,20 +11,19 @@ import math
 import re
 from pathlib import Path
 
-from .document import Bars, Block, Callout, Code, Figure, Heading, Section, Table, Text
+from .document import CODE_SPAN, Bars, Block, Callout, Code, Figure, Heading, Section, Table, Text, code_text
 from .page import CSS, SCRIPT
 from .plots import draw, svg
 from .sections import sections
 
 __all__ = ["to_html", "write_html", "page_html", "figure_html"]
 
-_CODE = re.compile(r"`([^`]+)`")
 _URL = re.compile(r"https://[\w.\-/]*[\w/]")
 
 
 def _inline(text: str) -> str:
-    """Escaped text with `code` spans and https links."""
-    out = _CODE.sub(r"<code>\1</code>", html.escape(text, quote=False))
+    """Escaped text with `code` spans (``document.code``'s, a fence of several backticks too) and https links."""
+    out = CODE_SPAN.sub(lambda m: f"<code>{code_text(m)}</code>", html.escape(text, quote=False))
     return _URL.sub(lambda m: f'<a href="{m.group(0)}">{m.group(0)}</a>', out)
 
 

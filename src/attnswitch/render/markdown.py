@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from .document import Block, Callout, Code, Heading, Section, Table, Text
@@ -10,6 +11,11 @@ from .sections import sections
 __all__ = ["to_markdown"]
 
 _SKIP = frozenset({"plots"})
+
+
+def _plain(s: str) -> str:
+    """Text shown as it is, not read as markdown (a model's path in the title: ``<b>``, a backtick, ``*``)."""
+    return re.sub(r"([\\`*_\[\]<>&|#])", r"\\\1", s)
 
 
 def _cell(s: str) -> str:
@@ -39,7 +45,7 @@ def _lines(blocks, level: int) -> list[str]:
             lines += _lines(block.blocks, level + 1)
             continue
         if isinstance(block, Heading):
-            lines.append("#" * block.level + " " + block.text)
+            lines.append("#" * block.level + " " + _plain(block.text))  # (a heading holds no markup)
         elif isinstance(block, Table):
             lines += _table(block)
         elif isinstance(block, Callout):

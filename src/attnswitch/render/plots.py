@@ -193,7 +193,8 @@ def draw(chart: Chart):
 
 def svg(fig, salt: str = "attnswitch") -> str:
     """The figure as an ``<svg>`` element to inline in HTML: text stays text, and ``salt`` (one per
-    figure on a page) keeps its clip-path ids apart from the other figures'."""
+    figure on a page) keeps its ids apart from the other figures' (matplotlib numbers every figure's
+    ``figure_1``, ``axes_1``, ... alike): each id, and each reference to one, is prefixed with it."""
     import matplotlib
 
     buf = io.StringIO()
@@ -201,7 +202,10 @@ def svg(fig, salt: str = "attnswitch") -> str:
         fig.savefig(buf, format="svg")
     text = buf.getvalue()
     text = re.sub(r"<metadata>.*?</metadata>", "", text[text.index("<svg"):], flags=re.S)
-    return text
+    prefix = re.sub(r"[^A-Za-z0-9_-]", "-", salt)
+    ids = set(re.findall(r'\bid="([^"]+)"', text))
+    return re.sub(r'(\bid="|url\(#|href="#)([^")]+)',
+                  lambda m: m.group(1) + (f"{prefix}-{m.group(2)}" if m.group(2) in ids else m.group(2)), text)
 
 
 def png_base64(fig, dpi: int = 110) -> str:

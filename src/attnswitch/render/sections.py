@@ -17,7 +17,7 @@ from .._versions import version_text
 from ..kinds import kind_of
 from ..stats import bracket_words, margin_coverages
 from . import charts
-from .document import Block, Callout, Code, Figure, Heading, Section, Table, Text, drop_empty_columns
+from .document import Block, Callout, Code, Figure, Heading, Section, Table, Text, code, drop_empty_columns
 from .gates import defects_section, headroom_text, peak_section
 
 __all__ = ["sections", "Options", "BUILDERS", "title", "about", "summary_table", "layer_table", "device_table",
@@ -495,7 +495,8 @@ def _traces(report, opts: Options) -> Section | None:
 
 
 def _reproduce(report, opts: Options) -> Section | None:
-    return Section("", (Text(f"reproduce: `{report.command}`", "note"),), key="reproduce") if report.command else None
+    return Section("", (Text(f"reproduce: {code(report.command)}", "note"),), key="reproduce") if report.command \
+        else None
 
 
 def _ms(x) -> str:
