@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import tiny
+from conftest import batch_for, tiny
 
 import attnswitch
 from attnswitch import cli, options
@@ -77,8 +77,14 @@ def test_the_library_checks_what_the_command_line_does_and_names_no_flag():
     bert = tiny("bert")
     t5 = tiny("t5")
     calls = [
-        (lambda: make_workload(m, mode="generate", new_tokens=0), "new_tokens must be at least 1",
-         "--new-tokens must be at least 1"),
+        (lambda: make_workload(m, mode="generate", new_tokens=0), "new_tokens must be a whole number, at least 1",
+         "--new-tokens must be a whole number, at least 1"),
+        # a whole number's worth in another type: said to be one, not to be under 1 ("iters must be at least 1, got
+        # 2.0")
+        (lambda: attnswitch.compare(m, batch_for(m), iters=2.0), "iters must be a whole number, at least 1, got 2.0",
+         "--iters must be a whole number"),
+        (lambda: attnswitch.compare(m, batch_for(m), warmup=True), "warmup must be a whole number, 0 or more, got "
+         "True", "--warmup must be a whole number"),
         (lambda: make_workload(bert, mode="generate"), "cannot generate (no language-model head): use mode prefill",
          "use --mode prefill"),
         (lambda: make_workload(t5, mode="decode"), "mode decode needs a causal language model", "--mode decode"),

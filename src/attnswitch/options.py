@@ -151,8 +151,8 @@ def check_layers(layers) -> None:
 def check_count(param: str, n, least: int) -> None:
     """A count of steps or rounds: a whole number of at least ``least`` (0 or 1)."""
     if not (_whole(n) and n >= least):
-        raise OptionError("{" + param + "} must be " + ("at least 1" if least else "0 or more") + ", got {got!r}",
-                          got=n)
+        raise OptionError("{" + param + "} must be a whole number, " + ("at least 1" if least else "0 or more")
+                          + ", got {got!r}", got=n)
 
 
 def check_seconds(param: str, s) -> None:
@@ -208,9 +208,9 @@ def check_shape(batch, seq, mode: str = "prefill", padding: bool = False) -> Non
 
 def check_generation(new_tokens, prompt_lens=None, cache: str = "dynamic", prompt_len=None) -> None:
     if not (_whole(new_tokens) and new_tokens >= 1):
-        raise OptionError("{new_tokens} must be at least 1, got {got!r}", got=new_tokens)
+        raise OptionError("{new_tokens} must be a whole number, at least 1, got {got!r}", got=new_tokens)
     if prompt_len is not None and not (_whole(prompt_len) and prompt_len >= 1):
-        raise OptionError("{prompt_len} must be positive, got {got!r}", got=prompt_len)
+        raise OptionError("{prompt_len} must be a positive whole number, got {got!r}", got=prompt_len)
     if prompt_lens is not None:
         lens = list(prompt_lens)
         if not lens:
