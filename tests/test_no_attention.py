@@ -70,3 +70,20 @@ def test_only_compiled_candidates_are_not_a_model_without_attention():
     assert not r.no_attention and r.pick == "math+compile"
     none = fixed("naive", [4.0] * 6, attn_calls=0.0)  # uncompiled rows say it
     assert report_of([none, fixed("math+compile", [4.0] * 6, attn_calls=0.0, compile="default")]).no_attention
+
+
+def test_a_callable_whose_attention_bypasses_attnswitch_is_told_so_not_called_a_state_space_model():
+    import torch
+    import torch.nn.functional as F
+
+    import attnswitch
+
+    q = torch.randn(1, 2, 8, 16)
+    r = attnswitch.compare(lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True), backends=["naive", "math"],
+                           iters=1, rounds=1, time_budget_s=0)
+    first = r.recommendation.splitlines()[0]
+    assert first.startswith("The callable made no attention call through attnswitch: a backend switches "
+                            "attnswitch.attention(...)") and "state-space" not in r.recommendation, first
+    ours = attnswitch.compare(lambda: attnswitch.attention(q, q, q, is_causal=True), backends=["naive", "math"],
+                              iters=1, rounds=1, time_budget_s=0)
+    assert ours.pick in ("naive", "math")

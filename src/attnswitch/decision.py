@@ -138,7 +138,7 @@ def decide(results: Iterable[BackendResult], v: Verdict, workload: Mapping | Non
     workload = workload or {}
     numerics = any(b.numerics is not None for b in results)
     if no_attention(results):
-        return Decision("no-attention", headline=no_attention_text(), cautions=v.cautions), v
+        return Decision("no-attention", headline=no_attention_text(workload=workload), cautions=v.cautions), v
     if v.pick is None:
         return _none(results, "eager" in v.order, v.cautions), v
     own = own_attention(workload)

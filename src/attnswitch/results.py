@@ -249,9 +249,13 @@ class BackendResult:
         return candidate.parse(self.backend)
 
 
-def no_attention_text(at: str = "") -> str:
+def no_attention_text(at: str = "", workload: typing.Mapping | None = None) -> str:
     """What a run of a model whose forward made no attention call through attnswitch says (``at``: where, as
-    " at any shape" for a sweep)."""
+    " at any shape" for a sweep); a callable's (``workload``'s mode), that its attention does not go through it."""
+    if (workload or {}).get("mode") == "callable":
+        return (f"The callable made no attention call through attnswitch{at}: a backend switches "
+                "attnswitch.attention(...) and transformers' attention layers, not a direct call of "
+                "F.scaled_dot_product_attention; there is nothing to choose.")
     return (f"The model's forward made no attention call through attnswitch{at} (no attention layers, as in a "
             "state-space model): there is nothing to choose.")
 

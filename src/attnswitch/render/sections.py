@@ -275,7 +275,8 @@ def _recommendation(report, opts: Options) -> Section | None:
     if d is None and report.no_attention:  # a profile, which answers nothing, of a model without attention
         from ..results import no_attention_text  # (results imports this module to write itself)
 
-        return Section("", (Callout("No attention call", no_attention_text()),), key="recommendation")
+        return Section("", (Callout("No attention call", no_attention_text(workload=report.workload)),),
+                       key="recommendation")
     if d is None:
         return None
     callout = Callout(_LABELS.get(d.answer, "Recommendation"), d.headline, tuple(r for r in d.reasons if r.strip()))
