@@ -187,6 +187,28 @@ def test_a_workload_made_for_another_model_is_refused_not_measured_on_that_model
                              time_budget_s=0)["math"].ok
 
 
+def test_a_model_never_loaded_or_frozen_for_training_is_refused_before_any_step():
+    # torch's own errors came instead: "Tensor.item() cannot be called on meta tensors", "element 0 of tensors does
+    # not require grad"
+    with torch.device("meta"):
+        ghost = tiny("llama")
+    batch = {"input_ids": torch.randint(0, 100, (1, 8))}
+    for call in (lambda: attnswitch.compare(ghost, batch), lambda: attnswitch.check(ghost, **batch),
+                 lambda: make_workload(ghost, seq=8)):
+        with pytest.raises(OptionError, match=r"^the model's weights are on the meta device \(never loaded\)"):
+            call()
+    frozen = tiny("llama").requires_grad_(False)
+    work = make_workload(frozen, seq=8)  # (inference needs no gradient)
+    assert attnswitch.check(frozen, work=work, backends=["math"])["math"].ok
+    train = make_workload(tiny("llama"), seq=8, mode="train")
+    for call in (lambda: make_workload(frozen, seq=8, mode="train"),
+                 lambda: attnswitch.compare(frozen, train.for_model(frozen)),
+                 lambda: attnswitch.check(frozen, work=train.for_model(frozen))):
+        with pytest.raises(OptionError, match=r"^mode train needs parameters to train: every parameter of the "
+                                              r"model is frozen \(requires_grad=False\)$"):
+            call()
+
+
 def test_a_failure_while_measuring_is_shown_whole_not_as_bad_input(monkeypatch):
     # the exit code follows what went wrong: a ValueError the model raises is its failure, raised whole (exit 1,
     # with its traceback), whenever it comes; only an OptionError is bad input

@@ -16,7 +16,7 @@ from .instrument import measuring
 from .options import OptionError
 from .results import no_attention_text
 from .switch import backend as use_backend
-from .workload import fresh
+from .workload import check_runnable, fresh
 
 __all__ = ["Eligibility", "CheckResult", "check"]
 
@@ -80,6 +80,7 @@ def check(model: nn.Module, *args, backends: Iterable[str] | str | None = None, 
         raise OptionError("{work} was made for another model than the one checked: make it with this model")
     if work is not None and (args or batch):
         raise OptionError("give the inputs or {work}, not both")
+    check_runnable(model, work.mode if work is not None else "prefill")
     names = backend_names(compared=True) if backends is None else parse_backends(backends, device_of(model))
 
     def step():

@@ -25,7 +25,7 @@ from .device import device_of
 from .request import Request
 
 __all__ = ["Workload", "Generation", "make_workload", "position_limit", "cache_kwarg", "task_of", "loss_of",
-           "prompt_lengths", "caches", "cached", "fresh", "kept", "MODES", "CACHES"]
+           "prompt_lengths", "caches", "cached", "fresh", "kept", "check_runnable", "MODES", "CACHES"]
 
 MODES, CACHES = options.MODES, options.CACHES
 prompt_lengths = options.prompt_lengths
@@ -122,6 +122,18 @@ def kept(model: nn.Module, training: bool) -> Iterator[None]:
             m.training = was
         for p, g in grads:
             p.grad = g
+
+
+def check_runnable(model: nn.Module, mode: str) -> None:
+    """What no backend can run, refused before any step: weights never loaded (every parameter on the meta
+    device; some there is accelerate's offloading), and a training step of a model with every parameter frozen."""
+    params = list(model.parameters())
+    if params and all(p.device.type == "meta" for p in params):
+        raise options.OptionError("the model's weights are on the meta device (never loaded): load them first "
+                                  "(from_pretrained, or to_empty(device=...) and load_state_dict)")
+    if mode == "train" and not any(p.requires_grad for p in params):
+        raise options.OptionError("{mode} train needs parameters to train: every parameter of the model is frozen "
+                                  "(requires_grad=False)")
 
 
 @dataclass(frozen=True)
@@ -367,6 +379,7 @@ def make_workload(model: nn.Module, *, batch: int = 1, seq: int = 128, padding: 
             padding=padding, prompt_lens=prompt_lens, new_tokens=() if new_tokens is None else (new_tokens,),
             cache=cache).check()
     new_tokens = 128 if new_tokens is None else new_tokens
+    check_runnable(model, mode)
     batch, seq = int(batch), int(seq)
     config = model.config
     takes = getattr(model, "main_input_name", "input_ids")

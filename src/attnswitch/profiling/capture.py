@@ -52,7 +52,7 @@ from ..results import BackendResult
 from ..stats import median
 from ..switch import backend as use_backend
 from ..switch import runs_as_auto
-from ..workload import Workload
+from ..workload import Workload, check_runnable
 from . import cupti
 from .attribution import attribute
 from .callshapes import ShapeRecorder
@@ -129,6 +129,7 @@ class Target:
     @classmethod
     def of(cls, target, batch=None, device=None) -> Target:
         if isinstance(target, Workload):
+            check_runnable(target.model, target.mode)
             return cls(target.step, target.calls, target.model, device_of(target.model), target)
         if isinstance(target, nn.Module):
             if batch is None:
