@@ -31,6 +31,7 @@ from ._own_env import set_default
 from .candidate import means_all
 from .errors import Terminated, raised_signal, signals_so_far, sigterm_as_interrupt
 from .request import BUDGET_CAP_S, DEFAULT, DEFAULTS, FIRST_ROUNDS, ITERS, PROFILE_ITERS, REQUESTS, Request, Steps
+from .words import counted
 
 __all__ = ["main", "run", "build_parser", "COMMANDS", "EXIT_OK", "EXIT_NOTHING_RAN", "EXIT_BAD_INPUT",
            "EXIT_INTERRUPTED", "EXIT_TERMINATED", "EXIT_BROKEN_PIPE", "FLAGS", "Terminated"]
@@ -343,7 +344,7 @@ def _loaded(s: Session):
     with s.err.status("loading model"):
         model, work, spec, desc = _setup(s)
     n = len(work) if isinstance(work, list) else 0
-    about = work.description if not isinstance(work, list) else f"a sweep of {n} shape{'s' if n != 1 else ''}"
+    about = work.description if not isinstance(work, list) else f"a sweep of {counted(n, 'shape')}"
     s.err.print(f"{desc}; {about}", highlight=False)
     return model, work, spec
 

@@ -30,6 +30,7 @@ from .request import DEFAULT, Request
 from .results import BackendResult, Numerics, Report, SweepPoint
 from .serving import serving_estimate
 from .switch import switched
+from .words import counted
 from .workload import Workload, make_workload, position_limit
 
 __all__ = ["compare", "compare_sweep", "sweep_choice", "check_mix", "rank", "verdict", "recommend"]
@@ -206,7 +207,8 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
     points, last, spent, said, verdicts, hosts = [], None, {k: round(v, 3) for k, v in before.items()}, [], [], []
     for (batch, seq, new), work in zip(shapes3, works):
         if progress:
-            progress(f"batch {batch}, {'prompt' if new else 'seq'} {seq}" + (f", {new} new tokens" if new else ""))
+            progress(f"batch {batch}, {'prompt' if new else 'seq'} {seq}"
+                     + (f", {counted(new, 'new token')}" if new else ""))
         point = SweepPoint(batch, seq, (), new_tokens=new)
         last = compare(model, work, progress=progress, deployed=deployed,
                        trace_dir=None if trace_dir is None else Path(trace_dir) / point.folder, **kw)
@@ -219,8 +221,8 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
             spent[k] = round(spent.get(k, 0) + v, 3)
     if "total" in spent:  # each shape's total is its own: the time spent before the sweep counts once more
         spent["total"] = round(spent["total"] + sum(before.values()), 3)
-    counted = f"{len(points)} shape{'s' if len(points) != 1 else ''}"
-    description = f"sweep of {counted}, {mode}" + (", padded" if padding else "")
+    shapes = counted(len(points), "shape")
+    description = f"sweep of {shapes}, {mode}" + (", padded" if padding else "")
     workload = {**last.workload, "description": description, "shapes": [[b, s] for b, s, _ in shapes3]}
     if KINDS[mode].generates:
         workload.update(new_tokens=sorted({n for _, _, n in shapes3}), prompt_lens=sorted({s for _, s, _ in shapes3}))

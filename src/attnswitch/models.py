@@ -39,6 +39,7 @@ from transformers import (
 from . import dist, options
 from .options import OptionError
 from .request import DEFAULTS
+from .words import counted
 from .workload import task_of
 
 try:  # transformers' configs are strict dataclasses (5.x): a config its validators refuse raises this
@@ -181,7 +182,7 @@ def load_model(spec: str, *, dtype: torch.dtype | str = torch.float32, device: t
             model = _pretrained(spec, dtype, device, trust_remote_code, layers)
         except OSError as e:
             raise OptionError("{given}: cannot load ({why})", given=spec, why=_first_line(e)) from None
-        return model, f"folder {spec}" + (f", first {layers} layers" if layers is not None else "")
+        return model, f"folder {spec}" + (f", first {counted(layers, 'layer')}" if layers is not None else "")
     cached_only = _hub_unresolvable()
     try:
         model = _pretrained(spec, dtype, device, trust_remote_code, layers, local_files_only=cached_only)

@@ -21,6 +21,7 @@ from .backends import REFERENCE
 from .errors import BackendUnavailable
 from .results import Numerics
 from .switch import backend as use_backend
+from .words import clauses
 from .workload import Workload, kept, loss_of
 
 __all__ = ["DTYPE_TOLERANCE", "REFERENCES", "numerics", "output_tensor", "errors", "reference_output",
@@ -99,7 +100,7 @@ def numerics(model: nn.Module, workload: Workload, names: Iterable[str], referen
                 got = _forward(workload, name)
             mx, mean, top1 = errors(got, ref, workload.tokens)
         except BackendUnavailable as e:
-            out[name] = "; ".join(e.reasons)
+            out[name] = clauses(e.reasons)
             continue
         except (RuntimeError, ValueError) as e:
             out[name] = f"{type(e).__name__}: {e}"

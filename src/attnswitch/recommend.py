@@ -9,6 +9,7 @@ from .kinds import kind_of
 from .ranking import NUMERICS, Verdict, gate_cautions, ruled_out, verdict
 from .results import BackendResult, candidates
 from .stats import bracket_words, covers, paired_margin
+from .words import counted
 
 __all__ = ["reasons", "recommend_sweep", "sweep_lines", "name_of", "EAGER_NOTE", "ANSWER_WIDTH"]
 
@@ -146,7 +147,7 @@ def _compile_lines(results: list[BackendResult], v: Verdict, by: dict, workload:
         text = f"`{best.backend}`'s compile took {best.compile_ms / 1e3:.1f} s"
         text += (f", which has paid for itself after {_pays(best, workload)}" if best.compile_pays_after is not None
                  else "")
-        lines.append(text + (f"; it recompiled {n} time{'s' if n != 1 else ''} while measured (new shapes)" if n
+        lines.append(text + (f"; it recompiled {counted(n, 'time')} while measured (new shapes)" if n
                              else "") + ".")
     odd = [f"`{b.backend}`: {b.attn_mismatch}" for b in results if b.attn_mismatch]
     if odd:
@@ -273,7 +274,7 @@ def _sweep_text(points, batch: int, new_tokens: int | None = None) -> str:
     for first, last, w in ranges:
         span = f"{word} {first.seq}" if first is last else f"{word} {first.seq}–{last.seq}"
         parts.append(f"{span}: " + (" ≈ ".join(f"`{n}`" for n in w) if w else "no candidate ran acceptably"))
-    at = f"batch {batch}" + (f", {new_tokens} new tokens" if new_tokens else "")
+    at = f"batch {batch}" + (f", {counted(new_tokens, 'new token')}" if new_tokens else "")
     text = f"Best per length at {at}: " + "; ".join(parts)
     crossings = [f"between {word} {a[1].seq} and {b[0].seq}, `{b[2][0]}` overtakes `{a[2][0]}`"
                  for a, b in zip(ranges, ranges[1:]) if a[2] and b[2]]

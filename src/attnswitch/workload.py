@@ -23,6 +23,7 @@ import torch.nn as nn
 from . import options
 from .device import device_of
 from .request import Request
+from .words import counted
 
 __all__ = ["Workload", "Generation", "make_workload", "position_limit", "cache_kwarg", "task_of", "loss_of",
            "prompt_lengths", "caches", "cached", "fresh", "kept", "check_runnable", "MODES", "CACHES"]
@@ -358,7 +359,7 @@ def _generate_workload(model, ids_of, batch, seq, new_tokens, prompt_lens, cache
     for n in lens:
         ids = ids_of(n).to(device)
         prompts.append({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
-    desc = (f"batch {batch}, prompts of {', '.join(map(str, lens))} tokens, {new_tokens} new tokens each, "
+    desc = (f"batch {batch}, prompts of {', '.join(map(str, lens))} tokens, {counted(new_tokens, 'new token')} each, "
             + (f"greedy, {cache} cache" if caches(model) else "greedy, no KV cache (the model's config)"))
     return Workload(model, prompts[0], "generate", desc, generation=Generation(lens, new_tokens, cache),
                     prompts=tuple(prompts))

@@ -152,7 +152,7 @@ def _cpu_flash_reasons(call: Call, gqa: bool) -> list[str]:
     q, k, v = call.q, call.k, call.v
     reasons = []
     if call.dropout > 0:
-        reasons.append("Both fused kernels do not support non-zero dropout.")
+        reasons.append("the CPU flash kernel takes no dropout (a dropout_p above 0)")
     if not (q.shape[0] == k.shape[0] == v.shape[0]):
         reasons.append(f"the CPU flash kernel needs equal batch sizes; got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
     if k.shape[1] != v.shape[1] or (q.shape[1] != k.shape[1] and not (gqa and _cpu_flash_takes_gqa())):
@@ -161,7 +161,7 @@ def _cpu_flash_reasons(call: Call, gqa: bool) -> list[str]:
                        + f"; got {q.shape[1]}, {k.shape[1]}, {v.shape[1]}")
     reasons += _cpu_mask_reasons(call)
     if not (q.shape[-1] == k.shape[-1] == v.shape[-1]):
-        reasons.append("Flash attention requires q,k,v to have the same last dimension.")
+        reasons.append("the CPU flash kernel needs one head size for q, k and v")
     if q.shape[2] == 0 or k.shape[2] == 0:
         reasons.append("the CPU flash kernel needs non-empty sequences")
     if any(t.stride(-1) != 1 for t in (q, k, v)):

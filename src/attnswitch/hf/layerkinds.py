@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch.nn as nn
 
 from ..candidate import Kinds
+from ..words import counted
 
 __all__ = ["layer_kinds", "kind_map", "bind", "BoundKinds", "ALL", "CROSS_NAMES"]
 
@@ -136,7 +137,7 @@ def bind(model: nn.Module, sel: Kinds) -> BoundKinds:
     found = layer_kinds(model)
     unknown = [k for k in sel.kinds if k not in found]
     if unknown:
-        known = ", ".join(f"{k} ({len(v)} attention module{'s' if len(v) != 1 else ''})" for k, v in found.items())
+        known = ", ".join(f"{k} ({counted(len(v), 'attention module')})" for k, v in found.items())
         raise OptionError("{model} has no layer kind {unknown}{hint}; its layer kinds: {known}",
                           model=type(model).__name__, unknown=" or ".join(map(repr, unknown)),
                           hint=near(unknown[0], found), known=known)

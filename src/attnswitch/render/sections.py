@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from .._versions import version_text
 from ..kinds import kind_of
 from ..stats import bracket_words, margin_coverages
+from ..words import clauses, counted
 from . import charts
 from .document import Block, Callout, Code, Figure, Heading, Section, Table, Text, code, drop_empty_columns
 from .gates import defects_section, headroom_text, peak_section
@@ -304,13 +305,13 @@ def _timing_text(report) -> str:
     stopped = host.get("stopped")
     shared = host.get("shared_rounds")
     if rounds and stopped == "fixed":
-        how += f", in {rounds} interleaved rounds (the rounds asked for" + (
+        how += f", in {counted(rounds, 'interleaved round')} (the rounds asked for" + (
             ", at least 6 for a generate: the fewest with which a 95 % interval can exclude 1)"
             if k.name == "generate" else ")")
     elif rounds:
-        how += (f", in {rounds} interleaved rounds (the first {st.get('rounds')}, then more for the backends still "
-                f"tied with the fastest, until told apart or out of time: {stopped})" if st.get("rounds") and
-                rounds > st["rounds"] else f", in {rounds} interleaved rounds (stopped: {stopped})")
+        how += f", in {counted(rounds, 'interleaved round')} " + (
+            f"(the first {st.get('rounds')}, then more for the backends still tied with the fastest, until told apart "
+            f"or out of time: {stopped})" if st.get("rounds") and rounds > st["rounds"] else f"(stopped: {stopped})")
     if shared and rounds and shared < rounds:
         how += (f"; every backend's time from the {shared} rounds all of them took (the more rounds sharpen "
                 "the vs-pick intervals only)")
@@ -362,7 +363,7 @@ def _summary(report, opts: Options) -> Section:
     if report.sweep and report.pick is not None:
         last = report.sweep[-1]
         shape = f"batch {last.batch}, {kind_of(report.workload).length} {last.seq}" + (
-            f", {last.new_tokens} new tokens" if last.new_tokens else "")
+            f", {counted(last.new_tokens, 'new token')}" if last.new_tokens else "")
         blocks.insert(0, Text(f"The last shape of the sweep ({shape}), in full, against the sweep's pick "
                               f"`{report.pick}`; every shape's time is in the Sweep section.", "note"))
     return Section("Summary", tuple(blocks), key="summary")
@@ -462,7 +463,7 @@ def _not_offered(report) -> Text | None:
 
 def _not_run(report, opts: Options) -> Section | None:
     bad = [b for b in report.backends if not b.ok]
-    blocks = [Text(f"{b.backend} {b.status}" + (f" at {b.where}" if b.where else "") + ": " + "; ".join(b.reasons),
+    blocks = [Text(f"{b.backend} {b.status}" + (f" at {b.where}" if b.where else "") + ": " + clauses(b.reasons),
                    "error") for b in bad]
     left = _not_offered(report)
     if left is not None:
