@@ -288,6 +288,13 @@ def test_a_bad_policy_file_is_a_clear_exception(text, message, tmp_path):
     ({"environment": {"torch": {"version": "2.0"}}}, "'environment'.'torch' must be a version or a name"),
     ({"workload": 5}, "'workload' must be an object (or absent), not 5"),
     ({"env": ["x"]}, "'env' must be an object (or absent), not [\"x\"]"),
+    ({"env": {"OMP_NUM_THREADS": {"a": 1}}}, "'env'.'OMP_NUM_THREADS' must be a string (or null), not {\"a\": 1}"),
+    # the measured model's shape, which apply() compares: a damaged one used to skip the check or print odd words
+    ({"workload": {"model_shape": "garbage"}}, "'workload'.'model_shape' must be an object, not \"garbage\""),
+    ({"workload": {"model_shape": {"heads": "four"}}}, "'workload'.'model_shape' 'heads' must be a whole number"),
+    ({"workload": {"model_shape": {"heads": True}}}, "'workload'.'model_shape' 'heads' must be a whole number"),
+    ({"workload": {"model_shape": {"model_type": 3}}}, "'workload'.'model_shape' 'model_type' must be a name"),
+    ({"workload": {"dtype": 5}}, "'workload'.'dtype' must be a dtype's name (or absent), not 5"),
     ({"ties": 3}, "'ties' must be a list of backend names (or absent), not 3"),
     ({"model": [1]}, "'model' must be a name (or absent), not [1]"),
     ({"selection": 7}, "'selection' must be a backend name or {\"prefill\": ..., \"decode\": ...}, not 7"),

@@ -20,7 +20,7 @@ from ._own_env import SET_BY_TORCH
 from ._versions import version_text
 from .compiling import MODES
 from .kinds import Kind, kind_of
-from .modelshape import differences, dtype_of
+from .modelshape import differences, dtype_of, malformed
 from .results import Deploy
 
 __all__ = ["deploy_info", "policy_document", "write_policy", "load_policy", "MeasuredPolicy", "POLICY_SCHEMA"]
@@ -238,6 +238,37 @@ def _shown(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _checked_parts(path, doc: dict) -> tuple[dict, dict]:
+    """A policy file's ``environment`` and ``workload``, each field of the types written (``ValueError``, one line,
+    naming the field that is not); its ``ties``, ``model`` and ``env`` checked alike."""
+    for key in ("environment", "workload", "env"):
+        if doc.get(key) is not None and not isinstance(doc[key], dict):
+            raise ValueError(f"{path}: '{key}' must be an object (or absent), not {_shown(doc[key])}")
+    ties = doc.get("ties")
+    if ties is not None and not (isinstance(ties, list) and all(isinstance(t, str) for t in ties)):
+        raise ValueError(f"{path}: 'ties' must be a list of backend names (or absent), not {_shown(ties)}")
+    if doc.get("model") is not None and not isinstance(doc["model"], str):
+        raise ValueError(f"{path}: 'model' must be a name (or absent), not {_shown(doc['model'])}")
+    workload = doc.get("workload") or {}
+    wrong = malformed(workload["model_shape"]) if workload.get("model_shape") is not None else None
+    if wrong:
+        raise ValueError(f"{path}: 'workload'.'model_shape' {wrong}, not {_shown(workload['model_shape'])}")
+    if workload.get("dtype") is not None and not isinstance(workload["dtype"], str):
+        raise ValueError(f"{path}: 'workload'.'dtype' must be a dtype's name (or absent), not "
+                         f"{_shown(workload['dtype'])}")
+    env = doc.get("env") or {}
+    odd = next((k for k, v in env.items() if v is not None and not isinstance(v, str)), None)
+    if odd is not None:
+        raise ValueError(f"{path}: 'env'.'{odd}' must be a string (or null), not {_shown(env[odd])}")
+    environment = doc.get("environment") or {}
+    for key in (*_VERSIONS, "attnswitch", "device"):
+        value = environment.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int, float))):
+            raise ValueError(f"{path}: 'environment'.'{key}' must be a version or a name (or null), not "
+                             f"{_shown(value)}")
+    return environment, workload
+
+
 def load_policy(path: str | Path) -> MeasuredPolicy:
     """The policy ``compare --out`` wrote, to apply in a serving process. Warns once per file where it was
     measured with other versions or on another GPU, or has no record of them; raises ``ValueError`` (one
@@ -269,21 +300,8 @@ def load_policy(path: str | Path) -> MeasuredPolicy:
         resolve_selection(selection)  # an unknown backend: the registry's own error
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: 'selection': {e}") from None
-    for key in ("environment", "workload", "env"):
-        if doc.get(key) is not None and not isinstance(doc[key], dict):
-            raise ValueError(f"{path}: '{key}' must be an object (or absent), not {_shown(doc[key])}")
-    ties = doc.get("ties")
-    if ties is not None and not (isinstance(ties, list) and all(isinstance(t, str) for t in ties)):
-        raise ValueError(f"{path}: 'ties' must be a list of backend names (or absent), not {_shown(ties)}")
-    if doc.get("model") is not None and not isinstance(doc["model"], str):
-        raise ValueError(f"{path}: 'model' must be a name (or absent), not {_shown(doc['model'])}")
-    environment = doc.get("environment") or {}
-    for key in (*_VERSIONS, "attnswitch", "device"):
-        value = environment.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (str, int, float))):
-            raise ValueError(f"{path}: 'environment'.'{key}' must be a version or a name (or null), not "
-                             f"{_shown(value)}")
-    policy = MeasuredPolicy(selection, environment, doc.get("workload") or {}, str(path), mode)
+    environment, workload = _checked_parts(path, doc)
+    policy = MeasuredPolicy(selection, environment, workload, str(path), mode)
     key = str(p.resolve())
     differ = _mismatches(policy.environment, doc.get("env"))
     unrecorded = not any(environment.get(k) for k in ("torch", "transformers", "device"))

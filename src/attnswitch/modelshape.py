@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["model_shape", "differences", "dtype_of"]
+__all__ = ["model_shape", "differences", "dtype_of", "malformed"]
 
 #: the fields compared where a policy is applied (the layer count, and how many layers are of each kind, are not)
 _COMPARED = ("model_type", "heads", "kv_heads", "head_dim", "sliding_window", "layer_kinds")
@@ -68,6 +68,23 @@ def differences(measured: Mapping | None, model) -> list[str]:
     return [f"{k.replace('_', ' ')} {_said(measured.get(k))} (here {_said(here.get(k))})" for k in _COMPARED
             if str(measured.get(k)) != str(here.get(k))
             and (k not in _WHERE_BOTH or (measured.get(k) is not None and here.get(k) is not None))]
+
+
+#: each field's type as ``model_shape`` writes it
+_TYPES = {"model_type": str, "layer_kinds": str, "layers": int, "heads": int, "kv_heads": int, "head_dim": int,
+          "sliding_window": int}
+
+
+def malformed(shape) -> str | None:
+    """What is wrong with ``shape`` as a record of ``model_shape`` (read back from a file): not an object, or a
+    field of another type (a count that is not a whole number); None where it is one (unknown fields are left)."""
+    if not isinstance(shape, Mapping):
+        return "must be an object"
+    for key, want in _TYPES.items():
+        value = shape.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, want)):
+            return f"'{key}' must be {'a name' if want is str else 'a whole number'} (or absent)"
+    return None
 
 
 def _said(value) -> str:
