@@ -47,6 +47,9 @@ def test_bad_compile_values_are_one_line_and_exit_2(capsys):
         assert main(["compare", "tiny-llama", "--device", "cpu", "--compile", bad]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: --compile") and len(err.splitlines()) == 1, err
+        assert bad != "default," or err == (  # (what was typed, not '')
+            "error: --compile 'default,': an empty mode between commas; use one of none, default, reduce-overhead, "
+            "max-autotune, or several joined by commas (default,none)")
 
 
 @pytest.mark.parametrize("backend, family", [("cudnn", "cudnn"), ("efficient", "efficient"), ("flash", "flash"),

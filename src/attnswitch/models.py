@@ -178,6 +178,9 @@ def load_model(spec: str, *, dtype: torch.dtype | str = torch.float32, device: t
                               why=_first_line(e)) from None
         return model, f"config {spec}{cut}, random weights"
     if source.kind == "folder":
+        if not (Path(spec) / "config.json").is_file():  # (transformers would say it "should have a model_type key")
+            raise OptionError("{given}: no config.json in this folder; a model folder is what save_pretrained "
+                              "writes (config.json and the weights)", given=spec)
         try:
             model = _pretrained(spec, dtype, device, trust_remote_code, layers)
         except OSError as e:
