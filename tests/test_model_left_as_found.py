@@ -107,3 +107,67 @@ def test_inference_workloads_run_with_dropout_off_and_a_training_step_with_dropo
     finally:
         attnswitch.unregister_backend(name)
     assert m.training
+
+
+class _Merging(torch.nn.Linear):
+    """An adapter whose eval() merges its update into the weight and train() unmerges it (loralib's Linear)."""
+
+    def __init__(self, lin: torch.nn.Linear):
+        super().__init__(lin.in_features, lin.out_features, bias=lin.bias is not None)
+        self.weight = lin.weight
+        self.bias = lin.bias
+        self.A = torch.nn.Parameter(0.1 * torch.randn(2, lin.in_features))
+        self.B = torch.nn.Parameter(0.1 * torch.randn(lin.out_features, 2))
+        self.merged = False
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if mode == self.merged:  # eval merges, train unmerges
+            with torch.no_grad():
+                self.weight += (-1 if self.merged else 1) * (self.B @ self.A)
+            self.merged = not mode
+        return self
+
+    def forward(self, x):
+        out = F.linear(x, self.weight, self.bias)
+        return out if self.merged else out + x @ self.A.T @ self.B.T
+
+
+@pytest.mark.parametrize("mode", ["prefill", "train"])
+@pytest.mark.parametrize("training", [True, False])
+def test_a_module_whose_train_does_work_is_left_as_its_own_train_leaves_it(mode, training):
+    # the modes came back by their flags alone: an adapter the measurement's eval() merged stayed merged while
+    # flagged training, and the user's next step trained nothing
+    m = tiny("llama")
+    for layer in m.model.layers:
+        layer.self_attn.q_proj = _Merging(layer.self_attn.q_proj)
+    m.train(training)
+    weights = [layer.self_attn.q_proj.weight.detach().clone() for layer in m.model.layers]
+    attnswitch.compare(m, make_workload(m, batch=1, seq=8, mode=mode), backends=["math"], **QUICK)
+    for layer, w in zip(m.model.layers, weights):
+        q = layer.self_attn.q_proj
+        assert q.training == training and q.merged == (not training)
+        assert torch.allclose(q.weight, w, atol=1e-6)
+
+
+def test_an_offloaded_model_whose_weights_accelerate_brings_in_is_measured_not_refused():
+    # every parameter on the meta device, its weights in accelerate's hooks: a loaded model that runs
+    from accelerate import cpu_offload
+
+    m = tiny("llama")
+    batch = batch_for(m)
+    cpu_offload(m, execution_device=torch.device("cpu"))
+    assert all(p.device.type == "meta" for p in m.parameters())
+    assert attnswitch.check(m, **batch, backends=["math"])["math"].ok
+    assert attnswitch.profile(m, make_workload(m, seq=8), backends=["math"], **QUICK)["math"].ok
+
+
+def test_check_of_inputs_runs_as_compare_runs_them_with_dropout_off():
+    # check(model, **inputs) ran a model left in training mode with dropout on, and said flash cannot run what
+    # compare of the same inputs ran with flash
+    m = tiny("llama", attention_dropout=0.5)
+    m.train()
+    batch = {"input_ids": batch_for(m)["input_ids"]}
+    assert attnswitch.check(m, **batch, backends=["flash"])["flash"].ok
+    assert attnswitch.compare(m, batch, backends=["flash", "math"], **QUICK)["flash"].ok
+    assert m.training

@@ -37,10 +37,20 @@ def parse_device(arg: str | torch.device | None) -> torch.device:
 
 
 def device_of(model: nn.Module) -> torch.device:
-    """The device of the model's first parameter (where its inputs go), the CPU for none."""
+    """Where the model's inputs go: the device of its first parameter not on the meta device, else where
+    accelerate's hooks run an offloaded model (its ``execution_device``); the CPU for none."""
+    first = None
     for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
+        if p.device.type != "meta":
+            return p.device
+        first = first or p.device
+    for m in model.modules():
+        hook = getattr(m, "_hf_hook", None)
+        for h in [hook, *getattr(hook, "hooks", ())]:
+            dev = getattr(h, "execution_device", None)
+            if dev is not None:
+                return torch.device(dev) if not isinstance(dev, int) else torch.device("cuda", dev)
+    return first or torch.device("cpu")
 
 
 def devices_of(model: nn.Module) -> list[torch.device]:

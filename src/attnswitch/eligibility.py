@@ -16,7 +16,7 @@ from .instrument import measuring
 from .options import OptionError
 from .results import no_attention_text
 from .switch import backend as use_backend
-from .workload import check_runnable, fresh
+from .workload import check_runnable, fresh, kept
 
 __all__ = ["Eligibility", "CheckResult", "check"]
 
@@ -70,7 +70,7 @@ class CheckResult:
 
 def check(model: nn.Module, *args, backends: Iterable[str] | str | None = None, work=None,
           **batch) -> CheckResult:
-    """Run one forward of ``model(*args, **batch)`` under each backend (no grad) and record whether
+    """Run one forward of ``model(*args, **batch)`` under each backend (no grad, in eval mode) and record whether
     the backend could run it; nothing is kept but the verdicts. Given ``work`` (a ``Workload``) instead, one
     step of it as its mode runs: a training step's forward and backward in training mode, a generate's first
     prompt with its decode steps. Every registered backend by default, those that cannot exist on this device
@@ -84,8 +84,8 @@ def check(model: nn.Module, *args, backends: Iterable[str] | str | None = None, 
     names = backend_names(compared=True) if backends is None else parse_backends(backends, device_of(model))
 
     def step():
-        if work is None:
-            with torch.no_grad():
+        if work is None:  # (as compare runs the same inputs: in eval mode, dropout off)
+            with torch.no_grad(), kept(model, training=False):
                 model(*args, **fresh(batch))  # (a KV cache copied: the caller's is left as it was)
             return
         with work.context():  # (the user's gradients as found, whatever the step left)

@@ -113,12 +113,15 @@ def kept(model: nn.Module, training: bool) -> Iterator[None]:
     add into the gradient tensors the user holds, and a step that starts from them would not be the user's)."""
     modes = [(m, m.training) for m in model.modules()]
     grads = [(p, p.grad) for p in model.parameters()]
-    model.train(training)
-    for p, _ in grads:
-        p.grad = None
     try:
+        model.train(training)
+        for p, _ in grads:
+            p.grad = None
         yield
     finally:
+        # back through train() itself, whatever a module's own train() does besides its flag (an adapter that
+        # eval() merges into its weight, train() unmerges), then each module's flag as found (mixed modes)
+        model.train(modes[0][1])
         for m, was in modes:
             m.training = was
         for p, g in grads:
@@ -127,9 +130,11 @@ def kept(model: nn.Module, training: bool) -> Iterator[None]:
 
 def check_runnable(model: nn.Module, mode: str) -> None:
     """What no backend can run, refused before any step: weights never loaded (every parameter on the meta
-    device; some there is accelerate's offloading), and a training step of a model with every parameter frozen."""
+    device, and no accelerate hook to bring them in: its offloading leaves some or all there), and a training step
+    of a model with every parameter frozen."""
     params = list(model.parameters())
-    if params and all(p.device.type == "meta" for p in params):
+    offloaded = any(hasattr(m, "_hf_hook") for m in model.modules())  # (accelerate's hooks bring the weights in)
+    if params and all(p.device.type == "meta" for p in params) and not offloaded:
         raise options.OptionError("the model's weights are on the meta device (never loaded): load them first "
                                   "(from_pretrained, or to_empty(device=...) and load_state_dict)")
     if mode == "train" and not any(p.requires_grad for p in params):
@@ -294,7 +299,7 @@ class Workload:
         if tokens is not None and new is not None:  # (the mask covers the cache's positions too)
             tokens = tokens[:, -new:]
         length = batch[keys[0]].get_seq_length()
-        described.append(f"a KV cache of {length} tokens (a copy for every step)")
+        described.append(f"a KV cache of {counted(length, 'token')} (a copy for every step)")
         return cls(model, batch, "decode" if new == 1 else "prefill", ", ".join(described), tokens=tokens)
 
 
