@@ -43,13 +43,14 @@ def test_compile_modes_parse_and_name_candidates_both_ways():
 
 
 def test_bad_compile_values_are_one_line_and_exit_2(capsys):
-    for bad in ("fast", "default,", "reduce_overhead"):
+    for bad in ("fast", "default,", "reduce_overhead", ""):
         assert main(["compare", "tiny-llama", "--device", "cpu", "--compile", bad]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: --compile") and len(err.splitlines()) == 1, err
         assert bad != "default," or err == (  # (what was typed, not '')
             "error: --compile 'default,': an empty mode between commas; use one of none, default, reduce-overhead, "
             "max-autotune, or several joined by commas (default,none)")
+        assert bad != "" or "between commas" not in err  # (no commas there)
 
 
 @pytest.mark.parametrize("backend, family", [("cudnn", "cudnn"), ("efficient", "efficient"), ("flash", "flash"),

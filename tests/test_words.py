@@ -14,6 +14,7 @@ def test_reasons_read_as_one_sentences_clauses_without_a_period_before_each_semi
     # "Both fused kernels do not support non-zero dropout.; the CPU flash kernel ..." read garbled
     said = clauses(["Both fused kernels do not support non-zero dropout.", "the CPU flash kernel needs X "])
     assert said == "Both fused kernels do not support non-zero dropout; the CPU flash kernel needs X"
+    assert clauses(["it stopped...", "then."]) == "it stopped...; then"  # (an ellipsis is no full stop)
     r = report_of([fixed("math", [1.0] * 6),
                    BackendResult("flash", "unavailable", reasons=("No dropout here.", "nor there."))])
     assert "flash unavailable: No dropout here; nor there" in r.to_markdown()

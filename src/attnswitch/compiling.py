@@ -25,7 +25,7 @@ def parse_compile(spec: str | Iterable[str | None] | None) -> tuple[str | None, 
     modes = []
     for item in items:
         m = "none" if item is None else str(item).strip().lower()
-        if not m and isinstance(spec, str):  # (an empty item of a list: the list is what was typed)
+        if not m and isinstance(spec, str) and "," in spec:  # (an empty item of a list: the list is what was typed)
             raise OptionError("{compile} {given!r}: an empty mode between commas; use one of {modes}, or several "
                               "joined by commas (default,none)", given=spec, modes=", ".join(MODES))
         if m not in MODES:

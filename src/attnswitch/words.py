@@ -12,4 +12,9 @@ def counted(n: int, noun: str) -> str:
 
 def clauses(reasons) -> str:
     """Reasons as one sentence's clauses, joined by "; " (PyTorch's own end with a period: dropped)."""
-    return "; ".join(str(r).rstrip().removesuffix(".") for r in reasons)
+    return "; ".join(_unstopped(str(r).rstrip()) for r in reasons)
+
+
+def _unstopped(reason: str) -> str:
+    """A reason without its full stop (an ellipsis kept)."""
+    return reason[:-1] if reason.endswith(".") and not reason.endswith("..") else reason

@@ -214,8 +214,8 @@ def layer_table(report, backend, fold_layers: bool = True) -> Table:
         rows.append(tuple([name] + [cell[c] for c in cols]))
     heavy = _heaviest(layers, gpu)
     kinds = tuple("strong" if i in heavy else "plain" for i in range(len(rows)))
-    caption = (f"bold: the {len(heavy)} layers with the most " + ("GPU time" if gpu else "host time (leaf modules)")
-               if heavy else "")
+    caption = (f"bold: the {counted(len(heavy), 'layer')} with the most "
+               + ("GPU time" if gpu else "host time (leaf modules)") if heavy else "")
     per = {"generate": "prefill and decode rows per forward of their phase, the others per profiled generate",
            "train": "per training step: forward rows and backward rows"}.get(report.workload.get("mode"),
                                                                             "per forward")
@@ -313,7 +313,7 @@ def _timing_text(report) -> str:
             f"(the first {st.get('rounds')}, then more for the backends still tied with the fastest, until told apart "
             f"or out of time: {stopped})" if st.get("rounds") and rounds > st["rounds"] else f"(stopped: {stopped})")
     if shared and rounds and shared < rounds:
-        how += (f"; every backend's time from the {shared} rounds all of them took (the more rounds sharpen "
+        how += (f"; every backend's time from the {counted(shared, 'round')} all of them took (the more rounds sharpen "
                 "the vs-pick intervals only)")
     reference = any(b.backend == "eager" and b.ok for b in report.backends) and report.pick != "eager"
     margins = (f" vs pick: the median of the per-round ratios of its time to the pick's, with {_bracket(report)}; "
