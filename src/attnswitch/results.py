@@ -237,6 +237,9 @@ class BackendResult:
     attn_peak: tuple[PeakFigure, ...] = ()  # the attention calls against the GPU's peak, per phase
     defects: tuple[DefectMatch, ...] = ()  # known defects (``defects.json``) that bear on it here
     attn_by_kind: tuple[tuple[str, float], ...] = ()  # attention µs per profiled step by layer kind (GPU: device)
+    # forwards of each phase per profiled step (a generate's prefill and decode): what a row per forward of its
+    # phase is multiplied by, to add up per step
+    phase_forwards: tuple[tuple[str, float], ...] = ()
     nonfinite: NonFinite | None = None  # where it gave NaN or Inf (it is then ``failed``)
 
     @property

@@ -22,12 +22,14 @@ __all__ = ["with_kinds", "probes", "composed", "kind_times"]
 
 
 def with_kinds(r: BackendResult, kind_of_path: Mapping[str, str], gpu: bool) -> BackendResult:
-    """``r`` with its attention time per layer kind (``attn_by_kind``: µs per profiled step, by kind)."""
+    """``r`` with its attention time per layer kind (``attn_by_kind``: µs per profiled step, by kind). A generate's
+    rows are per forward of their phase: each counts as many times as its phase ran forwards in a step."""
     per: dict[str, float] = {}
+    times = dict(r.phase_forwards)
     for row in r.layers:
         kind = kind_of_path.get(row.path) if row.kind == "attention" else None
         if kind is not None:
-            per[kind] = per.get(kind, 0.0) + (row.gpu_us if gpu else row.host_us)
+            per[kind] = per.get(kind, 0.0) + (row.gpu_us if gpu else row.host_us) * times.get(row.phase, 1.0)
     return dataclasses.replace(r, attn_by_kind=tuple(per.items())) if per else r
 
 

@@ -148,11 +148,13 @@ def backend_fields(trace: Trace, rows: dict, *, cuda: bool, limits: DeviceLimits
     moved = tuple(TransferStats(t.after, t.into, t.src, t.dst, t.copies / n, t.bytes / n, t.gpu_us / n)
                   for t in transfers(trace, steps=steps))
     per_fwd = (lambda f: sum(getattr(t, f) for t in totals) / n) if cuda else (lambda f: None)
+    phases = _per_phase(trace, n)
     return dict(
+        phase_forwards=tuple((p, c / n) for p, c in phases.items() if p not in (None, "backward")),
         profiled_gpu_busy_ms=per_fwd("gpu_busy_us") / 1e3 if cuda else None,
         profiled_gpu_span_ms=median(t.gpu_span_us for t in totals) / 1e3 if cuda and totals else None,
         kernels=per_fwd("kernels"), memcpys=per_fwd("memcpys"), memsets=per_fwd("memsets"),
         ops=sum(t.ops for t in totals) / n, **_attention_fields(trace, rows, cuda, limits),
-        layers=layer_stats(rows, _per_phase(trace, n), rank), devices=_device_stats(trace, n, rank, peaks or {}),
+        layers=layer_stats(rows, phases, rank), devices=_device_stats(trace, n, rank, peaks or {}),
         transfers=moved,
     )
