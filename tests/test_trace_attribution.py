@@ -122,6 +122,19 @@ def test_events_outside_any_module_are_kept():
     assert rows[(OUTSIDE, "outside", None)].kernels == 1
 
 
+def test_the_host_time_outside_every_module_is_its_ops_own_time_not_0():
+    # outside every module there is no range to time: it read 0 µs beside its ops (a generate's sampling between
+    # forwards); the time of its top-level ops is what ran there (a nested op's is in its parent's)
+    data = {"traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "attnswitch.step:0", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::argmax", "pid": 1, "tid": 1, "ts": 10, "dur": 7},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::cat", "pid": 1, "tid": 1, "ts": 30, "dur": 5},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::empty", "pid": 1, "tid": 1, "ts": 31, "dur": 2},
+    ]}
+    row = attribute(Trace.from_json(data), {"0"})[(OUTSIDE, "outside", None)]
+    assert row.ops == 2 and row.host_us == 12
+
+
 # -- live CPU profiles ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
