@@ -43,6 +43,9 @@ class Forward:
     # it starts a generate though it has one query token: an encoder-decoder's first decoder step (new encoder
     # outputs); a decoder's first forward is told by its query length
     first: bool = False
+    # where its generate began, for an encoder-decoder's first decoder step: its encoder's start (generate runs the
+    # encoder itself, outside the model's forward); None: at its own start
+    began: float | None = None
     start: object = None  # CUDA events
     end: object = None
 
@@ -76,6 +79,17 @@ def _weak(obj):
         return lambda: obj
 
 
+def _encoder(model: nn.Module) -> nn.Module | None:
+    """An encoder-decoder's encoder (which ``generate`` runs before the decoder's first step); None for others."""
+    if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return None
+    try:
+        encoder = model.get_encoder()
+    except (AttributeError, NotImplementedError, TypeError):
+        return None
+    return encoder if isinstance(encoder, nn.Module) and encoder is not model else None
+
+
 def graphs_compiled() -> int:
     """Graphs Dynamo has compiled in this process so far (recompiles included)."""
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
@@ -91,6 +105,17 @@ class ForwardClock(_ForwardHooks):
         self.forwards: list[Forward] = []
         self._handles: list = []
         self._encoded = None  # the encoder outputs the last forward was given (weakly: a generate's own)
+        self._encoder_start: float | None = None  # the last encoder forward's start
+
+    def __enter__(self):
+        super().__enter__()
+        encoder = _encoder(self.model)
+        if encoder is not None:
+            self._handles.append(encoder.register_forward_pre_hook(self._encoding, prepend=True))
+        return self
+
+    def _encoding(self, module, args):
+        self._encoder_start = time.perf_counter()
 
     def _event(self):
         if not self.cuda:
@@ -105,9 +130,10 @@ class ForwardClock(_ForwardHooks):
         first = encoded is not None and (self._encoded is None or self._encoded() is not encoded)
         if first:
             self._encoded = _weak(encoded)
+        began, self._encoder_start = (self._encoder_start if first else None), None
         self.forwards.append(Forward(query_length(args, kwargs), time.perf_counter(), calls_before=n,
                                      start=self._event(), graphs=graphs_compiled() if self.graphs else None,
-                                     first=first))
+                                     first=first, began=began))
 
     def _post(self, module, args, kwargs, output):
         f = self.forwards[-1]

@@ -44,6 +44,17 @@ def split_generates(forwards: list) -> list[list]:
     return out
 
 
+def _began(gen: list) -> float:
+    """When a generate began: its first forward's start, or its encoder's (an encoder-decoder's)."""
+    return gen[0].began if gen[0].began is not None else gen[0].host_start
+
+
+def _ttft_ms(gen: list) -> float:
+    """Time to first token: from the generate's beginning (its encoder, for an encoder-decoder) to the start of
+    the forward after the first (when the first token is there)."""
+    return (gen[1].host_start - _began(gen)) * 1e3
+
+
 def _intervals_ms(gen: list) -> list[float]:
     # wall time between decode steps: generate waits for each token before the next forward starts
     return [(b.host_start - a.host_start) * 1e3 for a, b in zip(gen[1:], gen[2:])]
@@ -61,12 +72,12 @@ def prompt_units(forwards: list, end_s: float,
     units: list[float] = []
     figures: dict[str, list[float]] = {"ttft": [], "interval": [], "host": [], "gpu": []}
     for i, gen in enumerate(gens):
-        stop = gens[i + 1][0].host_start if i + 1 < len(gens) else end_s
+        stop = _began(gens[i + 1]) if i + 1 < len(gens) else end_s
         steps = _intervals_ms(gen)
-        span = (stop - (start_s if i == 0 and start_s is not None else gen[0].host_start)) * 1e3
+        span = (stop - (start_s if i == 0 and start_s is not None else _began(gen))) * 1e3
         units.append(span - sum(steps) + len(steps) * median(steps) if steps else span)
         if len(gen) > 1:
-            figures["ttft"].append((gen[1].host_start - gen[0].host_start) * 1e3)
+            figures["ttft"].append(_ttft_ms(gen))
         figures["interval"] += steps
         figures["host"] += [(f.host_end - f.host_start) * 1e3 for f in gen[1:]]
         figures["gpu"] += [g for f in gen[1:] if (g := f.gpu_ms()) is not None]
@@ -107,7 +118,7 @@ def generate_stats(workload, cold, steady: list, rss_grown_mb: float | None) -> 
     gens = [g for r in steady for g in split_generates(r.forwards)]
     decode = [f for g in gens for f in g[1:]]
     intervals = [x for g in gens for x in _intervals_ms(g)]
-    ttft = [(g[1].host_start - g[0].host_start) * 1e3 for g in gens if len(g) > 1]
+    ttft = [_ttft_ms(g) for g in gens if len(g) > 1]
     new, old = _new_shape_steps(cold)
     steady_calls = [a[1] * 1e6 for r in steady for a in r.attn]
     slow, threshold = _slow_calls(cold, median(steady_calls))
