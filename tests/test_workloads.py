@@ -83,10 +83,11 @@ def test_generate_reports_every_step_of_every_prompt(gen_report):
     for b in r.ok:
         g = b.generate
         assert g.ttft_ms > 0 and 0 < g.step_ms_p50 <= g.step_ms_p90 <= g.step_ms_p99
-        # every decode step of the first workload is either new or seen: NEW - 2 intervals per generate
-        assert g.new_shape_steps + g.seen_shape_steps == n_prompts * (NEW - 2)
-        assert g.new_shape_steps >= NEW - 2  # the first generate meets only new key lengths
-        assert g.seen_shape_steps > 0  # later prompts meet lengths the earlier ones saw
+        # every decode step of the first workload after its first generate (which warms up everything it runs:
+        # its steps are neither) is either new or seen: NEW - 2 intervals per generate
+        assert g.new_shape_steps + g.seen_shape_steps == (n_prompts - 1) * (NEW - 2)
+        assert g.new_shape_steps >= 1  # the longer prompt meets lengths the first did not, at its end
+        assert g.seen_shape_steps > 0  # and lengths the first saw
         assert len(g.step_times_ms) == NEW - 2 and len(g.cold_step_times_ms) == NEW - 2
         tokens = 2 * NEW * n_prompts
         assert g.tokens_per_s == pytest.approx(tokens / (b.time_ms / 1e3))
@@ -198,7 +199,8 @@ def test_new_key_lengths_costs_are_seen_and_the_recommendation_says_when_it_flip
     # a plan of 800 s per new key length, against 2 x 200 s per step for every step
     registered("planned", planned(vclock, 800.0))
     registered("steady", slow(vclock, 200.0))
-    w = make_workload(m, batch=1, seq=10, mode="generate", new_tokens=NEW)
+    # (later prompts 2 tokens longer: each meets a new key length before its last step)
+    w = make_workload(m, batch=1, mode="generate", new_tokens=NEW, prompt_lens=(8, 10, 12))
     r = compare(m, w, backends=["planned", "steady"], warmup=1, iters=2, rounds=1)
     g = r["planned"].generate
     assert g.new_shape_step_ms - g.seen_shape_step_ms == pytest.approx(800_000, abs=SLACK_MS)  # per new key length
@@ -790,6 +792,27 @@ def test_an_encoder_decoder_step_against_its_cache_is_a_decode_step_in_half_prec
     assert copied is not offloading and copied.prefetch_stream is offloading.prefetch_stream
 
 
+def test_the_first_generates_steps_are_neither_new_nor_seen():
+    # every length is new in the first generate, and so is everything else it runs first: its warm-up was charged
+    # as a cost per new key length (2.3 ms "per new length" from two cold steps, a length-mix pick flipping
+    # between identical runs)
+    from types import SimpleNamespace as NS
+
+    from attnswitch.profiling.clock import Forward
+    from attnswitch.profiling.stepstats import _new_shape_steps
+
+    forwards, attn, t = [], [], 0.0
+    for prompt in (8, 10):  # 4 decode steps each, 1 ms apart; the first generate's steps 5 ms (warming up)
+        for i in range(5):
+            kv = prompt + i
+            forwards.append(Forward(prompt if i == 0 else 1, t, calls_before=len(attn), calls_after=len(attn) + 1))
+            attn.append(("layer", 1e-5, kv))
+            t += 0.005 if prompt == 8 else 0.001
+    new, old = _new_shape_steps(NS(forwards=forwards, attn=attn))
+    # the second generate's steps at kv 11, 12 were seen, at 13 new (its last step has no interval)
+    assert (new, old) == ([pytest.approx(1.0)], [pytest.approx(1.0)] * 2)
+
+
 def test_a_compiled_generates_steps_are_new_where_dynamo_compiled_during_them():
     # a compiled graph records no attention call: its compile steps were all counted "seen" (no new-length
     # cost); nor is every new key length a compile (a graph of dynamic shapes meets later ones without one)
@@ -826,7 +849,8 @@ def test_an_encoder_decoders_generates_are_told_apart_by_their_encoder_outputs()
     w = make_workload(t5, batch=1, mode="generate", prompt_lens=(6, 8, 10), new_tokens=5)
     r = compare(t5, w, backends=["math"], warmup=0, iters=1, rounds=2, time_budget_s=0, check_numerics=False)
     g = r["math"].generate
-    assert g.new_shape_steps + g.seen_shape_steps == 3 * (5 - 2)  # (per prompt: its steps between decode steps)
+    # (per prompt after the first: its steps between decode steps)
+    assert g.new_shape_steps + g.seen_shape_steps == (3 - 1) * (5 - 2)
     assert r.workload["encoder_decoder"] and "encoder_decoder" not in make_workload(tiny("llama")).describe()
     from attnswitch.profiling.clock import ForwardClock
     clock = ForwardClock(t5, cuda=False)
