@@ -221,3 +221,12 @@ def test_a_sweeps_csv_ranks_its_last_shape_as_the_summary_and_report_ranking_do(
     vs = {row["backend"]: float(row["vs_pick"]) for row in rows}
     # a wrong CSV: rank {'math': 2, 'naive': 1}, vs_pick {'math': 1.0, 'naive': 0.906}
     assert rank == {n: i + 1 for i, n in enumerate(r.ranking)}, (rank, vs)
+
+
+def test_a_sweeps_ties_are_those_tied_with_its_pick_at_every_shape():
+    # the last shape's ties alone: `math`, told apart (slower) at the first shape, was written to policy.json's ties
+    # beside `flash` and `naive`, tied at both
+    near = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98]
+    r = sweep_report([(8, [fixed("flash", near), fixed("naive", near[::-1]), fixed("math", [1.5] * 6)]),
+                      (16, [fixed("flash", near), fixed("naive", near[::-1]), fixed("math", near)])])
+    assert r.pick == "flash" and r.decision.ties == ("flash", "naive"), r.decision.ties

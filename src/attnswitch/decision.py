@@ -257,7 +257,9 @@ def decide_sweep(points, verdicts: list[Verdict], results: list[BackendResult], 
     last = against(last, results, pick) if pick in last.order else replace(last, margins={}, ties=())
     answer = "keep" if pick == own_attention(workload) else "use"
     head = _sweep_headline(points, pick, why, answer, kind_of(workload))
-    ties = tuple(dict.fromkeys((pick, *(n for n in last.ties if n in last.order))))
+    # tied with the pick at every shape it ran at (the last shape's ties alone named one another shape told apart)
+    everywhere = [set(against(v, p.backends, pick).ties) for p, v in zip(points, verdicts) if pick in p.ranking]
+    ties = tuple(dict.fromkeys((pick, *(n for n in last.ties if n in last.order and all(n in t for t in everywhere)))))
     deploy = deploy_info(pick, environment, workload, sweep=points, ties=ties, keep=answer == "keep")
     return (Decision(answer, pick, ties, last.fastest, "", head, tuple([*lines, *serving_lines]), cautions, deploy),
             last, points)
