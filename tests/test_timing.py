@@ -214,6 +214,8 @@ def test_a_sweeps_own_time_is_at_least_what_it_says_went_into_it(tmp_path, monke
     spent = json.loads((out / "report.json").read_text())["settings"]["time_s"]
     assert spent["loading the model"] >= 100.0
     assert spent["total"] >= spent["imports"] + spent["loading the model"], spent
+    # the account is part of the report it writes: it says that writing the files comes after it
+    assert "own time until the report" in (out / "report.md").read_text()
 
 
 def test_the_report_says_how_many_rounds_ran_and_why_they_stopped():

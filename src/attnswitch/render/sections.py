@@ -619,8 +619,9 @@ def _own_time(report, opts: Options) -> Section | None:
     if not spent:
         return None
     parts = ", ".join(f"{k} {v:.1f} s" for k, v in spent.items() if k != "total")
-    return Section("", (Text(f"attnswitch's own time: {spent.get('total', 0):.1f} s ({parts})", "note"),),
-                   key="own-time")
+    # (the account is part of the report it writes: what writing the files took comes after it)
+    return Section("", (Text(f"attnswitch's own time until the report: {spent.get('total', 0):.1f} s ({parts}; "
+                             "writing the report's files comes after)", "note"),), key="own-time")
 
 
 #: the sections of a report, in reading order
