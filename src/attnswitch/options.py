@@ -228,11 +228,13 @@ def check_generation(new_tokens, prompt_lens=None, cache: str = "dynamic", promp
 
 
 def prompt_lengths(prompt_len: int, new_tokens: int, n: int = 5) -> tuple[int, ...]:
-    """``n`` prompt lengths spread around ``prompt_len``, a quarter of ``new_tokens`` apart, so that each
-    generate sees key lengths the previous ones saw, and some new ones; closer where the shortest would be under
-    one token (``prompt_len`` 8 with 128 new tokens: 2 to 14, 3 apart), fewer only for a ``prompt_len`` under 3."""
+    """``n`` prompt lengths spread around ``prompt_len``, a quarter of ``new_tokens`` apart and at least 2, so
+    that each generate sees key lengths the previous ones saw, and some new ones before its last step (the new
+    lengths of a prompt 1 token longer are at its last step, whose time runs to the generate's end); closer where
+    the shortest would be under one token (``prompt_len`` 8 with 128 new tokens: 2 to 14, 3 apart), fewer only for
+    a ``prompt_len`` under 3."""
     below = n // 2
-    gap = max(1, min(new_tokens // 4, (prompt_len - 1) // below if below else new_tokens))
+    gap = max(1, min(max(2, new_tokens // 4), (prompt_len - 1) // below if below else new_tokens))
     lens = [prompt_len + (i - n // 2) * gap for i in range(n)]
     return tuple(sorted({max(1, x) for x in lens}))
 
