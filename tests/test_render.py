@@ -426,3 +426,9 @@ def test_a_model_path_with_markup_stays_text_and_the_command_one_code_span(cpu_r
     assert ids.ids and len(ids.ids) == len(set(ids.ids)), [i for i in set(ids.ids) if ids.ids.count(i) > 1][:5]
     refs = {a or b for a, b in re.findall(r'url\(#([^)]+)\)|xlink:href="#([^"]+)"', page)}
     assert refs and refs <= set(ids.ids)
+
+
+def test_a_plots_title_is_plain_text_no_markup(report):
+    # matplotlib draws a title as it is: "against the pick, `auto`" showed its backticks
+    titles = [b.chart.title for b in walk(sections(report)) if isinstance(b, Figure)]
+    assert titles and not [t for t in titles if "`" in t], titles

@@ -66,7 +66,7 @@ def ranking_chart(backends, pick: str | None, ties, unit: str = "per forward") -
               ("eager", "eager (the reference)"))
     series = tuple((label, tuple(b.margin.ratio if g == key else None for g, b in zip(groups, ranked)))
                    for key, label in labels)
-    return _kept(Bars(f"Time {unit} against the pick, `{pick}`", names, series,
+    return _kept(Bars(f"Time {unit} against the pick ({pick})", names, series,
                       f"× the pick's time ({bracket_label(margin_coverages(ranked, pick))})", stacked=True,
                       limit=(1.0,) * len(names), limit_label="the pick", errors=errors))
 
