@@ -307,8 +307,8 @@ def _run(target: Target, c, attn: list | None = None, kept: list | None = None) 
     cuda = target.device.type == "cuda"
     attn = [] if attn is None else attn
     target.sync()
-    clock = ForwardClock(target.model, cuda, attn, graphs=target.compile is not None) \
-        if target.model is not None else contextlib.nullcontext()
+    clock = ForwardClock(target.model, cuda, attn, graphs=target.compile is not None,
+                         generates=target.kind.generates) if target.model is not None else contextlib.nullcontext()
     with instrument.measuring(host_times=attn), clock, _no_gc():
         start = _event(cuda)
         t0 = time.perf_counter()
@@ -674,7 +674,7 @@ def _prompt_turn(target: Target, name: str, p: int, prompts: int, timed: Callabl
         if as_is:  # the timed generate: the model as it is (``Target.as_is``), after an untimed one of it
             switch.close()
             target.rewarm(p)
-        clock = ForwardClock(target.model, target.device.type == "cuda")
+        clock = ForwardClock(target.model, target.device.type == "cuda", generates=target.kind.generates)
         with clock:
             start = time.perf_counter()
             ms = timed(target, p)

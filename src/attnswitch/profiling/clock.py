@@ -85,7 +85,7 @@ def _encoder(model: nn.Module) -> nn.Module | None:
         return None
     try:
         encoder = model.get_encoder()
-    except (AttributeError, NotImplementedError, TypeError):
+    except Exception:  # (other code's get_encoder: without one, the generate begins at its first forward)
         return None
     return encoder if isinstance(encoder, nn.Module) and encoder is not model else None
 
@@ -100,8 +100,12 @@ class ForwardClock(_ForwardHooks):
     the list a measurement appends attention calls to, so that each forward knows its calls; ``graphs``:
     count the graphs Dynamo compiles during each (a compiled candidate's: which steps paid a compile)."""
 
-    def __init__(self, model: nn.Module, cuda: bool, calls: list | None = None, graphs: bool = False):
+    def __init__(self, model: nn.Module, cuda: bool, calls: list | None = None, graphs: bool = False,
+                 generates: bool = False):
         self.model, self.cuda, self.calls, self.graphs = model, cuda, calls, graphs
+        # an encoder-decoder's generate runs its encoder outside the model's forward: hooked to clock when the
+        # generate began (only there: elsewhere the encoder runs inside the forward, a compiled one's graph too)
+        self._encoder = _encoder(model) if generates else None
         self.forwards: list[Forward] = []
         self._handles: list = []
         self._encoded = None  # the encoder outputs the last forward was given (weakly: a generate's own)
@@ -109,9 +113,8 @@ class ForwardClock(_ForwardHooks):
 
     def __enter__(self):
         super().__enter__()
-        encoder = _encoder(self.model)
-        if encoder is not None:
-            self._handles.append(encoder.register_forward_pre_hook(self._encoding, prepend=True))
+        if self._encoder is not None:
+            self._handles.append(self._encoder.register_forward_pre_hook(self._encoding, prepend=True))
         return self
 
     def _encoding(self, module, args):
