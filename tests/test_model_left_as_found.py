@@ -171,3 +171,36 @@ def test_check_of_inputs_runs_as_compare_runs_them_with_dropout_off():
     assert attnswitch.check(m, **batch, backends=["flash"])["flash"].ok
     assert attnswitch.compare(m, batch, backends=["flash", "math"], **QUICK)["flash"].ok
     assert m.training
+
+
+def test_an_adapter_left_training_in_a_model_in_eval_mode_is_left_training_and_unmerged():
+    # the model's train() alone, then the flags: the adapter stayed merged (eval's work) while flagged training
+    m = tiny("llama")
+    m.model.layers[0].self_attn.q_proj = q = _Merging(m.model.layers[0].self_attn.q_proj)
+    m.eval()
+    q.train()
+    weight = q.weight.detach().clone()
+    attnswitch.compare(m, make_workload(m, batch=1, seq=8), backends=["math"], **QUICK)
+    assert q.training and not q.merged and torch.allclose(q.weight, weight, atol=1e-6) and not m.training
+
+
+def test_an_offloaded_models_generate_is_compared_numerics_included():
+    # the token agreement moved the reference's tokens to the first parameter's device: meta
+    from accelerate import cpu_offload
+
+    m = tiny("llama")
+    cpu_offload(m, execution_device=torch.device("cpu"))
+    work = make_workload(m, batch=1, seq=4, mode="generate", new_tokens=2, prompt_lens=(4,))
+    r = attnswitch.compare(m, work, backends=["math"], **QUICK)
+    assert r["math"].ok and r["math"].generate.token_agreement == 1.0
+
+
+def test_weights_never_loaded_are_refused_whatever_hook_holds_no_weights():
+    from accelerate import init_empty_weights
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    with init_empty_weights():
+        ghost = tiny("llama")
+    add_hook_to_module(ghost, ModelHook())  # (a hook that brings no weights in)
+    with pytest.raises(attnswitch.options.OptionError, match="on the meta device"):
+        make_workload(ghost, seq=8)

@@ -48,9 +48,15 @@ def device_of(model: nn.Module) -> torch.device:
         hook = getattr(m, "_hf_hook", None)
         for h in [hook, *getattr(hook, "hooks", ())]:
             dev = getattr(h, "execution_device", None)
-            if dev is not None:
-                return torch.device(dev) if not isinstance(dev, int) else torch.device("cuda", dev)
+            if dev is not None:  # (an index: of this process's accelerator, as accelerate means it)
+                return torch.device(dev) if not isinstance(dev, int) else torch.device(_accelerator(), dev)
     return first or torch.device("cpu")
+
+
+def _accelerator() -> str:
+    acc = getattr(torch, "accelerator", None)
+    current = acc.current_accelerator() if acc is not None else None
+    return current.type if current is not None else "cuda"
 
 
 def devices_of(model: nn.Module) -> list[torch.device]:

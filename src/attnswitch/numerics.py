@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from .backends import REFERENCE
+from .device import device_of
 from .errors import BackendUnavailable
 from .results import Numerics
 from .switch import backend as use_backend
@@ -135,7 +136,7 @@ def token_agreement(workload: Workload, names: Iterable[str], reference: str = "
     sequence differs or None)`` for the first prompt of a generate workload; a string where it could not
     run."""
     ref_work, ref_name = _reference(workload, reference)
-    ref = _generated(ref_work, ref_name).to(next(workload.model.parameters()).device)
+    ref = _generated(ref_work, ref_name).to(device_of(workload.model))
     out: dict = {}
     for name in names:
         try:

@@ -120,12 +120,22 @@ def kept(model: nn.Module, training: bool) -> Iterator[None]:
         yield
     finally:
         # back through train() itself, whatever a module's own train() does besides its flag (an adapter that
-        # eval() merges into its weight, train() unmerges), then each module's flag as found (mixed modes)
+        # eval() merges into its weight, train() unmerges): the model's, then, outermost first, each module's that
+        # has a train() of its own (a mode of its own under another); then each module's flag as found
         model.train(modes[0][1])
+        for m, was in modes[1:]:
+            if type(m).train is not nn.Module.train:
+                m.train(was)
         for m, was in modes:
             m.training = was
         for p, g in grads:
             p.grad = g
+
+
+def _brings_weights(hook) -> bool:
+    """Whether an accelerate hook (or one of a sequence of them) brings offloaded weights in before a forward."""
+    return any(getattr(h, "offload", False) or getattr(h, "weights_map", None) is not None
+               for h in ([hook, *getattr(hook, "hooks", ())] if hook is not None else ()))
 
 
 def check_runnable(model: nn.Module, mode: str) -> None:
@@ -133,7 +143,7 @@ def check_runnable(model: nn.Module, mode: str) -> None:
     device, and no accelerate hook to bring them in: its offloading leaves some or all there), and a training step
     of a model with every parameter frozen."""
     params = list(model.parameters())
-    offloaded = any(hasattr(m, "_hf_hook") for m in model.modules())  # (accelerate's hooks bring the weights in)
+    offloaded = any(_brings_weights(getattr(m, "_hf_hook", None)) for m in model.modules())
     if params and all(p.device.type == "meta" for p in params) and not offloaded:
         raise options.OptionError("the model's weights are on the meta device (never loaded): load them first "
                                   "(from_pretrained, or to_empty(device=...) and load_state_dict)")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch.nn as nn
 
+from ..device import device_of
 from ..dist import gather, world
 from ..results import BackendResult
 from .rounds import shared_rounds
@@ -44,7 +45,7 @@ def distribution_of(model: nn.Module | None) -> dict | None:
     if w is not None and (getattr(model, "_device_mesh", None) is not None or _has_dtensor(model)):
         import torch.distributed as dist
 
-        devices = gather(str(next(model.parameters()).device))
+        devices = gather(str(device_of(model)))
         return {"mode": "tensor_parallel", "world_size": w[1], "backend": dist.get_backend(),
                 "devices": devices, "tp_plan": _plan_summary(model)}
     dmap = getattr(model, "hf_device_map", None)
