@@ -813,6 +813,24 @@ def test_the_first_generates_steps_are_neither_new_nor_seen():
     assert (new, old) == ([pytest.approx(1.0)], [pytest.approx(1.0)] * 2)
 
 
+def test_where_no_later_prompt_meets_a_new_length_the_first_generates_steps_after_its_first_are_new():
+    # prompts a token apart meet their new lengths at their last step only (no interval): nothing new after the
+    # first generate, where every step is new; its first step, the warm-up's most, is left out
+    from types import SimpleNamespace as NS
+
+    from attnswitch.profiling.clock import Forward
+    from attnswitch.profiling.stepstats import _new_shape_steps
+
+    forwards, attn, t = [], [], 0.0
+    for prompt in (8, 9):
+        for i in range(5):
+            forwards.append(Forward(prompt if i == 0 else 1, t, calls_before=len(attn), calls_after=len(attn) + 1))
+            attn.append(("layer", 1e-5, prompt + i))
+            t += 0.009 if (prompt, i) == (8, 1) else 0.002 if prompt == 8 else 0.001
+    new, old = _new_shape_steps(NS(forwards=forwards, attn=attn))
+    assert new == [pytest.approx(2.0)] * 2 and old == [pytest.approx(1.0)] * 3
+
+
 def test_a_compiled_generates_steps_are_new_where_dynamo_compiled_during_them():
     # a compiled graph records no attention call: its compile steps were all counted "seen" (no new-length
     # cost); nor is every new key length a compile (a graph of dynamic shapes meets later ones without one)
@@ -849,8 +867,9 @@ def test_an_encoder_decoders_generates_are_told_apart_by_their_encoder_outputs()
     w = make_workload(t5, batch=1, mode="generate", prompt_lens=(6, 8, 10), new_tokens=5)
     r = compare(t5, w, backends=["math"], warmup=0, iters=1, rounds=2, time_budget_s=0, check_numerics=False)
     g = r["math"].generate
-    # (per prompt after the first: its steps between decode steps)
-    assert g.new_shape_steps + g.seen_shape_steps == (3 - 1) * (5 - 2)
+    # per prompt after the first, its steps between decode steps: seen (a decoder's key lengths are its own
+    # positions, the same in every prompt); so the new ones are the first generate's after its first step
+    assert g.seen_shape_steps == (3 - 1) * (5 - 2) and g.new_shape_steps == 5 - 3
     assert r.workload["encoder_decoder"] and "encoder_decoder" not in make_workload(tiny("llama")).describe()
     from attnswitch.profiling.clock import ForwardClock
     clock = ForwardClock(t5, cuda=False)
@@ -876,7 +895,7 @@ def test_an_encoder_decoders_time_to_first_token_starts_at_its_encoder():
     w = make_workload(t5, batch=1, mode="generate", prompt_lens=(6, 8), new_tokens=4)
     slow = 0.05  # the encoder made slow: what it takes is plain in the figures
     hook = t5.get_encoder().register_forward_hook(lambda *a: clock_time.sleep(slow))
-    clock = ForwardClock(t5, cuda=False)
+    clock = ForwardClock(t5, cuda=False, generates=True)
     try:
         with clock, torch.no_grad():
             t0 = clock_time.perf_counter()
@@ -887,6 +906,14 @@ def test_an_encoder_decoders_time_to_first_token_starts_at_its_encoder():
         hook.remove()
     gens = split_generates(clock.forwards)
     assert [len(g) for g in gens] == [4, 4] and all(g[0].began is not None for g in gens)
+    encoder = t5.get_encoder()
+    assert not encoder._forward_pre_hooks  # (removed on exit)
+    with ForwardClock(t5, cuda=False):  # not a generate: the encoder runs inside the forward (a compiled one's
+        assert not encoder._forward_pre_hooks  # graph too), where a hook of the clock's would break the graph
+    t5.get_encoder = lambda: (_ for _ in ()).throw(ValueError("no encoder here"))
+    with ForwardClock(t5, cuda=False, generates=True):  # (other code's get_encoder raising: no hook left behind)
+        pass
+    assert not t5._forward_pre_hooks and not t5._forward_hooks
     assert t0 <= gens[0][0].began < gens[0][0].host_start - slow  # (the encoder ran between them)
     units, figures = prompt_units(clock.forwards, end)
     assert all(t >= slow * 1e3 for t in figures["ttft"])  # each prompt's encoder is in its own ttft

@@ -86,21 +86,28 @@ def prompt_units(forwards: list, end_s: float,
 
 def _new_shape_steps(cold) -> tuple[list[float], list[float]]:
     """First-workload decode intervals whose forward met a key length for the first time, and the rest. The
-    first generate's are neither: every length is new there, and so is everything else (allocations, caches,
-    the first calls of each op), which its new lengths would be charged with; later prompts, longer by a quarter
-    of the new tokens each, meet new lengths at their ends. A compiled step records no attention call: it is new
-    where Dynamo compiled while it ran (a first shape, a recompile; a graph of dynamic shapes meets later lengths
-    without one), and seen otherwise, in every generate."""
+    first generate's are neither where later ones meet new lengths: every length is new there, and so is
+    everything else (allocations, caches, the first calls of each op), which its new lengths would be charged
+    with; later prompts, longer by a quarter of the new tokens each, meet new lengths at their ends. Where none
+    does (prompts a token apart, one prompt), the first generate's steps after its first are the new ones. A
+    compiled step records no attention call: it is new where Dynamo compiled while it ran (a first shape, a
+    recompile; a graph of dynamic shapes meets later lengths without one), and seen otherwise, in every
+    generate."""
     seen: set[int] = set()
-    new, old = [], []
+    new, old, first = [], [], []
     for k, gen in enumerate(split_generates(cold.forwards)):
         for i, f in enumerate(gen):
             lens = {a[2] for a in cold.attn[f.calls_before:f.calls_after]}
             fresh = bool(lens - seen) if lens else bool(f.graphs)
             seen |= lens
-            if 1 <= i < len(gen) - 1 and (k > 0 or not lens):
-                (new if fresh else old).append((gen[i + 1].host_start - f.host_start) * 1e3)
-    return new, old
+            if not 1 <= i < len(gen) - 1:
+                continue
+            step = (gen[i + 1].host_start - f.host_start) * 1e3
+            if k == 0 and lens:
+                first += [step] if i > 1 else []  # (the first decode step of all: the warm-up's most)
+            else:
+                (new if fresh else old).append(step)
+    return new or first, old
 
 
 def _slow_calls(cold, steady_us: float | None) -> tuple[list[SlowCall], float | None]:

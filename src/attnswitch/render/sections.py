@@ -522,9 +522,10 @@ def _generate(report, opts: Options) -> Section | None:
     blocks: list[Block] = [table, Text(
         "workload ms: the ranked time (each prompt's median, its decode steps at their median); wall ms: the whole "
         "workloads' median, a check. Steps: wall time between decode forwards, over every round. ttft: the prefill "
-        "forward's start to the first decode forward's. "
-        "New-length steps met a key length for the first time in the first workload (plans are paid there; a "
-        "compiled candidate's: the steps during which it compiled); slow attention calls: host time over 4x the "
+        "forward's start (an encoder-decoder's encoder's) to the first decode forward's. "
+        "New-length steps met a key length for the first time in the first workload, after its first generate, "
+        "which warms everything up (plans are paid there; a compiled candidate's: the steps during which it "
+        "compiled); slow attention calls: host time over 4x the "
         "steady call's, in the first workload. Tokens agree: "
         "greedy tokens equal to float32 eager's.", "note")]
     series = {b.backend: b.generate.step_times_ms for b in ran if b.generate.step_times_ms}
