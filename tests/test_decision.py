@@ -185,7 +185,7 @@ def test_the_first_plot_is_the_ranked_time_with_the_tie_marked_as_the_table_has_
                fixed("flash", [10.0, 10.0, 10.1, 9.9, 10.2, 10.0], host_ms=1.0), fixed("math", [20.0] * 6, host_ms=2.0)]
     r = report_of(results)
     first = next(b for b in walk(sections(r)) if isinstance(b, Figure)).chart  # the report's first plot
-    assert "against the pick" in first.title and f"`{r.pick}`" in first.title
+    assert "against the pick" in first.title and f"({r.pick})" in first.title
     series = dict(first.series)
     tied, apart = series["the pick and those tied with it"], series["told apart (slower)"]
     for name, t, a, err in zip(first.categories, tied, apart, first.errors):
