@@ -26,6 +26,7 @@ from .backends.registry import kernel_family
 from .lengths import Lengths
 from .options import MAX_REQUESTS
 from .results import candidates
+from .words import counted
 
 __all__ = ["Serving", "serving_estimate", "REQUEST_GRID", "MAX_REQUESTS"]
 
@@ -59,10 +60,10 @@ class Serving:
     once_ms: dict[str, float] = field(default_factory=dict)
 
     def text(self) -> list[str]:
-        shape = f" (batch {self.batch}, {_count(self.new_tokens, 'new token')})" if self.batch else ""
-        lines = [f"For {_count(self.requests, 'request')} of this length mix{shape}: `{self.pick}`, "
+        shape = f" (batch {self.batch}, {counted(self.new_tokens, 'new token')})" if self.batch else ""
+        lines = [f"For {counted(self.requests, 'request')} of this length mix{shape}: `{self.pick}`, "
                  f"{self.per_request_ms[self.pick]:.3f} ms per request "
-                 f"({_count(round(self.first_met), 'shape')} met first)."]
+                 f"({counted(round(self.first_met), 'shape')} met first)."]
         if self.same:
             lines.append(f"{_names(self.same)} as cheap: tied at every measured length, and paying no more for "
                          "shapes met first.")
@@ -75,7 +76,7 @@ class Serving:
                          f"medians {min(own):.3f}-{max(own):.3f} ms, not told apart at any measured length).")
         lines += self._first_met_lines()
         for n, a, b in self.changes:
-            lines.append(f"From about {_count(n, 'request')} `{b}` is cheaper than `{a}`.")
+            lines.append(f"From about {counted(n, 'request')} `{b}` is cheaper than `{a}`.")
         if not self.changes:
             lines.append("The pick is the same for any number of requests.")
         if self.left_out:
@@ -104,10 +105,6 @@ class Serving:
             lines.append(f"`{self.pick}`'s prompts run `{self.unpriced[self.pick]}`, which was not measured alone: "
                          "what it pays on prompt lengths met first is not in this estimate.")
         return lines
-
-
-def _count(n: int, what: str) -> str:
-    return f"{n} {what}" + ("" if n == 1 else "s")
 
 
 def _names(names) -> str:

@@ -52,6 +52,7 @@ from ..results import BackendResult
 from ..stats import median
 from ..switch import backend as use_backend
 from ..switch import runs_as_auto
+from ..words import counted
 from ..workload import Workload, check_runnable
 from . import cupti
 from .attribution import attribute
@@ -773,7 +774,7 @@ def _profiled(target: Target, name: str, n: int, trace_dir) -> Profiled:
         cupti.settle(None)
     why = ("CUPTI detached while tracing?); set TEARDOWN_CUPTI=0 to keep it attached" if cupti.let_go() else
            "another profiler, such as Nsight Systems, holding CUPTI?)")
-    raise RuntimeError(f"the profiler recorded no GPU activity in {tries} trace{'s' if tries > 1 else ''} of "
+    raise RuntimeError(f"the profiler recorded no GPU activity in {counted(tries, 'trace')} of "
                        f"{name} ({why}")
 
 
