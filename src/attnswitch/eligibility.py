@@ -76,8 +76,8 @@ def check(model: nn.Module, *args, backends: Iterable[str] | str | None = None, 
     prompt with its decode steps. Every registered backend by default, those that cannot exist on this device
     included (with the reason). Inputs the model itself refuses (a misspelt argument, say) raise, as the model
     does; so does a selection the model cannot take (a layer kind it does not have: ``OptionError``)."""
-    if work is not None and work.model is not model:
-        raise OptionError("{work} was made for another model than the one checked: make it with this model")
+    if work is not None:
+        work.made_for(model)
     if work is not None and (args or batch):
         raise OptionError("give the inputs or {work}, not both")
     check_runnable(model, work.mode if work is not None else "prefill")

@@ -214,6 +214,16 @@ class Workload:
                 return start
         return pad
 
+    def made_for(self, model: nn.Module) -> Workload:
+        """This workload, where it was made for ``model``; a workload of another model is bad input (measured, it
+        would run that model, never this one)."""
+        if self.model is not model:
+            raise options.OptionError("the workload was made for another model ({theirs}, not this {ours}): "
+                                      "make_workload(model, ...) makes one for this model, and "
+                                      "work.for_model(model) gives a copy of the model the same inputs",
+                                      theirs=type(self.model).__name__, ours=type(model).__name__)
+        return self
+
     def context(self):
         """What a measurement of many steps holds around them (``kept``): training mode for a train workload,
         eval mode (dropout off) for the others, which are inference; the user's gradients set aside."""

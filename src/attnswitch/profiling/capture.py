@@ -46,7 +46,6 @@ from ..backends import recording_notes, resolve_name
 from ..device import default_device, device_of, devices_of, sync
 from ..errors import BackendUnavailable, UnsupportedModel, out_of_memory
 from ..kinds import Kind, kind_of
-from ..options import OptionError
 from ..request import BUDGET_CAP_S
 from ..results import BackendResult
 from ..stats import median
@@ -137,12 +136,7 @@ class Target:
                 raise ValueError("profiling a model needs its inputs: profile(model, batch) with batch a dict "
                                  "of forward arguments (or a Workload)")
             if isinstance(batch, Workload):
-                if batch.model is not target:  # (it would measure the workload's model, never this one)
-                    raise OptionError("the workload was made for another model ({theirs}, not this {ours}): "
-                                      "make_workload(model, ...) makes one for this model, and "
-                                      "work.for_model(model) gives a copy of the model the same inputs",
-                                      theirs=type(batch.model).__name__, ours=type(target).__name__)
-                return cls.of(batch)
+                return cls.of(batch.made_for(target))
             if not isinstance(batch, dict):
                 raise TypeError(f"batch must be a dict of forward arguments, not {type(batch).__name__}")
             return cls.of(Workload.of(target, batch))
