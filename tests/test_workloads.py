@@ -879,11 +879,9 @@ def test_an_encoder_decoders_generates_are_told_apart_by_their_encoder_outputs()
     assert [len(gen) for gen in split_generates(clock.forwards)] == [5, 5, 5]
 
 
-def test_an_encoder_decoders_time_to_first_token_starts_at_its_encoder():
+def test_an_encoder_decoders_time_to_first_token_starts_at_its_encoder(vclock):
     # generate runs the encoder itself, outside the model's forward: the time to first token started at the first
     # decoder step and left the encoder out (3.4 ms reported, 15.2 ms from generate() to the first token)
-    import time as clock_time
-
     from transformers import T5Config, T5ForConditionalGeneration
 
     from attnswitch.profiling.clock import ForwardClock
@@ -893,15 +891,15 @@ def test_an_encoder_decoders_time_to_first_token_starts_at_its_encoder():
     t5 = T5ForConditionalGeneration(T5Config(vocab_size=128, d_model=32, d_ff=64, num_layers=2, num_heads=2, d_kv=16,
                                              decoder_start_token_id=0, pad_token_id=0)).eval()
     w = make_workload(t5, batch=1, mode="generate", prompt_lens=(6, 8), new_tokens=4)
-    slow = 0.05  # the encoder made slow: what it takes is plain in the figures
-    hook = t5.get_encoder().register_forward_hook(lambda *a: clock_time.sleep(slow))
+    slow = 500.0  # the encoder takes 500 s on the virtual clock: plain in the figures, whatever the machine's load
+    hook = t5.get_encoder().register_forward_hook(lambda *a: vclock.sleep(slow))
     clock = ForwardClock(t5, cuda=False, generates=True)
     try:
         with clock, torch.no_grad():
-            t0 = clock_time.perf_counter()
+            t0 = vclock.perf_counter()
             for p in w.prompts:
                 t5.generate(**p, **w.generate_kwargs())
-            end = clock_time.perf_counter()
+            end = vclock.perf_counter()
     finally:
         hook.remove()
     gens = split_generates(clock.forwards)
@@ -916,5 +914,5 @@ def test_an_encoder_decoders_time_to_first_token_starts_at_its_encoder():
     assert not t5._forward_pre_hooks and not t5._forward_hooks
     assert t0 <= gens[0][0].began < gens[0][0].host_start - slow  # (the encoder ran between them)
     units, figures = prompt_units(clock.forwards, end)
-    assert all(t >= slow * 1e3 for t in figures["ttft"])  # each prompt's encoder is in its own ttft
-    assert all(u >= slow * 1e3 for u in units)
+    assert all(slow * 1e3 <= t < slow * 1e3 + SLACK_MS for t in figures["ttft"])  # each prompt's encoder in its own
+    assert all(slow * 1e3 <= u < slow * 1e3 + SLACK_MS for u in units)
