@@ -432,3 +432,14 @@ def test_a_plots_title_is_plain_text_no_markup(report):
     # matplotlib draws a title as it is: "against the pick, `auto`" showed its backticks
     titles = [b.chart.title for b in walk(sections(report)) if isinstance(b, Figure)]
     assert titles and not [t for t in titles if "`" in t], titles
+
+
+def test_slow_calls_listed_against_their_steady_call_and_the_rest_counted():
+    from attnswitch.results import GenerateStats, SlowCall
+    calls = tuple(SlowCall(0, step, "model.layers.0.self_attn", 900.0 + step, 16 + step, 150.0) for step in range(7))
+    g = GenerateStats(slow_attn_calls=9, slow_calls=calls)
+    r = report_of([fixed("flash", [10.0] * 6, generate=g)], {"mode": "generate"})
+    text = render.to_markdown(r)
+    assert "step 0, model.layers.0.self_attn, key length 16: 900 µs (steady 150)" in text
+    assert "step 4, " in text and "step 5, " not in text  # five listed
+    assert "and 4 more" in text  # of the 9 counted, not of the 7 kept

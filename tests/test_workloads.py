@@ -214,6 +214,29 @@ def test_new_key_lengths_costs_are_seen_and_the_recommendation_says_when_it_flip
     assert "Decode decided it against `steady`" in text, text
 
 
+def test_a_prefill_call_is_slow_against_prefill_calls_not_against_decode_steps(registered, vclock):
+    m = tiny("llama")
+    # every prefill call takes 100 s, every decode call 10 s (a real clock's hiccup is nothing beside them):
+    # steady, never slow, though a prefill call is 10 decode calls; one call 900 s longer of each phase in the
+    # first workload is slow
+    first = {"prefill": True, "decode": True}
+
+    def fn(q, k, v, **kw):
+        phase = "prefill" if q.shape[2] > 1 else "decode"
+        vclock.sleep(100.0 if phase == "prefill" else 10.0)
+        if first[phase] and (phase == "prefill" or k.shape[2] > 9):
+            first[phase] = False
+            vclock.sleep(900.0)
+        return _naive(q, k, v, **kw)
+    registered("prefillheavy", fn)
+    w = make_workload(m, batch=1, mode="generate", new_tokens=NEW, prompt_lens=(8, 12))
+    g = compare(m, w, backends=["prefillheavy"], warmup=1, iters=2, rounds=1)["prefillheavy"].generate
+    assert g.slow_attn_calls == 2, g.slow_calls
+    prefill, decode = sorted(g.slow_calls, key=lambda c: c.step)
+    assert prefill.step == 0 and prefill.steady_us == pytest.approx(100e6, rel=0.01)
+    assert decode.step > 0 and decode.steady_us == pytest.approx(10e6, rel=0.01)
+
+
 def test_a_policy_per_phase_is_measured_when_prefill_and_decode_winners_differ(registered, spy, vclock):
     m = tiny("llama")
     registered("fastprefill", slow(vclock, 200.0, when=lambda q: q.shape[2] == 1))  # slow decode steps

@@ -118,6 +118,7 @@ class SlowCall:
     layer: str
     host_us: float
     kv_len: int
+    steady_us: float | None = None  # the steady call's host time at its prompt and phase, which it exceeded
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,6 @@ class GenerateStats:
     seen_shape_steps: int = 0
     slow_attn_calls: int = 0  # first workload: attention calls far above the steady call's host time
     slow_calls: tuple[SlowCall, ...] = ()  # the first of them: where they happened
-    slow_threshold_us: float | None = None
     plan_cache_host_mb: float | None = None  # host memory the first workload grew the process by
     step_times_ms: tuple[float, ...] = ()  # one steady generate of the first prompt, step by step
     cold_step_times_ms: tuple[float, ...] = ()  # the same, in the first workload

@@ -14,7 +14,8 @@ from ..stats import median, percentile
 __all__ = ["mode_fields", "generate_stats", "train_stats", "split_generates", "prompt_units", "policy_candidate",
            "SLOW_FACTOR", "SLOW_MIN_US"]
 
-#: an attention call is slow when its host time is this many times the steady call's, and this much more
+#: an attention call is slow when its host time is this many times the steady call's of its prompt and phase,
+#: and this much more
 SLOW_FACTOR = 4.0
 SLOW_MIN_US = 50.0
 _SLOW_KEPT = 20
@@ -110,17 +111,28 @@ def _new_shape_steps(cold) -> tuple[list[float], list[float]]:
     return new or first, old
 
 
-def _slow_calls(cold, steady_us: float | None) -> tuple[list[SlowCall], float | None]:
-    if not steady_us:
-        return [], None
-    threshold = max(SLOW_FACTOR * steady_us, steady_us + SLOW_MIN_US)
+def _steady_call_us(steady: list) -> dict[tuple[int, bool], float]:
+    """The steady attention call's host time (µs) per prompt and phase (``(prompt, decodes)``): a prefill's
+    calls hold its whole prompt, a decode step's one token, so each is compared with its own."""
+    calls: dict[tuple[int, bool], list[float]] = {}
+    for r in steady:
+        for p, gen in enumerate(split_generates(r.forwards)):
+            for step, f in enumerate(gen):
+                calls.setdefault((p, step > 0), []).extend(a[1] * 1e6 for a in r.attn[f.calls_before:f.calls_after])
+    return {k: median(v) for k, v in calls.items() if v}
+
+
+def _slow_calls(cold, steady_us: dict[tuple[int, bool], float]) -> list[SlowCall]:
     slow = []
     for p, gen in enumerate(split_generates(cold.forwards)):
         for step, f in enumerate(gen):
-            for where, dt, kv in cold.attn[f.calls_before:f.calls_after]:
-                if dt * 1e6 > threshold:
-                    slow.append(SlowCall(p, step, where, dt * 1e6, kv))
-    return slow, threshold
+            base = steady_us.get((p, step > 0))
+            if not base:
+                continue
+            threshold = max(SLOW_FACTOR * base, base + SLOW_MIN_US)
+            slow += [SlowCall(p, step, where, dt * 1e6, kv, base)
+                     for where, dt, kv in cold.attn[f.calls_before:f.calls_after] if dt * 1e6 > threshold]
+    return slow
 
 
 def generate_stats(workload, cold, steady: list, rss_grown_mb: float | None) -> GenerateStats:
@@ -130,8 +142,7 @@ def generate_stats(workload, cold, steady: list, rss_grown_mb: float | None) -> 
     intervals = [x for g in gens for x in _intervals_ms(g)]
     ttft = [_ttft_ms(g) for g in gens if len(g) > 1]
     new, old = _new_shape_steps(cold)
-    steady_calls = [a[1] * 1e6 for r in steady for a in r.attn]
-    slow, threshold = _slow_calls(cold, median(steady_calls))
+    slow = _slow_calls(cold, _steady_call_us(steady))
     gpu = [f.gpu_ms() for f in decode if f.start is not None]
     g = workload.generation
     tokens = g.new_tokens * len(g.prompt_lens) * workload.prompts[0]["input_ids"].shape[0]
@@ -143,7 +154,7 @@ def generate_stats(workload, cold, steady: list, rss_grown_mb: float | None) -> 
         step_gpu_ms=median(gpu), tokens=tokens, cold_e2e_ms=cold.host_s * 1e3,
         new_shape_step_ms=median(new), seen_shape_step_ms=median(old), new_shape_steps=len(new),
         seen_shape_steps=len(old), slow_attn_calls=len(slow), slow_calls=tuple(slow[:_SLOW_KEPT]),
-        slow_threshold_us=threshold, plan_cache_host_mb=rss_grown_mb,
+        plan_cache_host_mb=rss_grown_mb,
         step_times_ms=tuple(_intervals_ms(first_steady)), cold_step_times_ms=tuple(_intervals_ms(first_cold)))
 
 

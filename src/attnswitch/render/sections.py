@@ -36,6 +36,7 @@ _TRANSFER = ("boundary", "from → to", "copies/fwd", "MB/fwd", "GPU µs/fwd")
 _INDEX = re.compile(r"\.(\d+)(?=\.|$)")
 _SUMS = ("calls", "kernels", "memcpys", "memsets", "gpu_us", "host_us", "ops", "comm_kernels", "comm_us", "comm_ops")
 _HEAVY = 3  # layers marked as the heaviest in each per-layer table
+_SLOW_LISTED = 5  # slow attention calls listed per backend below the Generation table
 
 
 @dataclass(frozen=True)
@@ -526,7 +527,7 @@ def _generate(report, opts: Options) -> Section | None:
         "New-length steps met a key length for the first time in the first workload, after its first generate, "
         "which warms everything up (plans are paid there; a compiled candidate's: the steps during which it "
         "compiled); slow attention calls: host time over 4x the "
-        "steady call's, in the first workload. Tokens agree: "
+        "steady call's at the same prompt and phase (prefill, decode), in the first workload. Tokens agree: "
         "greedy tokens equal to float32 eager's.", "note")]
     series = {b.backend: b.generate.step_times_ms for b in ran if b.generate.step_times_ms}
     series.update({f"{b.backend} (first)": b.generate.cold_step_times_ms for b in ran[:3]
@@ -534,11 +535,19 @@ def _generate(report, opts: Options) -> Section | None:
     if series:
         blocks.append(Figure(charts.step_time_chart(series, "Generation: time per decode step, steady and first"),
                              "One generate of the first prompt length, step by step."))
-    slow = [f"{b.backend}: prompt {c.prompt}, step {c.step}, {c.layer}, key length {c.kv_len}: {c.host_us:.0f} µs"
-            for b in ran for c in b.generate.slow_calls[:5]]
+    slow = [_slow_listed(b) for b in ran if b.generate.slow_calls]
     if slow:
         blocks.append(Text("Slow attention calls (first workload): " + "; ".join(slow), "note"))
     return Section("Generation", tuple(blocks), key="generate")
+
+
+def _slow_listed(b) -> str:
+    """A backend's first slow calls, each against the steady call it exceeded, and how many more there were."""
+    g = b.generate
+    calls = [f"prompt {c.prompt}, step {c.step}, {c.layer}, key length {c.kv_len}: {c.host_us:.0f} µs"
+             + (f" (steady {c.steady_us:.0f})" if c.steady_us else "") for c in g.slow_calls[:_SLOW_LISTED]]
+    more = g.slow_attn_calls - len(calls)
+    return f"{b.backend}: " + ", ".join(calls) + (f", and {more} more" if more > 0 else "")
 
 
 def _compiled(report, opts: Options) -> Section | None:
