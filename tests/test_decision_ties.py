@@ -107,3 +107,17 @@ def test_where_eager_is_picked_no_candidate_told_apart_from_it_is_said_not_to_be
     # `flash` 1.03x [1.03–1.03] of `naive-inplace`'s time." with flash missing from "Slower:"
     assert "not told apart from `eager`" not in r.recommendation
     assert set(_behind_named(r.recommendation)) <= set(r.ties), r.recommendation
+
+
+def test_no_backend_outside_the_tie_is_ranked_above_one_inside_it():
+    # flash (noisy, the pick), naive-inplace (tight) and naive (noisy, slower in most rounds) are not told apart;
+    # math, tight at 10.3, is decidedly slower than naive-inplace: behind, not tied, though its median ratio to the
+    # pick (1.11) is below naive's (1.25). A rank of 3 for math over a tied naive contradicts the answer.
+    flash = [8.0, 12.5, 9.0, 11.5, 9.2, 10.9, 8.5, 9.4]
+    naive = [12.0, 9.5, 13.0, 10.0, 12.5, 9.9, 12.8, 10.6]
+    r = report_of([fixed("flash", flash), fixed("naive-inplace", TIGHT), fixed("math", [10.3] * 8),
+                   fixed("naive", naive)])
+    assert r.pick == "flash" and set(r.ties) == {"flash", "naive-inplace", "naive"}, r.recommendation
+    assert r["math"].margin.ratio < r["naive"].margin.ratio  # (the case: ordered by ratio alone, math came first)
+    assert r.ranking == ("flash", "naive-inplace", "naive", "math")
+    assert r.ties == r.ranking[:3]

@@ -43,7 +43,8 @@ BUSY_PREFIX = "The machine was busy while measuring"
 @dataclass(frozen=True)
 class Verdict:
     """The ranking of one set of results: every backend that ran with acceptable numerics, the pick first,
-    then by its median ratio to the pick (``order``, eager included as the reference); the pick and the
+    then the candidates tied with it, then the rest, each by its median ratio to the pick (``order``, eager
+    included as the reference); the pick and the
     candidates tied with it (``ties``, the pick first); each ranked backend's margin against the pick;
     ``fastest``, the top candidate its paired rounds find fastest (the pick where nothing is preferred over
     it); ``cycled``: tied candidates faster than the pick in their paired rounds, held tied because their order
@@ -194,7 +195,6 @@ def verdict(results: Iterable[BackendResult], host: Mapping | None = None) -> Ve
     margins = _margins(good, pick)
     ratio = {b.backend: (margins[b.backend].ratio if b.backend in margins else b.time_ms / pick.time_ms)
              for b in good}
-    order = tuple(sorted(by, key=lambda n: (n != pick.backend, ratio[n], by[n].time_ms)))
     cycled = [b.backend for b in top if pick.backend in beats[b.backend]]
     # tied for the fastest: the top, and those not told apart from the pick that no tied one is decidedly faster
     # than; one not told apart from the pick but decidedly slower than a tied one is behind it (``behind``)
@@ -218,6 +218,9 @@ def verdict(results: Iterable[BackendResult], host: Mapping | None = None) -> Ve
         names = ", ".join(f"`{n}`" for n in [pick.backend, *cycled])
         cautions.append(f"The paired rounds do not order {names}: each was faster than another in most rounds (their "
                         "order cycled, which load does); they are held tied.")
+    # the pick, those tied with it, then the rest, each group by its ratio to the pick: a rank never puts one
+    # that is not tied above one that is
+    order = tuple(sorted(by, key=lambda n: (n != pick.backend, n not in ties, ratio[n], by[n].time_ms)))
     ties = [n for n in candidates(order) if n in ties]  # in ranking order, the pick first
     cautions += _unsteady(by[ties[0]])
     return Verdict(order, tuple(ties), margins, tuple(cautions), fastest.backend, tuple(cycled), behind)
@@ -248,9 +251,10 @@ def against(v: Verdict, results: Iterable[BackendResult], name: str) -> Verdict:
     margins = _margins(good, ref)
     ratio = {b.backend: (margins[b.backend].ratio if b.backend in margins else b.time_ms / ref.time_ms)
              for b in good}
-    order = tuple(sorted(ratio, key=lambda n: (n != name, ratio[n])))
-    ties = tuple(n for n in order if n == name or (n != "eager" and not told_apart(margins.get(n))
-                                                   and not _faster(margins.get(n))))
+    tied = {n for n in ratio if n == name or (n != "eager" and not told_apart(margins.get(n))
+                                              and not _faster(margins.get(n)))}
+    order = tuple(sorted(ratio, key=lambda n: (n != name, n not in tied, ratio[n])))
+    ties = tuple(n for n in order if n in tied)
     return dataclasses.replace(v, order=order, ties=ties, margins=margins, cycled=(), behind={})
 
 
