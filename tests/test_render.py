@@ -149,6 +149,25 @@ def test_the_models_row_is_no_leaf_in_any_phase_of_a_training_step_or_a_generate
         assert {rows[i].path for i in _heaviest(rows, gpu=False)} == {"lm_head", "model.layers.0.mlp.gate_proj"}
 
 
+def test_a_layer_table_says_which_rows_host_time_holds_their_childrens():
+    # forward rows are ranges (a module's holds its children's time); backward rows and the row outside modules
+    # are their own ops' time only: read alike, a backward parent looks cheaper than its own child
+    from attnswitch.render.sections import layer_table
+    from attnswitch.results import LayerStats
+
+    def row(path, host, phase=None, kind="module"):
+        return LayerStats(path, kind, 1, 0, 0, 0, 0, host, 1, phase=phase)
+
+    train = (row("model.layers.0", 900.0), row("model.layers.0.mlp", 600.0), row("model.layers.0", 37.5, "backward"),
+             row("model.layers.0.mlp", 14912.1, "backward"), row("(outside modules)", 80.0, kind="outside"))
+    r = report_of([fixed("flash", [10.0] * 6, layers=train)], {"mode": "train"})
+    caption = layer_table(r, "flash").caption
+    assert "a forward row includes its children's, backward rows and the row outside modules count only their " \
+           "own ops'" in caption, caption
+    r = report_of([fixed("flash", [10.0] * 6, layers=train[:2])])
+    assert "host µs" not in layer_table(r, "flash").caption  # nothing but ranges: nothing to tell apart
+
+
 # -- the HTML page ----------------------------------------------------------------------------------
 
 _ATTR_URL = re.compile(r"""(?:src|href|action|poster|data)\s*=\s*["']?\s*([a-z][a-z0-9+.-]*:)""", re.I)

@@ -217,6 +217,11 @@ def layer_table(report, backend, fold_layers: bool = True) -> Table:
     kinds = tuple("strong" if i in heavy else "plain" for i in range(len(rows)))
     caption = (f"bold: the {counted(len(heavy), 'layer')} with the most "
                + ("GPU time" if gpu else "host time (leaf modules)") if heavy else "")
+    own = [w for w, there in (("backward rows", any(x.phase == "backward" for x in layers)),
+                              ("the row outside modules", any(x.kind == "outside" for x in layers))) if there]
+    if own:  # (no module ranges there: the ops' own time, which leaves their children's out)
+        caption += ("; " if caption else "") + (f"host µs: a forward row includes its children's, {' and '.join(own)} "
+                                                "count only their own ops'")
     per = {"generate": "prefill and decode rows per forward of their phase, the others per profiled generate",
            "train": "per training step: forward rows and backward rows"}.get(report.workload.get("mode"),
                                                                             "per forward")
