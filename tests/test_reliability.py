@@ -542,6 +542,27 @@ def test_naive_matches_sdpa_on_fully_masked_rows(name):
         assert out[:, :, 2].abs().max() == 0
 
 
+@pytest.mark.parametrize("mask_dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("name", ["naive", "naive-inplace"])
+def test_naive_in_half_precision_reads_a_row_hidden_by_a_finite_minimum_as_sdpa_does(name, mask_dtype):
+    # T5's masks hide with float16's finite minimum: any score below -16 added to it overflows half precision to
+    # -inf, a whole row of them to softmax's NaN; SDPA adds in float32 and reads softmax of the scores there
+    torch.manual_seed(0)
+    q, k = (torch.randn(2, 4, 6, 16, dtype=torch.float16) * 3 for _ in range(2))
+    v = torch.randn(2, 4, 6, 16, dtype=torch.float16)
+    low = torch.finfo(torch.float16).min
+    mask = torch.zeros(2, 1, 6, 6)
+    mask[1] = low  # a sample all padding
+    mask[0, 0, 2, 3:] = low  # a row partly hidden
+    mask[0, 0, 4] = float("-inf")  # a row hidden by -inf: 0, as SDPA gives
+    mask = mask.to(mask_dtype)
+    assert (q[1] @ k[1].transpose(-1, -2) < -16).any()  # (the case: scores that overflow)
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask.float())
+    out = attnswitch.attention(q, k, v, attn_mask=mask, backend=name)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), ref, rtol=0, atol=5e-3)
+
+
 @pytest.mark.parametrize("name", ["naive", "naive-inplace", "math", "flash"])
 def test_a_float32_mask_with_bf16_inputs_runs_as_sdpa_takes_it(name):
     q, k, v = (torch.randn(1, 2, 8, 16, dtype=torch.bfloat16) for _ in range(3))

@@ -79,6 +79,12 @@ def _hide(call: Call, dtype: torch.dtype):
         hide = mask.logical_not()
         return hide, None, hide.all(-1, keepdim=True)
     dead = torch.isneginf(mask).all(-1, keepdim=True)
+    if dtype == torch.float16:
+        # a row hidden by a finite minimum (T5's masks) plus any score below -16 overflows half precision to a row
+        # of -inf, whose softmax is NaN; SDPA adds in float32, where it reads softmax of the scores. Softmax is
+        # blind to a shift of a row: each row shifted so its largest mask value is 0 (dead rows stay -inf)
+        top = mask.amax(-1, keepdim=True)
+        mask = mask - top.masked_fill(torch.isneginf(top), 0.0)
     # finite, in the scores' dtype: a row of -inf would make softmax NaN (and NaN gradients)
     return None, mask.to(dtype).clamp_min(torch.finfo(dtype).min), dead
 
