@@ -121,6 +121,33 @@ def _profiled(fn):
     return prof.events()
 
 
+def test_a_second_measurement_while_one_runs_is_refused_in_a_line_not_a_crash():
+    # two profilers at once crash Kineto (a segmentation fault, the whole process); one measurement per process
+    started, go, got = threading.Event(), threading.Event(), {}
+    q = torch.randn(1, 2, 8, 16)
+
+    def step():
+        started.set()
+        assert go.wait(60)
+        return attnswitch.attention(q, q, q)
+
+    def first():
+        got["report"] = attnswitch.profile(step, backends=["math"], iters=1, rounds=1, time_budget_s=0)
+    t = threading.Thread(target=first, name="measuring")
+    t.start()
+    try:
+        assert started.wait(60)
+        with pytest.raises(RuntimeError, match="another attnswitch measurement is running in this process "
+                                               r"\(thread 'measuring'\): measurements run one at a time"):
+            attnswitch.profile(lambda: attnswitch.attention(q, q, q), backends=["math"], iters=1, rounds=1)
+    finally:
+        go.set()
+        t.join(120)
+    assert got["report"]["math"].ok
+    assert attnswitch.profile(lambda: attnswitch.attention(q, q, q), backends=["math"], iters=1, rounds=1,
+                              time_budget_s=0)["math"].ok  # the first one's end lets the next in
+
+
 # -- 2. no silent non-switch ------------------------------------------------------------------------
 
 def gpt_oss():

@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -64,8 +65,8 @@ from .stepstats import mode_fields, prompt_units
 from .summarize import backend_fields
 from .trace import Trace
 
-__all__ = ["annotate_modules", "prepare_backend", "timed_rounds", "steps_per_round", "frozen_heap", "remove_temporary",
-           "Target", "Profiled", "PROGRESS_EVERY_S", "release_memory"]
+__all__ = ["one_at_a_time", "annotate_modules", "prepare_backend", "timed_rounds", "steps_per_round", "frozen_heap",
+           "remove_temporary", "Target", "Profiled", "PROGRESS_EVERY_S", "release_memory"]
 
 
 try:  # a C++ range: about a tenth of record_function's host cost, which matters once per module call
@@ -263,6 +264,27 @@ def _event(cuda: bool):
     e = torch.cuda.Event(enable_timing=True)
     e.record()
     return e
+
+
+_MEASURING = threading.Lock()
+_measuring_in: list[str | None] = [None]  # the thread that holds it
+
+
+@contextlib.contextmanager
+def one_at_a_time():
+    """One measurement per process, refused at once while another runs: the profiler is one per process (two
+    traces at once crash Kineto, the process with them), and two measurements would time each other."""
+    if not _MEASURING.acquire(blocking=False):
+        held = _measuring_in[0]
+        where = "this thread" if held == threading.current_thread().name else f"thread {held!r}"
+        raise RuntimeError(f"another attnswitch measurement is running in this process ({where}): measurements "
+                           "run one at a time per process; wait for it to return, or measure in another process")
+    _measuring_in[0] = threading.current_thread().name
+    try:
+        yield
+    finally:
+        _measuring_in[0] = None
+        _MEASURING.release()
 
 
 @contextlib.contextmanager
