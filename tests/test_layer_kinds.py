@@ -155,6 +155,38 @@ def test_a_kind_left_out_runs_the_models_own_attention(spy):
     assert [(n, s) for _, n, s in spy.calls] == [("math", "model.layers.5.self_attn")]
 
 
+def test_a_kind_left_out_runs_a_registered_attention_of_the_models_own_that_makes_no_masks(spy):
+    # transformers gives an implementation registered without a mask function no mask (it masks itself); a kind
+    # left to it gets none under the switch too. It was refused as "shares its config with a model switched here"
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface
+
+    key = "test-own-no-masks"
+    AttentionInterface.register(key, lambda *a, **kw: sdpa_attention_forward(*a, **kw))
+    m = _gemma3()
+    batch = _inputs("gemma3", m)
+    try:
+        m.set_attn_implementation(key)
+        with torch.no_grad():
+            ref = m(**batch).logits
+            for sel, name in (({"sliding_attention": "naive"}, "naive"), ({"full_attention": "math"}, "math")):
+                spy.calls.clear()
+                with attnswitch.backend(sel, model=m):
+                    out = m(**batch).logits
+                torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+                assert {n for _, n, _ in spy.calls} == {name}
+            # one that takes masks of its own (flash_attention_2's, flex's) cannot run on SDPA's: said as it is
+            AttentionMaskInterface.register(key, lambda *a, **kw: None)
+            with attnswitch.backend({"full_attention": "math"}, model=m), \
+                    pytest.raises(RuntimeError, match="model.layers.0.self_attn is left to its model's own attention "
+                                                      "'test-own-no-masks' by a selection per layer kind"):
+                m(**batch)
+    finally:
+        AttentionInterface._global_mapping.pop(key, None)
+        AttentionMaskInterface._global_mapping.pop(key, None)
+
+
 def test_unknown_kinds_and_a_selection_per_kind_without_its_model_are_refused():
     m = _gemma3()
     with pytest.raises(ValueError, match="has no layer kind 'sliding'.*its layer kinds: sliding_attention \\(5 "

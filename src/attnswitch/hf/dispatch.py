@@ -157,11 +157,22 @@ def _unselected(module, query, key, value, mask, kwargs, own=None):
             if mask is None or mask.dtype == torch.bool:
                 mask = additive_mask(mask, query, key, _causal(module, query, mask, kwargs.get("is_causal")),
                                      query.dtype)
+        elif not registries.builds_masks(key_name):
+            mask = None  # what transformers gives an implementation it makes no masks for: none (it masks itself)
         else:
-            raise RuntimeError(f"{site_name(module)} shares its config with a model switched here, and its "
-                               f"attention implementation {key_name!r} builds its own masks; give each model its "
-                               "own config (copy.deepcopy(config))")
+            raise RuntimeError(_other_masks(module, key_name))
     return fn(module, query, key, value, mask, **kwargs)
+
+
+def _other_masks(module, key_name: str) -> str:
+    """Why a layer left to its model's own attention cannot run it: the masks this forward made are SDPA's."""
+    fwd = _FORWARD_GET()
+    if fwd is not None and fwd.state is not None:  # its own model is selected: a layer kind left out
+        return (f"{site_name(module)} is left to its model's own attention {key_name!r} by a selection per layer "
+                "kind, and this forward's masks are made for SDPA, while that implementation takes masks of its "
+                "own; select a backend for every layer kind, or load the model with attn_implementation='sdpa'")
+    return (f"{site_name(module)} shares its config with a model switched here, and its attention implementation "
+            f"{key_name!r} builds its own masks; give each model its own config (copy.deepcopy(config))")
 
 
 def _masks_selection(config):

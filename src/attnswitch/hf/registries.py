@@ -28,7 +28,8 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
 __all__ = ["ATTENTION", "MASKS", "MISSING", "FNS", "CALL", "GET_INTERFACE", "REPLICATE", "PARALLEL_APPLY",
-           "standard_keys", "override", "restore", "installed_entries", "hold_only", "original", "original_call",
+           "standard_keys", "override", "restore", "installed_entries", "hold_only", "original", "builds_masks",
+           "original_call",
            "original_attr", "snapshot"]
 
 ATTENTION = ALL_ATTENTION_FUNCTIONS
@@ -173,6 +174,12 @@ def original(registry: str, key: str):
         if value is not MISSING:
             return value
     return None
+
+
+def builds_masks(key: str) -> bool:
+    """Whether transformers makes masks for attention implementation ``key``: one without a mask function in the
+    class-wide mapping gets none (``masking_utils._preprocess_mask_arguments``), and masks itself."""
+    return _held(("masks", "global", key)) is not MISSING
 
 
 def original_attr(entry: tuple[str, str, str]):
