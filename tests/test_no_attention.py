@@ -87,3 +87,23 @@ def test_a_callable_whose_attention_bypasses_attnswitch_is_told_so_not_called_a_
     ours = attnswitch.compare(lambda: attnswitch.attention(q, q, q, is_causal=True), backends=["naive", "math"],
                               iters=1, rounds=1, time_budget_s=0)
     assert ours.pick in ("naive", "math")
+
+
+def test_a_transformer_with_its_layers_taken_out_runs_switched_as_it_runs_unswitched():
+    # a pipeline stage of embeddings and a head: its config names heads and layers, it has none; it was refused
+    # as a model that "computed attention itself"
+    import torch
+    import torch.nn as nn
+    from conftest import tiny
+
+    import attnswitch
+
+    m = tiny("llama")
+    m.model.layers = nn.ModuleList()
+    ids = torch.randint(0, 50, (1, 8))
+    with torch.no_grad():
+        ref = m(ids).logits
+        with attnswitch.backend("flash", model=m):
+            assert torch.equal(m(ids).logits, ref)
+        with attnswitch.backend("math"):
+            assert torch.equal(m(ids).logits, ref)

@@ -82,19 +82,25 @@ def require_interface(model: nn.Module) -> None:
 
 
 def expects_attention(model: nn.Module) -> bool:
-    """Whether the model has attention layers (some config names heads and layers)."""
+    """Whether the model has attention layers: some config names heads and layers, and some module is named like
+    one (a pipeline stage of embeddings and a head, whose layers were taken out, has none)."""
     for c in configs_of(model):
         heads = next((getattr(c, a) for a in _HEADS if isinstance(getattr(c, a, None), int)), 0)
         layers = next((getattr(c, a) for a in _LAYERS if isinstance(getattr(c, a, None), int)), 1)
         if heads > 0 and layers > 0:
-            return True
+            return bool(_named_attention(model))
     return False
+
+
+def _named_attention(model: nn.Module) -> list[tuple[str, str]]:
+    """``(path, class)`` of the modules named like attention layers."""
+    return [(path, type(m).__name__) for path, m in model.named_modules()
+            if "attention" in type(m).__name__.lower() or path.rsplit(".", 1)[-1] in ("attn", "self_attn")]
 
 
 def attention_modules(model: nn.Module, limit: int = 4) -> str:
     """The model's attention modules as text (path and class), for errors."""
-    found = [(path, type(m).__name__) for path, m in model.named_modules()
-             if "attention" in type(m).__name__.lower() or path.rsplit(".", 1)[-1] in ("attn", "self_attn")]
+    found = _named_attention(model)
     text = ", ".join(f"{p or '(root)'} ({c})" for p, c in found[:limit])
     return text + (f" and {len(found) - limit} more" if len(found) > limit else "") if found else \
         f"no module of {type(model).__name__} is named like an attention layer"
