@@ -230,3 +230,23 @@ def test_a_sweeps_ties_are_those_tied_with_its_pick_at_every_shape():
     r = sweep_report([(8, [fixed("flash", near), fixed("naive", near[::-1]), fixed("math", [1.5] * 6)]),
                       (16, [fixed("flash", near), fixed("naive", near[::-1]), fixed("math", near)])])
     assert r.pick == "flash" and r.decision.ties == ("flash", "naive"), r.decision.ties
+
+
+def test_a_sweeps_summary_and_ranking_chart_mark_tied_those_tied_with_the_pick_at_the_shape_they_show():
+    # math, told apart at the first shape, is tied with flash at the last one, which the summary shows: it was
+    # printed without ≈ and plain, and drawn "slower than one tied with the pick", its interval holding 1
+    from attnswitch.render import charts
+    from attnswitch.render.sections import summary_table
+
+    near = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98]
+    r = sweep_report([(8, [fixed("flash", near), fixed("naive", near[::-1]), fixed("math", [1.5] * 6)]),
+                      (16, [fixed("flash", near), fixed("naive", near[::-1]), fixed("math", near)])])
+    assert r.decision.ties == ("flash", "naive") and set(r.sweep[-1].with_pick) == {"flash", "naive", "math"}
+    table = summary_table(r)
+    rows = {row[0]: (row, kind) for row, kind in zip(table.rows, table.row_kinds)}
+    assert rows["math"][0][2].startswith("≈ ") and rows["math"][1] == "strong", rows["math"]
+    chart = charts.ranking_chart(r.backends, r.pick, r.shown_ties)
+    tied = dict(chart.series)["the pick and those tied with it"]
+    assert tied[chart.categories.index("math")] is not None
+    # the first shape's math stays told apart: the deployed ties are the sweep's
+    assert "math" not in r.ties

@@ -284,4 +284,4 @@ def _against_pick(p, v: Verdict, pick: str):
     if pick not in p.ranking:
         return replace(p, backends=tuple(replace(b, margin=None) for b in p.backends))
     a = against(v, p.backends, pick)
-    return replace(p, backends=tuple(ranked(list(p.backends), a)), ranking=a.order)
+    return replace(p, backends=tuple(ranked(list(p.backends), a)), ranking=a.order, with_pick=a.ties)

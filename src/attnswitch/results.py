@@ -286,6 +286,7 @@ class SweepPoint:
     ranking: tuple[str, ...] = ()
     ties: tuple[str, ...] = ()  # the pick and the candidates not told apart from it
     new_tokens: int | None = None  # a generate sweep's new tokens per prompt
+    with_pick: tuple[str, ...] = ()  # the sweep's pick and those tied with it here (the margins are against it)
 
     @property
     def pick(self) -> str | None:
@@ -443,6 +444,9 @@ class Report:
     pick = property(lambda self: self._decided("pick"))
     #: the pick and the candidates its intervals do not tell apart from the fastest
     ties = property(lambda self: self._decided("ties", ()))
+    #: those the summary marks tied with the pick (``ties``; a sweep's summary shows its last shape: those tied
+    #: with the sweep's pick at that shape, where it ran there and the report is of a schema that says so)
+    shown_ties = property(lambda self: (self.sweep[-1].with_pick if self.sweep else ()) or self.ties)
     #: the answer's text: its first line, then its reasons
     recommendation = property(lambda self: self._decided("text"))
     #: what makes the timings less trustworthy (a busy machine, ...)

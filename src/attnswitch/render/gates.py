@@ -34,7 +34,7 @@ def peak_table(report, backends) -> Table:
             name = b.backend if f.layer_kind is None else f"{b.backend} [{f.layer_kind}]"
             rows.append((name, f.phase, f.bound, f"{f.calls:g}", f"{f.kernel_us:.1f}", f"{_achieved(f)} {f.unit}",
                          _pct(f.pct_spec), _pct(f.pct_measured)))
-            kinds.append("strong" if b.backend in (report.ties or (report.pick,)) else "plain")
+            kinds.append("strong" if b.backend in (report.shown_ties or (report.pick,)) else "plain")
     table = Table("", ("backend", "phase", "bound", "calls/step", "kernel µs/call", "achieved", "% of peak",
                        "% of measured"), tuple(rows), frozenset({"backend", "phase", "bound"}), tuple(kinds),
                   names=2, priority=(0, 0, 3, 4, 2, 1, 0, 1))

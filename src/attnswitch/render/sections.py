@@ -114,7 +114,7 @@ def _versus(report, b) -> str:
         return "pick"
     if m is None:
         return "-"
-    return ("≈ " if b.backend in report.ties else "") + m.text().replace("x [", " [", 1)
+    return ("≈ " if b.backend in report.shown_ties else "") + m.text().replace("x [", " [", 1)
 
 
 def _summary_row(report, b) -> tuple[str, ...]:
@@ -133,7 +133,7 @@ def _summary_kind(report, b) -> str:
         return "note"
     if (b.numerics is not None and not b.numerics.ok) or any(m.blocks for m in b.defects):
         return "error"  # (a known defect makes it wrong here: the Known defects section says which)
-    return "strong" if b.backend in (report.ties or (report.pick,)) else "plain"
+    return "strong" if b.backend in (report.shown_ties or (report.pick,)) else "plain"
 
 
 def _headers(report) -> tuple[str, ...]:
@@ -356,7 +356,7 @@ def _deploy(report, opts: Options) -> Section | None:
 
 def _summary(report, opts: Options) -> Section:
     blocks: list[Block] = [summary_table(report)]
-    rank = charts.ranking_chart(ordered(report), report.pick, report.ties, kind_of(report.workload).unit)
+    rank = charts.ranking_chart(ordered(report), report.pick, report.shown_ties, kind_of(report.workload).unit)
     if rank is not None:  # the report's first plot: the ranking the answer reads
         blocks.append(Figure(rank, "The ranked time, as the vs pick column: the median of each backend's per-round "
                           f"ratios to the pick, with {_bracket(report)}; a backend whose interval holds 1 is tied with "
