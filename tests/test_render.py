@@ -462,3 +462,14 @@ def test_slow_calls_listed_against_their_steady_call_and_the_rest_counted():
     assert "step 0, model.layers.0.self_attn, key length 16: 900 µs (steady 150)" in text
     assert "step 4, " in text and "step 5, " not in text  # five listed
     assert "and 4 more" in text  # of the 9 counted, not of the 7 kept
+
+
+def test_a_failed_screenshot_leaves_the_png_that_was_there_and_says_why_in_a_line(tmp_path, capsys):
+    from attnswitch.render import screenshot
+
+    png = tmp_path / "shot.png"
+    png.write_bytes(b"an earlier screenshot")
+    assert screenshot.main([str(tmp_path / "missing.html"), str(png)]) == 1
+    assert png.read_bytes() == b"an earlier screenshot"
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "missing.html: no such page" in err and err.count("\n") == 1

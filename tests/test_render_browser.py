@@ -120,3 +120,4 @@ def test_screenshot_of_a_report(tmp_path):
     assert _png_size(browser.screenshot(page, tmp_path / "shot.png")) == (WIDTH, FOLD)
     full = browser.screenshot(page, tmp_path / "full.png", height=None)
     assert _png_size(full)[1] == browser.page_height(page) > FOLD
+

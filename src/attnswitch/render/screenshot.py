@@ -8,9 +8,11 @@ Uses the system's Chromium (Debian: ``apt-get install chromium``) on the local f
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -73,12 +75,17 @@ def screenshot(html: str | Path, png: str | Path, width: int = 1280, height: int
                timeout: float = 90) -> Path:
     """A PNG of the page in a ``width`` x ``height`` window (the whole page when ``height`` is None)."""
     png = Path(png).resolve()
-    png.unlink(missing_ok=True)
+    if not Path(html).is_file():
+        raise FileNotFoundError(f"{html}: no such page")
     height = page_height(html, width, timeout) if height is None else height
-    # every compositor stage before the capture: without it, large inline SVGs come out half painted
-    proc = _run(["--run-all-compositor-stages-before-draw", f"--screenshot={png}"], html, width, height, timeout)
-    if not png.exists():
-        raise RuntimeError(f"chromium wrote no screenshot (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    # into a new file beside it, then over it: a failed capture leaves the PNG that was there
+    with tempfile.TemporaryDirectory(prefix=".screenshot-", dir=png.parent) as tmp:
+        shot = Path(tmp) / png.name
+        # every compositor stage before the capture: without it, large inline SVGs come out half painted
+        proc = _run(["--run-all-compositor-stages-before-draw", f"--screenshot={shot}"], html, width, height, timeout)
+        if not shot.exists():
+            raise RuntimeError(f"chromium wrote no screenshot (exit {proc.returncode}): {proc.stderr[-2000:]}")
+        os.replace(shot, png)
     return png
 
 
@@ -90,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--height", type=int, default=900)
     p.add_argument("--full", action="store_true", help="the whole page, not one window")
     a = p.parse_args(argv)
-    out = screenshot(a.html, a.png, a.width, None if a.full else a.height)
+    try:
+        out = screenshot(a.html, a.png, a.width, None if a.full else a.height)
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     print(out)
     return 0
 
