@@ -544,3 +544,24 @@ def test_an_interrupt_python_could_not_raise_stops_the_run_at_its_next_step(monk
                 signal.getsignal(signal.SIGINT)(signal.SIGINT, None)  # (as where Python swallows it)
             with pytest.raises(KeyboardInterrupt):
                 progress("math")
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, OSError])
+def test_random_weights_saved_for_a_device_map_are_removed_when_saving_them_is_cut_short(stop, tmp_path,
+                                                                                         monkeypatch):
+    # an interrupt (or a full disk) while a preset's random weights were saved left them in /tmp: gigabytes each
+    import tempfile
+
+    from transformers import PreTrainedModel
+
+    from attnswitch.models import load_model
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def cut(self, folder, *a, **kw):
+        (tmp_path / next(iter(os.listdir(tmp_path))) / "model.safetensors").write_bytes(b"half written")
+        raise stop("cut short")
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", cut)
+    with pytest.raises(stop):
+        load_model("tiny-llama", device="cpu", device_map="auto")
+    assert not os.listdir(tmp_path)

@@ -341,24 +341,27 @@ def _load_distributed(spec, dtype, device, trust_remote_code, layers, seed, devi
     else:
         rank, world_size = 0, 1
         load = {"device_map": device_map}
-    folder, tmp = spec, None
+    folder, tmp, loading = spec, None, False
     random_weights = spec in PRESETS or Path(spec).is_file()
-    if random_weights:
-        # random weights: made once (rank 0), saved, then loaded by every rank like a checkpoint
-        if rank == 0:
-            model, _ = load_model(spec, dtype=dtype, device="cpu", trust_remote_code=trust_remote_code,
-                                  layers=layers, seed=seed)
-            tmp = tempfile.mkdtemp(prefix="attnswitch-weights-")
-            model.save_pretrained(tmp)
-            del model
-        folder = dist.broadcast(tmp) if tp else tmp
-        layers = None  # already truncated in the saved config
-    try:
+    try:  # (the temporary weights go on any exit: an interrupt while saving them left gigabytes behind)
+        if random_weights:
+            # random weights: made once (rank 0), saved, then loaded by every rank like a checkpoint
+            if rank == 0:
+                model, _ = load_model(spec, dtype=dtype, device="cpu", trust_remote_code=trust_remote_code,
+                                      layers=layers, seed=seed)
+                tmp = tempfile.mkdtemp(prefix="attnswitch-weights-")
+                model.save_pretrained(tmp)
+                del model
+            folder = dist.broadcast(tmp) if tp else tmp
+            layers = None  # already truncated in the saved config
+        loading = True
         model = _pretrained(folder, dtype, device, trust_remote_code, layers, **load)
     except OSError as e:
+        if not loading:
+            raise
         raise OptionError("{given}: cannot load ({why})", given=spec, why=_first_line(e)) from None
     finally:
-        if tp:
+        if tp and loading:
             dist.barrier()  # every rank has loaded: the temporary weights can go
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
