@@ -565,3 +565,13 @@ def test_random_weights_saved_for_a_device_map_are_removed_when_saving_them_is_c
     with pytest.raises(stop):
         load_model("tiny-llama", device="cpu", device_map="auto")
     assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("odd", ['q"uote', "back\\slash"])
+def test_a_report_is_written_into_a_folder_whose_path_holds_a_quote_or_a_backslash(odd, tmp_path, capsys):
+    # the profiler writes its file's path into the trace unescaped (a quote made it no JSON) and renames the file
+    # with each backslash made a slash (no such folder): every measured run failed with a traceback
+    out = tmp_path / odd / "report"
+    assert cli.main([*BASE, "--backends", "naive", "--out", str(out)]) == 0, capsys.readouterr().err
+    assert (out / "report.json").is_file() and [p.name for p in (out / "traces").iterdir()] == ["trace_naive.json.gz"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [odd]  # nothing left beside it

@@ -851,16 +851,21 @@ def _export(prof, name: str, trace_dir) -> tuple[Path, dict]:
     out_dir = Path(trace_dir) if trace_dir is not None and not rank else _temporary()
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / (f"trace_{_file_name(name)}" + ("" if rank is None else f"_rank{rank}") + ".json.gz")
-    raw_path = path.with_suffix("")
-    # Kineto raises nothing where it cannot write the trace: it says so on stderr, which the error below says
-    with stderr.filtered(lambda line: "Failed to write" in line and not _whole_json(raw_path)):
-        prof.export_chrome_trace(str(raw_path))
-    try:
-        raw = raw_path.read_bytes()
-        data = json.loads(raw)
-    except (OSError, ValueError) as e:
-        raise _unwritten(raw_path, e) from None
-    raw_path.unlink()
+    # Kineto writes its file's path into the trace unescaped, and renames the file with each "\" made "/": a
+    # folder whose path holds either gets the raw trace through a temporary folder
+    unsafe = any(c in str(out_dir.resolve()) for c in '"\\')
+    via = tempfile.TemporaryDirectory(prefix="attnswitch-trace-") if unsafe else contextlib.nullcontext(out_dir)
+    with via as raw_dir:
+        raw_path = Path(raw_dir) / path.with_suffix("").name
+        # Kineto raises nothing where it cannot write the trace: it says so on stderr, which the error below says
+        with stderr.filtered(lambda line: "Failed to write" in line and not _whole_json(raw_path)):
+            prof.export_chrome_trace(str(raw_path))
+        try:
+            raw = raw_path.read_bytes()
+            data = json.loads(raw)
+        except (OSError, ValueError) as e:
+            raise _unwritten(raw_path, e) from None
+        raw_path.unlink()
     if "distributedInfo" not in data:
         info = {"backend": "none", "rank": rank or 0, "world_size": 1}
         data["distributedInfo"] = info
