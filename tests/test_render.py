@@ -473,3 +473,13 @@ def test_a_failed_screenshot_leaves_the_png_that_was_there_and_says_why_in_a_lin
     assert png.read_bytes() == b"an earlier screenshot"
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "missing.html: no such page" in err and err.count("\n") == 1
+
+
+def test_no_column_is_shown_after_a_time_or_margin_that_does_not_fit():
+    # at 40 columns the margin (18 wide) did not fit and the narrower error column beside it did: rows ordered by
+    # a margin that was not shown, next to a column that is not what orders them
+    t = Table("", ("backend", "time/fwd ms", "vs pick", "max rel err"),
+              (("naive-inplace", "6.269", "1.02 [0.74–1.12]", "0.0e+00"), ("flash", "6.129", "pick", "6.2e-07")))
+    shown, _ = fit_columns(t, 34)
+    assert [t.headers[i] for i in shown] == ["backend", "time/fwd ms"]
+    assert [t.headers[i] for i in fit_columns(t, 60)[0]] == list(t.headers)

@@ -76,9 +76,14 @@ def _widths(block: Table, i: int) -> tuple[int, int]:
     return fit_header(block.headers[i], longest_word)[1], natural
 
 
+#: the columns kept first (``KEEP_FIRST``: the time, the margin) that every other column comes after
+_ORDERED = 2
+
+
 def fit_columns(block: Table, width: int) -> tuple[list[int], list[int]]:
     """The columns a table shows in ``width`` columns, and each one's width. The names always (however wide);
-    then, most important first (``Table.keep_order``), every other column that still fits at its narrowest.
+    then, most important first (``Table.keep_order``), every other column that still fits at its narrowest,
+    except after a time or a margin that does not: the rows are in their order.
     Columns of words wrap only as far as they must: the widest first, never below their longest word."""
     ranges = [_widths(block, i) for i in range(len(block.headers))]
     shown = list(range(block.name_columns()))
@@ -87,6 +92,8 @@ def fit_columns(block: Table, width: int) -> tuple[list[int], list[int]]:
         if used + _GAP + ranges[i][0] <= width:
             shown.append(i)
             used += _GAP + ranges[i][0]
+        elif block.keep_rank(i) < _ORDERED:
+            break  # (no error column beside times ranked by a margin it cannot show)
     shown.sort()
     widths = {i: ranges[i][1] for i in shown}
     excess = sum(widths.values()) + _GAP * (len(shown) - 1) - width

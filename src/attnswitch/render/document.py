@@ -110,14 +110,15 @@ class Table:
             n += 1
         return n
 
+    def keep_rank(self, i: int) -> int:
+        """How long column ``i`` is kept: 0 longest (``priority``, else its header's place in ``KEEP_FIRST``)."""
+        if self.priority:
+            return self.priority[i]
+        return next((r for r, p in enumerate(KEEP_FIRST) if p.fullmatch(self.headers[i])), len(KEEP_FIRST))
+
     def keep_order(self) -> tuple[int, ...]:
         """The columns after the names, the one to keep longest first."""
-        def rank(i: int) -> int:
-            if self.priority:
-                return self.priority[i]
-            return next((r for r, p in enumerate(KEEP_FIRST) if p.fullmatch(self.headers[i])), len(KEEP_FIRST))
-
-        return tuple(sorted(range(self.name_columns(), len(self.headers)), key=lambda i: (rank(i), i)))
+        return tuple(sorted(range(self.name_columns(), len(self.headers)), key=lambda i: (self.keep_rank(i), i)))
 
 
 @dataclass(frozen=True)
