@@ -418,3 +418,13 @@ def test_a_vision_or_speech_model_is_one_line_and_exit_2_naming_its_inputs(tmp_p
     assert code == cli.EXIT_BAD_INPUT and "Traceback" not in err, err
     also = ", 'decoder_input_ids': ..." if takes == "input_features" else ""  # (an encoder-decoder's decoder)
     assert f"takes {takes}, not tokens" in err and f"attnswitch.compare(model, {{'{takes}': ...{also}}})" in err, err
+
+
+@pytest.mark.parametrize("closed, argv, code", [("stdout", ["presets"], 0), ("stderr", ["compare", "--seq", "abc"], 2)])
+def test_a_command_with_its_output_closed_ends_with_its_own_exit_code(closed, argv, code):
+    # `attnswitch presets >&-` (as cron may run it) was a traceback: Python gives a closed stream as None
+    shut = {"stdout": ">&-", "stderr": "2>&-"}[closed]
+    r = subprocess.run(f"{sys.executable} -m attnswitch {' '.join(argv)} {shut}", shell=True, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == code, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stdout + r.stderr

@@ -574,6 +574,9 @@ def main(argv: list[str] | None = None) -> int:
     it is one line and ``EXIT_INTERRUPTED`` (``Terminated``: ``EXIT_TERMINATED``)."""
     started = time.perf_counter()
     outcome, said = _Outcome(), {}
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:  # closed by the caller (``>&-``): what is written there goes nowhere
+            setattr(sys, name, open(os.devnull, "w"))
     outcome.signals = signals_so_far()  # (an earlier run's, in this process, are not this one's)
     try:
         code = _main(list(sys.argv[1:] if argv is None else argv), started, outcome, said)
