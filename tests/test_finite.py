@@ -102,6 +102,30 @@ def test_a_nan_in_the_backward_at_seq_64_mod_128_fails_the_candidate_with_the_la
     assert r.decision.reasons[0] == line and line in r.cautions and line in to_text(r)
 
 
+def test_a_nan_from_the_first_call_fails_the_candidate_with_its_call_site_not_only_the_output():
+    # the cold step's calls are not watched (it is timed): its output was all the report named, where the promise
+    # is the call site, as a NaN found later names it
+    _CALLS["n"] = 0
+    r = _compare("nanlayer1,flash", 16, mode="prefill", check_numerics=False)
+    b = r["nanlayer1"]
+    assert b.status == "failed" and b.nonfinite.direction == "forward"
+    assert b.nonfinite.where == "model.layers.1.self_attn", b.nonfinite
+    assert b.nonfinite.step == "the cold step, run again with its calls watched"
+    assert r.pick == "flash"
+
+
+def test_when_every_backend_that_ran_is_ruled_out_the_answer_says_where_their_figures_are():
+    from reports_fixed import fixed, report_of
+
+    from attnswitch.results import BackendResult, Numerics
+
+    over = Numerics(0.5, 0.1, 1.0, 1e-3, False)
+    r = report_of([fixed("flash", [1.0] * 6, numerics=over)])
+    assert r.decision.answer == "none" and r.decision.reasons[-1] == "Their figures: in the Summary."
+    r = report_of([fixed("flash", [1.0] * 6, numerics=over), BackendResult("cudnn", "unavailable", ("CUDA only",))])
+    assert r.decision.reasons[-1] == "Their figures: in the Summary; why the others did not run: under Not run."
+
+
 def test_at_other_lengths_the_same_backend_is_acceptable():
     r = _compare("nanback,flash", 128, check_numerics=False)
     assert r["nanback"].ok and r["nanback"].nonfinite is None and "nanback" in r.ranking

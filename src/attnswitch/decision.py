@@ -177,9 +177,12 @@ def _none(results: list[BackendResult], eager_ran: bool, cautions: tuple[str, ..
         return Decision("none", headline="No backend ran these inputs.",
                         reasons=(*first, "Why, for each: under Not run."), cautions=cautions)
     said = "; ".join(f"{why} ({', '.join(names)})" for why, names in out.items())
+    # those ruled out ran: their figures are the Summary's (Known defects, Compiled); Not run has the others
+    where = "Their figures: in the Summary" + ("; why the others did not run: under Not run." if
+                                               any(not b.ok for b in results) else ".")
     return Decision("none", headline=_fit(f"Every backend that ran is ruled out: {said}.",
                                           "Every backend that ran is ruled out (below)."),
-                    reasons=(*first, f"Ruled out: {said}.", "Why, for each: under Not run."), cautions=cautions)
+                    reasons=(*first, f"Ruled out: {said}.", where), cautions=cautions)
 
 
 def recommend(results: list[BackendResult], v: Verdict, workload: dict | None = None) -> str:

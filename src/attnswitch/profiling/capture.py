@@ -357,7 +357,7 @@ def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, prof
         cold = _run(target, next(calls), kept=kept)
         rss_grown = (_rss_mb() - rss) if rss is not None else None
         graphs = (graphs, graphs_compiled())
-        _gate(finite.first(finite.output_marks(kept), "the cold step"))  # its output, read now (untimed)
+        _cold_gate(target, kept, calls)  # its output, read now (untimed)
         kept.clear()
         with finite.watching("the warm-up step") as watch:  # every attention call and its gradients checked
             for _ in range(warmup):
@@ -395,6 +395,18 @@ def _measure(target: Target, name: str, warmup: int, iters: int, trace_dir, prof
                       profiled_run_seconds=prof.run_seconds, trace_events=len(prof.trace.events),
                       attn_shapes=prof.shapes)
     return result
+
+
+def _cold_gate(target: Target, kept: list, calls) -> None:
+    """Stop a candidate whose cold step gave NaN or Inf, at the call site where it appeared: its attention calls
+    were not watched (that step is timed), so the step is run once more with them watched."""
+    found = finite.first(finite.output_marks(kept), "the cold step")
+    if found is not None:
+        with finite.watching("the cold step, run again with its calls watched") as watch:
+            watch.output(target.fn(next(calls)))
+        target.sync()
+        found = watch.first() or found
+    _gate(found)
 
 
 def _gate(found) -> None:
