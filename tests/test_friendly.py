@@ -367,12 +367,18 @@ def test_a_config_transformers_refuses_and_weights_that_do_not_match_it_or_are_c
     LlamaForCausalLM(cfg).save_pretrained(tmp_path / "cut")  # a weights file cut short (a copy that stopped)
     weights = tmp_path / "cut" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
+    (tmp_path / "threekv.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64,
+                                                       "num_attention_heads": 4, "num_key_value_heads": 3,
+                                                       "num_hidden_layers": 1, "intermediate_size": 128,
+                                                       "vocab_size": 100}))
     (tmp_path / "bare").mkdir()  # the weights copied without their config
     shutil.copy(tmp_path / "grown" / "model.safetensors", tmp_path / "bare")
     cases = [("bare", "bare: no config.json in this folder; a model folder is what save_pretrained writes (config.json "
                       "and the weights)"),
 ("five.json", "five.json: transformers refuses this config: The hidden size (64) is not a multiple of "
                            "the number of attention heads (5)."),
+             ("threekv.json", "threekv.json: num_key_value_heads (3) must divide num_attention_heads (4): every "
+                              "attention call of this config fails"),  # (transformers loads it; a traceback was all)
              ("grown", "grown: its weights do not match its config: model.layers.0.mlp.down_proj.weight is [64, 128] "
                        "in the checkpoint, [64, 256] by the config (and 2 more)"),
              ("cut", "cut: its weights cannot be read (Error while deserializing header: incomplete metadata, file "

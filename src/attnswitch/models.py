@@ -32,6 +32,7 @@ from transformers import (
     GPT2Config,
     LlamaConfig,
     MistralConfig,
+    PretrainedConfig,
     Qwen2Config,
     T5Config,
 )
@@ -205,13 +206,20 @@ def _config(where: str, **kw):
     size not a multiple of the heads, say) is bad input, in one line. (A folder or hub id that cannot be
     reached raises ``OSError``, for the caller to word.)"""
     try:
-        return AutoConfig.from_pretrained(where, **kw)
+        config = AutoConfig.from_pretrained(where, **kw)
     except StrictDataclassError as e:  # its own words are the cause's; the rest is the validator's name
         why = _first_line(e.__cause__) if e.__cause__ is not None else _first_line(e)
         raise OptionError("{given}: transformers refuses this config: {why}", given=where, why=why) from None
     except (ValueError, KeyError) as e:  # (a JSONDecodeError is a ValueError)
         raise OptionError("{given}: cannot read this config ({kind}: {why})", given=where, kind=type(e).__name__,
                           why=_first_line(e)) from None
+    for c in (config, *(v for v in vars(config).values() if isinstance(v, PretrainedConfig))):
+        # (transformers loads it; every attention call then fails alike, in a traceback from deep in a kernel)
+        heads, kv = getattr(c, "num_attention_heads", None), getattr(c, "num_key_value_heads", None)
+        if type(heads) is int and type(kv) is int and kv > 0 and heads % kv:
+            raise OptionError("{given}: num_key_value_heads ({kv}) must divide num_attention_heads ({heads}): every "
+                              "attention call of this config fails", given=where, kv=kv, heads=heads)
+    return config
 
 
 def _hub_unresolvable() -> bool:
