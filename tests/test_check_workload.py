@@ -52,6 +52,15 @@ def test_check_refuses_a_layer_kind_the_model_does_not_have_as_bad_input_like_co
     assert "UNAVAILABLE" not in printed, printed
 
 
+def test_check_of_a_backend_this_device_cannot_offer_answers_why_as_check_of_all_does(capsys):
+    # compare refuses a list of which the device offers nothing (nothing could run); check is asked what can run,
+    # and answered for cudnn without --backends, while naming it was "error: ... nothing this device offers", exit 2
+    code = cli.main(["check", *TINY, "--seq", "16", "--backends", "cudnn"])
+    printed = capsys.readouterr().out
+    assert code == 1, printed
+    assert "cudnn" in printed and "UNAVAILABLE" in printed and "runs only on CUDA tensors" in printed, printed
+
+
 # -- what a workload runs ----------------------------------------------------------------------------------------------
 
 def test_check_of_a_training_step_says_a_backend_the_training_step_refuses_cannot_run_it(tmp_path, capsys):

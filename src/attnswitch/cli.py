@@ -215,7 +215,8 @@ def _setup(s: Session):
     from .workload import make_workload
 
     dev = parse_device(s.request.device)
-    parse_backends(s.request.backends, dev)  # refused before the model is loaded: what this device cannot offer
+    # refused before the model is loaded: what this device cannot offer (check answers why, for each)
+    parse_backends(s.request.backends, dev, offered=s.request.kind != "check")
     r = s.request.resolved(dev.type)
     model, desc = load_model(r.model, dtype=r.dtype, device=dev, trust_remote_code=s.args.trust_remote_code,
                              layers=r.layers, device_map=r.device_map, tp=r.tp)

@@ -81,7 +81,7 @@ def check(model: nn.Module, *args, backends: Iterable[str] | str | None = None, 
     if work is not None and (args or batch):
         raise OptionError("give the inputs or {work}, not both")
     check_runnable(model, work.mode if work is not None else "prefill")
-    names = backend_names(compared=True) if backends is None else parse_backends(backends, device_of(model))
+    names = backend_names(compared=True) if backends is None else parse_backends(backends, device_of(model), False)
 
     def step():
         if work is None:  # (as compare runs the same inputs: in eval mode, dropout off)

@@ -45,11 +45,12 @@ def choose(sel: Selection, q_len: int) -> str:
     return sel.decode if q_len <= sel.decode_max_query else sel.prefill
 
 
-def parse_backends(spec, device) -> list[str]:
+def parse_backends(spec, device, offered: bool = True) -> list[str]:
     """Canonical names, in order, without repeats, from ``spec``: None or ``"all"`` (every backend that
     can exist on ``device``), a comma-separated string, or an iterable of names, ``Candidate``s (their
     selection), policies and their mappings; a policy per phase (``prefill=cudnn/decode=flash``) is a
-    candidate of its own."""
+    candidate of its own. ``offered``: names of which the device offers none are refused (not so for
+    ``check``, which answers for each one why it cannot run)."""
     if candidate.means_all(spec):
         return default_backends(device)
     if isinstance(spec, str):
@@ -58,7 +59,8 @@ def parse_backends(spec, device) -> list[str]:
     if not result:
         raise options.OptionError("no backends given: name at least one, or 'all'")
     result = list(dict.fromkeys(result))
-    _some_offered(result, device)
+    if offered:
+        _some_offered(result, device)
     return result
 
 
