@@ -227,6 +227,15 @@ def test_the_command_line_checks_every_length_of_the_mix_against_the_model_befor
                    f"model's position table (the longest prompt length of {p})"]
 
 
+def test_a_mix_of_one_length_beyond_the_positions_is_said_of_the_prompts_spread_around_it(tmp_path, capsys):
+    # one length is measured by prompts spread around it: the error named 5004 tokens for a file that says 5000
+    p = _read(tmp_path, "lens.txt", "5000\n")
+    assert cli.main(["compare", "gpt2", "--mode", "generate", "--num-layers", "1", "--new-tokens", "2",
+                     "--prompt-lens-from", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert "a prompt of 5004 tokens (the longest of those spread around 5000) plus 2 new ones (5006)" in err, err
+
+
 @pytest.mark.parametrize("counts", [[[512, 120]], None, 512])
 def test_lengths_that_are_no_mapping_nor_sequence_of_lengths_are_one_line(counts):
     with pytest.raises(ValueError, match=r"prompt lengths are \{length: count\} or a sequence of lengths, not "):

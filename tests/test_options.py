@@ -47,7 +47,8 @@ BAD = [
     (["profile", "--mode", "generate", "--prompt-len", "8,16"], "is a `compare`"),
     (["compare", "--mode", "decode", "--seq", "8,16"], "a sweep of --seq is of prefill or train steps"),
     (["compare", "gpt2", "--mode", "generate", "--prompt-len", "64,1000", "--new-tokens", "100"],
-     "a prompt of 1050 tokens plus 100 new ones (1150) is beyond the 1024 positions"),
+     "a prompt of 1050 tokens (the longest of those spread around 1000) plus 100 new ones (1150) is beyond the 1024 "
+     "positions"),
 ]
 
 

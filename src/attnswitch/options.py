@@ -244,8 +244,12 @@ def positions_needed(mode: str, seq: int, new_tokens: int | None = None,
     """The positions a workload takes, and how to say so: ``(tokens, template, values)``. For a generate
     ``seq`` is the prompt length the lengths spread around (unless ``prompt_lens`` are given)."""
     if _generates(mode):
-        longest = max(prompt_lens) if prompt_lens else max(prompt_lengths(seq, new_tokens))
-        return longest + new_tokens, "a prompt of {p} tokens plus {n} new ones", {"p": longest, "n": new_tokens}
+        if prompt_lens:
+            longest = max(prompt_lens)
+            return longest + new_tokens, "a prompt of {p} tokens plus {n} new ones", {"p": longest, "n": new_tokens}
+        longest = max(prompt_lengths(seq, new_tokens))  # (the longest of the prompts a length is measured by)
+        return longest + new_tokens, "a prompt of {p} tokens (the longest of those spread around {around}) plus {n} " \
+            "new ones", {"p": longest, "around": seq, "n": new_tokens}
     if mode == "decode":
         return seq + 1, "{seq} {s} plus the decoded token", {"s": seq}
     return seq, "{seq} {s}", {"s": seq}
