@@ -249,8 +249,9 @@ def test_cli_exit_codes(tmp_path, capsys):
         attnswitch.unregister_backend(never)
     assert main(["check", "tiny-llama", "--num-layers", "1", "--seq", "16", "--backends", "fastest"]) == 2
     assert main(["compare", "tiny-llama", "--device", "cuda:0"]) == (0 if torch.cuda.is_available() else 2)
-    for device in ("meta", "mps", "cuda:99"):  # no data to time, no SDPA backend to force, no such GPU
+    for device in ("meta", "mps", "cuda:99", "cpu:1"):  # no data to time, no SDPA backend to force, no such GPU
         assert main(["compare", "tiny-llama", "--device", device, "--seq", "16"]) == 2
+    assert "error: --device cpu:1: the CPU is one device, cpu (or cpu:0)" in capsys.readouterr().err
 
 
 def test_cli_check_and_env(capsys):

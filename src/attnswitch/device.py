@@ -28,6 +28,8 @@ def parse_device(arg: str | torch.device | None) -> torch.device:
         raise OptionError("{device} {given!r}: {why}", given=arg, why=str(e).splitlines()[0]) from None
     if dev.type not in ("cpu", "cuda"):  # (meta has no data to time; mps, xpu: no SDPA backends to force)
         raise OptionError("{device} {given}: attnswitch runs on cpu or cuda", given=arg)
+    if dev.type == "cpu" and dev.index not in (None, 0):  # (torch takes it; there is one CPU device)
+        raise OptionError("{device} {given}: the CPU is one device, cpu (or cpu:0)", given=arg)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise OptionError("{device} {given}: no CUDA device is available here", given=arg)
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
