@@ -166,3 +166,16 @@ def test_all_alone_in_any_spelling_is_every_backend_this_device_runs(spec):
     from attnswitch.backends.policy import parse_backends
 
     assert check_backends(spec) == ["all"] and parse_backends(spec, "cpu") == default_backends("cpu")
+
+
+def test_a_config_with_per_layer_attributes_loads_past_the_head_count_check(tmp_path):
+    # reading num_key_value_heads of a heterogeneous config raises (a per-layer attribute): the check of key/value
+    # heads dividing query heads turned a config that ran into a traceback
+    from transformers import CONFIG_MAPPING
+
+    from attnswitch.models import _config
+
+    if "embedding_gemma2" not in CONFIG_MAPPING:
+        pytest.skip("this transformers has no embedding_gemma2")
+    CONFIG_MAPPING["embedding_gemma2"]().save_pretrained(tmp_path)
+    assert type(_config(str(tmp_path / "config.json"))).__name__ == "EmbeddingGemma2Config"

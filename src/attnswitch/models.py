@@ -215,7 +215,10 @@ def _config(where: str, **kw):
                           why=_first_line(e)) from None
     for c in (config, *(v for v in vars(config).values() if isinstance(v, PretrainedConfig))):
         # (transformers loads it; every attention call then fails alike, in a traceback from deep in a kernel)
-        heads, kv = getattr(c, "num_attention_heads", None), getattr(c, "num_key_value_heads", None)
+        try:
+            heads, kv = getattr(c, "num_attention_heads", None), getattr(c, "num_key_value_heads", None)
+        except Exception:  # (a per-layer attribute read as one raises: its layers are the model's to run)
+            continue
         if type(heads) is int and type(kv) is int and kv > 0 and heads % kv:
             raise OptionError("{given}: num_key_value_heads ({kv}) must divide num_attention_heads ({heads}): every "
                               "attention call of this config fails", given=where, kv=kv, heads=heads)
