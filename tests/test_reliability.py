@@ -590,6 +590,26 @@ def test_naive_in_half_precision_reads_a_row_hidden_by_a_finite_minimum_as_sdpa_
     torch.testing.assert_close(out.float(), ref, rtol=0, atol=5e-3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("name", ["naive", "naive-inplace"])
+def test_naive_reads_rows_of_float32s_minimum_and_of_inf_beside_a_minimum_as_sdpa_does(name, dtype):
+    # a float32 mask's own minimum drowns the scores in SDPA's float32 sum (even weights), where a shift of the row
+    # gave softmax of the scores; -inf beside a finite minimum is no weight in SDPA, where clamping it to the
+    # minimum gave it as much as the minimum's
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 4, 8, dtype=dtype) for _ in range(3))
+    low = torch.finfo(dtype).min
+    mask = torch.zeros(2, 1, 4, 4)
+    mask[0, 0, 1] = torch.finfo(torch.float32).min
+    mask = mask.to(dtype) if dtype != torch.float16 else mask  # (float16: a float32 mask, as SDPA takes it)
+    mask[1, 0, 2] = torch.tensor([float("-inf"), low, low, float("-inf")]).to(mask.dtype)
+    mask[1, 0, 3] = float("-inf")  # dead: 0, as SDPA gives
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out = attnswitch.attention(q, k, v, attn_mask=mask, backend=name)
+    rtol, atol = {torch.float16: (1e-3, 2e-3), torch.bfloat16: (1.6e-2, 1e-2), torch.float32: (1e-5, 1e-5)}[dtype]
+    torch.testing.assert_close(out.float(), ref.float(), rtol=rtol, atol=atol)
+
+
 @pytest.mark.parametrize("name", ["naive", "naive-inplace", "math", "flash"])
 def test_a_float32_mask_with_bf16_inputs_runs_as_sdpa_takes_it(name):
     q, k, v = (torch.randn(1, 2, 8, 16, dtype=torch.bfloat16) for _ in range(3))

@@ -78,15 +78,19 @@ def _hide(call: Call, dtype: torch.dtype):
     if mask.dtype == torch.bool:
         hide = mask.logical_not()
         return hide, None, hide.all(-1, keepdim=True)
-    dead = torch.isneginf(mask).all(-1, keepdim=True)
+    neg = torch.isneginf(mask)
+    dead = neg.all(-1, keepdim=True)
     if dtype == torch.float16:
         # a row hidden by a finite minimum (T5's masks) plus any score below -16 overflows half precision to a row
         # of -inf, whose softmax is NaN; SDPA adds in float32, where it reads softmax of the scores. Softmax is
-        # blind to a shift of a row: each row shifted so its largest mask value is 0 (dead rows stay -inf)
+        # blind to a shift of a row: each row shifted so its largest mask value is 0, where that value is within
+        # half precision's range (below it, float32's own minimum drowns the scores in float32 too: left as is)
         top = mask.amax(-1, keepdim=True)
-        mask = mask - top.masked_fill(torch.isneginf(top), 0.0)
-    # finite, in the scores' dtype: a row of -inf would make softmax NaN (and NaN gradients)
-    return None, mask.to(dtype).clamp_min(torch.finfo(dtype).min), dead
+        mask = mask - top.masked_fill(top < torch.finfo(torch.float16).min, 0.0)
+    # finite, in the scores' dtype, where a row would be -inf throughout (softmax's NaN, and NaN gradients: it is
+    # zeroed after); -inf beside finite values stays -inf, as SDPA reads it
+    additive = mask.to(dtype).clamp_min(torch.finfo(dtype).min)
+    return None, additive.masked_fill_(neg & ~dead, float("-inf")), dead
 
 
 def naive_attention(call: Call, *, inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
