@@ -575,3 +575,18 @@ def test_a_report_is_written_into_a_folder_whose_path_holds_a_quote_or_a_backsla
     assert cli.main([*BASE, "--backends", "naive", "--out", str(out)]) == 0, capsys.readouterr().err
     assert (out / "report.json").is_file() and [p.name for p in (out / "traces").iterdir()] == ["trace_naive.json.gz"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [odd]  # nothing left beside it
+
+
+def test_traces_are_written_into_a_folder_whose_path_holds_a_control_character(tmp_path):
+    # the command line refuses such a folder; the library's trace_dir takes it, and the profiler wrote the tab
+    # into its JSON unescaped (no JSON) and mangled a newline
+    import torch
+
+    import attnswitch
+
+    q = torch.randn(1, 2, 8, 16)
+    for odd in ("tab\there", "new\nline"):
+        folder = tmp_path / odd
+        r = attnswitch.profile(lambda: attnswitch.attention(q, q, q), backends=["naive"], iters=1, rounds=1,
+                               time_budget_s=0, trace_dir=folder)
+        assert r["naive"].ok and (folder / "trace_naive.json.gz").is_file()

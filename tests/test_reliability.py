@@ -133,12 +133,13 @@ def test_a_second_measurement_while_one_runs_is_refused_in_a_line_not_a_crash():
 
     def first():
         got["report"] = attnswitch.profile(step, backends=["math"], iters=1, rounds=1, time_budget_s=0)
-    t = threading.Thread(target=first, name="measuring")
+    name = threading.current_thread().name  # (two threads of one name are two threads)
+    t = threading.Thread(target=first, name=name)
     t.start()
     try:
         assert started.wait(60)
         with pytest.raises(RuntimeError, match="another attnswitch measurement is running in this process "
-                                               r"\(thread 'measuring'\): measurements run one at a time"):
+                                               rf"\(thread '{name}'\): measurements run one at a time"):
             attnswitch.profile(lambda: attnswitch.attention(q, q, q), backends=["math"], iters=1, rounds=1)
     finally:
         go.set()

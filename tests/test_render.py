@@ -162,10 +162,13 @@ def test_a_layer_table_says_which_rows_host_time_holds_their_childrens():
              row("model.layers.0.mlp", 14912.1, "backward"), row("(outside modules)", 80.0, kind="outside"))
     r = report_of([fixed("flash", [10.0] * 6, layers=train)], {"mode": "train"})
     caption = layer_table(r, "flash").caption
-    assert "a forward row includes its children's, backward rows and the row outside modules count only their " \
-           "own ops'" in caption, caption
+    assert "host µs: a forward row includes its children's; a backward row or the row outside modules: its own " \
+           "ops' only" in caption, caption
     r = report_of([fixed("flash", [10.0] * 6, layers=train[:2])])
     assert "host µs" not in layer_table(r, "flash").caption  # nothing but ranges: nothing to tell apart
+    r = report_of([fixed("flash", [10.0] * 6, layers=(*train[:2], train[4]))])
+    assert "host µs: a forward row includes its children's; the row outside modules: its own ops' only" in \
+        layer_table(r, "flash").caption
 
 
 # -- the HTML page ----------------------------------------------------------------------------------
@@ -483,3 +486,7 @@ def test_no_column_is_shown_after_a_time_or_margin_that_does_not_fit():
     shown, _ = fit_columns(t, 34)
     assert [t.headers[i] for i in shown] == ["backend", "time/fwd ms"]
     assert [t.headers[i] for i in fit_columns(t, 60)[0]] == list(t.headers)
+    # a table of its own priority (the peak table) keeps every column that fits: its ranks are not times
+    t = Table("", ("backend", "kernel µs/call", "achieved", "% of peak", "% of measured"),
+              (("flash", "12.5", "512 TFLOP/s", "51.7 %", "61.0 % of 700.0 TFLOP/s"),), priority=(0, 2, 1, 0, 1))
+    assert [t.headers[i] for i in fit_columns(t, 52)[0]] == ["backend", "kernel µs/call", "achieved", "% of peak"]

@@ -267,7 +267,7 @@ def _event(cuda: bool):
 
 
 _MEASURING = threading.Lock()
-_measuring_in: list[str | None] = [None]  # the thread that holds it
+_measuring_in: list[tuple[int, str] | None] = [None]  # the thread that holds it: its ident and name
 
 
 @contextlib.contextmanager
@@ -276,10 +276,11 @@ def one_at_a_time():
     traces at once crash Kineto, the process with them), and two measurements would time each other."""
     if not _MEASURING.acquire(blocking=False):
         held = _measuring_in[0]
-        where = "this thread" if held == threading.current_thread().name else f"thread {held!r}"
+        where = "this thread" if held is not None and held[0] == threading.get_ident() else \
+            f"thread {held[1] if held else '?'!r}"
         raise RuntimeError(f"another attnswitch measurement is running in this process ({where}): measurements "
                            "run one at a time per process; wait for it to return, or measure in another process")
-    _measuring_in[0] = threading.current_thread().name
+    _measuring_in[0] = (threading.get_ident(), threading.current_thread().name)
     try:
         yield
     finally:
@@ -864,8 +865,8 @@ def _export(prof, name: str, trace_dir) -> tuple[Path, dict]:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / (f"trace_{_file_name(name)}" + ("" if rank is None else f"_rank{rank}") + ".json.gz")
     # Kineto writes its file's path into the trace unescaped, and renames the file with each "\" made "/": a
-    # folder whose path holds either gets the raw trace through a temporary folder
-    unsafe = any(c in str(out_dir.resolve()) for c in '"\\')
+    # folder whose path holds either, or a control character, gets the raw trace through a temporary folder
+    unsafe = any(c in '"\\' or ord(c) < 32 for c in str(out_dir.resolve()))
     via = tempfile.TemporaryDirectory(prefix="attnswitch-trace-") if unsafe else contextlib.nullcontext(out_dir)
     with via as raw_dir:
         raw_path = Path(raw_dir) / path.with_suffix("").name

@@ -76,7 +76,8 @@ def _widths(block: Table, i: int) -> tuple[int, int]:
     return fit_header(block.headers[i], longest_word)[1], natural
 
 
-#: the columns kept first (``KEEP_FIRST``: the time, the margin) that every other column comes after
+#: the columns kept first by their headers (``KEEP_FIRST``: the time, the margin) that every other column comes
+#: after (a table of its own ``priority`` has none)
 _ORDERED = 2
 
 
@@ -92,7 +93,7 @@ def fit_columns(block: Table, width: int) -> tuple[list[int], list[int]]:
         if used + _GAP + ranges[i][0] <= width:
             shown.append(i)
             used += _GAP + ranges[i][0]
-        elif block.keep_rank(i) < _ORDERED:
+        elif not block.priority and block.keep_rank(i) < _ORDERED:
             break  # (no error column beside times ranked by a margin it cannot show)
     shown.sort()
     widths = {i: ranges[i][1] for i in shown}

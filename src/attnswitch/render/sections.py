@@ -217,11 +217,12 @@ def layer_table(report, backend, fold_layers: bool = True) -> Table:
     kinds = tuple("strong" if i in heavy else "plain" for i in range(len(rows)))
     caption = (f"bold: the {counted(len(heavy), 'layer')} with the most "
                + ("GPU time" if gpu else "host time (leaf modules)") if heavy else "")
-    own = [w for w, there in (("backward rows", any(x.phase == "backward" for x in layers)),
-                              ("the row outside modules", any(x.kind == "outside" for x in layers))) if there]
-    if own:  # (no module ranges there: the ops' own time, which leaves their children's out)
-        caption += ("; " if caption else "") + (f"host µs: a forward row includes its children's, {' and '.join(own)} "
-                                                "count only their own ops'")
+    backward, outside = any(x.phase == "backward" for x in layers), any(x.kind == "outside" for x in layers)
+    if backward or outside:  # (no module ranges there: the ops' own time, which leaves their children's out)
+        who = {(True, True): "a backward row or the row outside modules", (True, False): "a backward row",
+               (False, True): "the row outside modules"}[(backward, outside)]
+        host = f"host µs: a forward row includes its children's; {who}: its own ops' only"
+        caption += ("; " if caption else "") + host
     per = {"generate": "prefill and decode rows per forward of their phase, the others per profiled generate",
            "train": "per training step: forward rows and backward rows"}.get(report.workload.get("mode"),
                                                                             "per forward")
