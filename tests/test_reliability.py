@@ -149,6 +149,33 @@ def test_a_second_measurement_while_one_runs_is_refused_in_a_line_not_a_crash():
                               time_budget_s=0)["math"].ok  # the first one's end lets the next in
 
 
+def test_a_measurement_started_during_another_compares_numerics_pass_is_refused_too():
+    # the lock was profile()'s alone: compare's numerics pass (and a sweep's gaps between shapes) ran unguarded
+    at_numerics, go, got = threading.Event(), threading.Event(), {}
+    m = tiny("llama")
+    batch = batch_for(m, batch=1, seq=8)
+
+    def progress(step):
+        if step == "numerics":
+            at_numerics.set()
+            assert go.wait(60)
+
+    def first():
+        got["report"] = attnswitch.compare(m, batch, backends=["math"], iters=1, rounds=1, time_budget_s=0,
+                                           progress=progress)
+    t = threading.Thread(target=first)
+    t.start()
+    q = torch.randn(1, 2, 8, 16)
+    try:
+        assert at_numerics.wait(120)
+        with pytest.raises(RuntimeError, match="another attnswitch measurement is running in this process"):
+            attnswitch.profile(lambda: attnswitch.attention(q, q, q), backends=["math"], iters=1, rounds=1)
+    finally:
+        go.set()
+        t.join(120)
+    assert got["report"]["math"].ok
+
+
 # -- 2. no silent non-switch ------------------------------------------------------------------------
 
 def gpt_oss():

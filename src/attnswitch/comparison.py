@@ -24,6 +24,7 @@ from .kinds import KINDS, kind_of
 from .lengths import Lengths
 from .numerics import REFERENCES, grad_numerics, numerics, token_agreement
 from .profiling import profile
+from .profiling.capture import measured_alone
 from .profiling.compiled import compiled_forward
 from .ranking import BUSY_PREFIX, busy_over, rank, ranked, verdict
 from .request import DEFAULT, Request
@@ -94,6 +95,7 @@ def _with_grads(b: BackendResult, g) -> BackendResult:
     return dataclasses.replace(b, status="failed", reasons=(g.reason,)) if g.reason else b
 
 
+@measured_alone
 def compare(model: nn.Module | Callable[[], Any], batch: Workload | dict[str, Any] | None = None, *,
             backends: Iterable[str] | str | None = None,
             warmup: int | None = None, iters: int | None = None, trace_dir=None,
@@ -176,6 +178,7 @@ def _not_switched(model: nn.Module) -> None:
                               "as it runs outside the block; call it outside", sel=repr(str(sel)), whose=whose)
 
 
+@measured_alone
 def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: str = "prefill",
                   padding: bool = False, new_tokens: int | Iterable[int] | None = None, cache: str = "dynamic",
                   lengths: Lengths | None = None, requests: int = DEFAULT,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import functools
 import gc
 import gzip
 import itertools
@@ -65,8 +66,9 @@ from .stepstats import mode_fields, prompt_units
 from .summarize import backend_fields
 from .trace import Trace
 
-__all__ = ["one_at_a_time", "annotate_modules", "prepare_backend", "timed_rounds", "steps_per_round", "frozen_heap",
-           "remove_temporary", "Target", "Profiled", "PROGRESS_EVERY_S", "release_memory"]
+__all__ = ["one_at_a_time", "measured_alone", "annotate_modules", "prepare_backend", "timed_rounds",
+           "steps_per_round", "frozen_heap", "remove_temporary", "Target", "Profiled", "PROGRESS_EVERY_S",
+           "release_memory"]
 
 
 try:  # a C++ range: about a tenth of record_function's host cost, which matters once per module call
@@ -272,20 +274,33 @@ _measuring_in: list[tuple[int, str] | None] = [None]  # the thread that holds it
 
 @contextlib.contextmanager
 def one_at_a_time():
-    """One measurement per process, refused at once while another runs: the profiler is one per process (two
-    traces at once crash Kineto, the process with them), and two measurements would time each other."""
+    """One measurement per process, refused at once while another thread's runs: the profiler is one per process
+    (two traces at once crash Kineto, the process with them), and two measurements would time each other. The
+    thread that holds it enters again (``compare`` holds it around ``profile`` and its numerics pass)."""
+    held = _measuring_in[0]
+    if held is not None and held[0] == threading.get_ident():
+        yield
+        return
     if not _MEASURING.acquire(blocking=False):
         held = _measuring_in[0]
-        where = "this thread" if held is not None and held[0] == threading.get_ident() else \
-            f"thread {held[1] if held else '?'!r}"
-        raise RuntimeError(f"another attnswitch measurement is running in this process ({where}): measurements "
-                           "run one at a time per process; wait for it to return, or measure in another process")
+        raise RuntimeError(f"another attnswitch measurement is running in this process (thread "
+                           f"{held[1] if held else '?'!r}): measurements run one at a time per process; wait for it "
+                           "to return, or measure in another process")
     _measuring_in[0] = (threading.get_ident(), threading.current_thread().name)
     try:
         yield
     finally:
         _measuring_in[0] = None
         _MEASURING.release()
+
+
+def measured_alone(fn):
+    """``fn`` run inside ``one_at_a_time``: a measurement from its first step to its answer."""
+    @functools.wraps(fn)
+    def alone(*args, **kwargs):
+        with one_at_a_time():
+            return fn(*args, **kwargs)
+    return alone
 
 
 @contextlib.contextmanager
