@@ -939,3 +939,25 @@ def test_an_encoder_decoders_time_to_first_token_starts_at_its_encoder(vclock):
     units, figures = prompt_units(clock.forwards, end)
     assert all(slow * 1e3 <= t < slow * 1e3 + SLACK_MS for t in figures["ttft"])  # each prompt's encoder in its own
     assert all(slow * 1e3 <= u < slow * 1e3 + SLACK_MS for u in units)
+
+
+def test_a_generate_runs_greedy_with_the_cache_named_whatever_the_checkpoints_generation_config_says():
+    # a checkpoint's generation_config with beams (Marian, BART-CNN) or a cache of its own (Gemma-3's "hybrid") was
+    # measured as it said, and described as "greedy, dynamic cache": 3x the rows, another cache
+    m = tiny("llama")
+    m.generation_config.num_beams = 3
+    m.generation_config.cache_implementation = "static"
+    seen = []
+
+    def note(module, args, kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        seen.append((kwargs["hidden_states"].shape[0], type(cache).__name__))
+    hook = m.model.layers[0].self_attn.register_forward_pre_hook(note, with_kwargs=True)
+    try:
+        for cache, kind in (("dynamic", "DynamicCache"), ("static", "StaticCache")):
+            seen.clear()
+            make_workload(m, batch=1, mode="generate", new_tokens=3, prompt_lens=(8,), cache=cache).step()
+            assert seen == [(1, kind)] * 3, (cache, seen)
+    finally:
+        hook.remove()
+    assert m.generation_config.num_beams == 3 and m.generation_config.cache_implementation == "static"  # as found

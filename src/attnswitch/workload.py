@@ -195,13 +195,16 @@ class Workload:
         config = getattr(self.model, "generation_config", None)
         pad = getattr(config, "pad_token_id", None)
         pad = pad if pad is not None else getattr(config, "eos_token_id", None)
+        # one sequence per prompt, greedy (a checkpoint's generation_config may ask for beams: 3-4x the rows)
         kw: dict[str, Any] = {"max_new_tokens": g.new_tokens, "min_new_tokens": g.new_tokens, "do_sample": False,
+                              "num_beams": 1, "num_return_sequences": 1,
                               "pad_token_id": pad[0] if isinstance(pad, list) else (pad if pad is not None else 0),
                               "disable_compile": True}
         if caches(self.model):
             kw["use_cache"] = True
-        if g.cache == "static":
-            kw["cache_implementation"] = "static"
+        # the cache named, whatever the checkpoint's generation_config says (Gemma-3's: "hybrid"); dynamic: None,
+        # transformers' default for the model (a model with a cache class of its own, a state-space hybrid's, gets it)
+        kw["cache_implementation"] = "static" if g.cache == "static" else None
         if getattr(self.model.config, "is_encoder_decoder", False):
             kw["decoder_start_token_id"] = self._decoder_start(kw["pad_token_id"])
         return kw
