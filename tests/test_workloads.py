@@ -641,6 +641,24 @@ def test_new_length_costs_within_the_noise_are_not_told_as_costs_or_flips():
     assert "wins for workloads with many new lengths" in text
 
 
+def test_a_compiled_picks_compile_is_not_told_as_a_cost_per_new_key_length():
+    # its new-length steps are those it compiled during (7394 ms "per new key length", math "wins for workloads with
+    # many new lengths"), while a graph of dynamic shapes meets later lengths without compiling
+    from attnswitch.decision import recommend
+    from attnswitch.ranking import verdict
+    from attnswitch.results import BackendResult, GenerateStats
+
+    def result(name, ms, new, seen, **kw):
+        g = GenerateStats(ttft_ms=20.0, step_ms_p50=seen, new_shape_step_ms=new, seen_shape_step_ms=seen, tokens=96)
+        return BackendResult(name, "ok", time_ms=ms, noise_pct=5.0, generate=g, time_rounds_ms=((ms,),) * 6, **kw)
+
+    work = {"mode": "generate", "prompt_lens": [8, 10, 12], "new_tokens": 6}
+    rs = [result("flash+compile", 30.0, 7395.0, 0.8, compile="default", compile_ms=14800.0, recompiles=1),
+          result("math", 45.0, 1.5, 1.4)]
+    text = recommend(rs, verdict(rs), work)
+    assert "new key length costs" not in text and "many new lengths" not in text, text
+
+
 def test_plan_cache_growth_against_what_the_backend_kept(registered):
     # a backend that keeps 8 MiB of host memory per key length it meets, as a plan cache would: fresh pages,
     # written (so resident) and mapped on their own (so no memory the allocator already holds is reused):

@@ -112,7 +112,7 @@ def _pays(b: BackendResult, workload: dict) -> str:
     kind = kind_of(workload)
     if kind.name == "generate":
         tokens = (workload.get("new_tokens") or 0) * len(workload.get("prompt_lens") or [1])
-        return f"{n:.1f} generate workloads ({n * tokens:.0f} new tokens per sequence)"
+        return f"{n:.1f} generate workloads ({n * tokens:.0f} new tokens per batch row, over its prompts)"
     return f"{n:.0f} {kind.timed}"
 
 
@@ -166,6 +166,8 @@ def _generate_lines(best: BackendResult, others: list[BackendResult], workload: 
         phase = _deciding_phase(best, others[0], workload)
         if phase:
             lines.append(phase)
+    if best.compile is not None:  # its new-length steps are those it compiled during: a cost per compile, said
+        return lines               # with the compile's (``_compile_lines``), not one per key length
     peer = _cold_peer(best, others)
     cold = peer.generate if peer is not None and peer.generate is not None else g
     penalty = (cold.new_shape_step_ms or 0) - (cold.seen_shape_step_ms or 0)
@@ -173,7 +175,7 @@ def _generate_lines(best: BackendResult, others: list[BackendResult], workload: 
     margin = (cold.seen_shape_step_ms or 0) * max(best.noise_pct or 0, 10.0) / 100
     if cold.new_shape_step_ms is not None and cold.seen_shape_step_ms is not None and penalty > margin:
         cheaper = [o for o in others if o.generate and o.generate.new_shape_step_ms is not None and o is not peer
-                   and o.generate.new_shape_step_ms < cold.new_shape_step_ms - margin]
+                   and o.compile is None and o.generate.new_shape_step_ms < cold.new_shape_step_ms - margin]
         # fastest once every length has been seen: told apart from the next one, and no other's seen-length steps
         # faster beyond the noise (a pick tied with the next one, or alone, is not said to be)
         seen = g.seen_shape_step_ms
