@@ -457,8 +457,8 @@ def test_deciding_phase_is_the_one_the_best_gains_in_and_only_where_measured():
     from attnswitch.recommend import _deciding_phase
 
     def row(name, ttft, step):
-        return NS(backend=name, candidate=parse(name), noise_pct=None, generate=NS(ttft_ms=ttft, step_ms_p50=step,
-                                                                   new_shape_step_ms=None, seen_shape_step_ms=None))
+        return NS(backend=name, candidate=parse(name), noise_pct=None, compile=None,
+                  generate=NS(ttft_ms=ttft, step_ms_p50=step, new_shape_step_ms=None, seen_shape_step_ms=None))
 
     w = {"prompt_lens": [8, 9], "new_tokens": 5}
     best = row("cudnn", 10.0, 2.0)
