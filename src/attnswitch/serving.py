@@ -60,7 +60,10 @@ class Serving:
     once_ms: dict[str, float] = field(default_factory=dict)
 
     def text(self) -> list[str]:
-        shape = f" (batch {self.batch}, {counted(self.new_tokens, 'new token')})" if self.batch else ""
+        # a request is one generate of the measured batch: at batch 2, two prompts of its length at once
+        shape = "" if not self.batch else (
+            f" (each one generate of a batch of {self.batch}, {counted(self.new_tokens, 'new token')})"
+            if self.batch > 1 else f" (batch 1, {counted(self.new_tokens, 'new token')})")
         lines = [f"For {counted(self.requests, 'request')} of this length mix{shape}: `{self.pick}`, "
                  f"{self.per_request_ms[self.pick]:.3f} ms per request "
                  f"({counted(round(self.first_met), 'shape')} met first)."]
