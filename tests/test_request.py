@@ -122,3 +122,19 @@ def test_the_command_line_holds_no_rule_of_its_own():
     raised = [n for n in ast.walk(tree) if isinstance(n, ast.Raise) and n.exc is not None]
     words = [ast.unparse(n.exc) for n in raised]
     assert not [w for w in words if w.startswith(("ValueError", "options.OptionError", "OptionError"))], words
+
+
+def test_a_policy_per_phase_refused_for_a_one_phase_step_names_the_backend_its_query_length_runs():
+    # an 8-token prefill under decode_max_query=8 runs the decode phase (flash): the refusal advised naive
+    def said(mode, seq, policy):
+        with pytest.raises(options.OptionError) as e:
+            Request(mode=mode, seq=seq, backends=[policy]).check()
+        return str(e.value)
+
+    wide = "prefill=naive/decode=flash/decode_max_query=8"
+    assert "runs only its decode phase: name that backend (flash)" in said("prefill", (8,), wide)
+    assert "runs only its prefill phase: name that backend (naive)" in said("prefill", (16,), wide)
+    assert "runs only its decode phase: name that backend (flash)" in said("decode", (16,), wide)
+    assert "runs only its prefill phase: name that backend (math)" in said("train", (4,), "prefill=math/decode=flash")
+    text = said("prefill", (8, 16), wide)
+    assert "one phase (at each length, the one its query length falls in)" in text and "(naive or flash)" in text

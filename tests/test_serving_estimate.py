@@ -194,7 +194,8 @@ def test_a_mix_of_thousands_of_lengths_is_estimated_at_once():
 
 def test_singular_and_plural_are_said_right():
     s = serving_estimate([_point(n, [_row("flash", 11.0)]) for n in (16, 32)], Lengths.of({16: 1}), 1, 1)
-    assert s.text()[0].startswith("For 1 request of this length mix (each one generate of a batch of 4, 1 new token): `flash`")
+    assert s.text()[0].startswith("For 1 request of this length mix (each one generate of a batch of 4, 1 new token): "
+                                  "`flash`")
     assert "(1 shape met first)" in s.text()[0]
 
 

@@ -160,7 +160,7 @@ class Request:
         modes = parse_compile(self.compile)
         if any(m is not None for m in modes) and (self.device_map is not None or self.tp):
             raise OptionError("{compile} runs one process's model on one device; not with {device_map} or {tp}")
-        _one_phase(self.mode, candidate.check_backends(backends, registered))
+        _one_phase(self.mode, candidate.check_backends(backends, registered), self.seq)
         if self.dtype is not None:
             options.dtype_name(self.dtype)
         options.check_placement(self.device_map, self.tp)
@@ -194,20 +194,26 @@ def _given(r: Request) -> list[str]:
     return out + (["cache"] if r.cache != "dynamic" else [])
 
 
-def _one_phase(mode: str | None, names: list[str]) -> None:
+def _one_phase(mode: str | None, names: list[str], seqs: tuple[int, ...] = ()) -> None:
     """A backend per phase only where both phases run (a generate): a prefill, training or decode step runs one,
-    and the policy's other backend would be recommended unmeasured."""
+    and the policy's other backend would be recommended unmeasured. Which one: its query length's (``seqs``, a
+    decode step's 1) against the policy's ``decode_max_query``."""
     if mode in (None, "generate"):
         return
-    phase = "decode" if mode == "decode" else "prefill"
     for name in (n for n in names if n != "all"):
         c = candidate.parse(name)
         sels = (c.policy,) if c.policy is not None else tuple(s for _, s in c.kinds.by_kind) if c.kinds else ()
         policy = next((s for s in sels if isinstance(s, candidate.Policy) and s.prefill != s.decode), None)
-        if policy is not None:
-            raise OptionError("{given!r} is a backend per phase, and a {which} step runs only its {phase} phase: "
-                              "name that phase's backend ({backend}), or measure both phases with {mode} generate",
-                              given=name, which=mode, phase=phase, backend=getattr(policy, phase))
+        if policy is None:
+            continue
+        queries = (1,) if mode == "decode" else seqs
+        phases = {"decode" if q <= policy.decode_max_query else "prefill" for q in queries} or \
+            {"decode" if mode == "decode" else "prefill"}
+        backend = " or ".join(getattr(policy, p) for p in sorted(phases, reverse=True))
+        raise OptionError("{given!r} is a backend per phase, and a {which} step runs only {phase}: name that "
+                          "backend ({backend}), or measure both phases with {mode} generate", given=name,
+                          which=mode, backend=backend, phase=f"its {phases.pop()} phase" if len(phases) == 1 else
+                          "one phase (at each length, the one its query length falls in)")
 
 
 def _combinations(r: Request) -> None:
