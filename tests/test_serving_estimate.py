@@ -366,3 +366,15 @@ def test_generate_lengths_past_any_models_positions_are_one_line_and_exit_2(caps
     assert cli.main(["compare", "tiny-llama", "--mode", "generate", "--num-layers", "1", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and said in err[0], err
+
+
+def test_a_static_caches_decode_steps_meet_one_key_length_per_prompt_length():
+    # a static cache's decode calls all run at the cache's length: the mix counted each step's key length as a
+    # shape met first (16 for 4 lengths and 4 new tokens, where 1 new-length step per generate was measured)
+    lengths = Lengths.of({8: 3, 16: 2, 24: 1, 40: 1})
+    pts = [_point(n, [_row("flash", 11.0, new=12.0, seen=10.0)]) for n in (8, 40)]
+    dynamic = serving_estimate(pts, lengths, 10_000, 4)
+    static = serving_estimate(pts, lengths, 10_000, 4, cache="static")
+    assert dynamic.first_met == pytest.approx(16.0) and static.first_met == pytest.approx(8.0)
+    assert lengths.first_met(10_000, 4, static=True) == pytest.approx(8.0)
+    assert "(8 shapes met first)" in static.text()[0]

@@ -229,7 +229,7 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
     workload = {**last.workload, "description": description, "shapes": [[b, s] for b, s, _ in shapes3]}
     if KINDS[mode].generates:
         workload.update(new_tokens=sorted({n for _, _, n in shapes3}), prompt_lens=sorted({s for _, s, _ in shapes3}))
-    serving, lines = _serving(points, lengths, requests)
+    serving, lines = _serving(points, lengths, requests, cache)
     if lengths is not None:
         workload["lengths_from"] = lengths.source or "given"
     # every shape's, once; a busy machine said once, with every kind of sign any shape showed
@@ -255,12 +255,13 @@ def check_mix(model: nn.Module, mode: str, lengths: Lengths | None, requests, ne
                                   where=lengths.source or "the lengths given") from None
 
 
-def _serving(points: list[SweepPoint], lengths: Lengths | None, requests: int) -> tuple[dict | None, list[str]]:
+def _serving(points: list[SweepPoint], lengths: Lengths | None, requests: int,
+             cache: str = "dynamic") -> tuple[dict | None, list[str]]:
     """The cost of a run of requests over ``lengths``, for the first batch size and number of new tokens."""
     if lengths is None or not points or points[0].new_tokens is None:
         return None, []
     first = [p for p in points if (p.batch, p.new_tokens) == (points[0].batch, points[0].new_tokens)]
-    est = serving_estimate(first, lengths, requests, points[0].new_tokens)
+    est = serving_estimate(first, lengths, requests, points[0].new_tokens, cache)
     if est is None:
         return None, ["No backend ran at every measured length: no estimate for the length mix."]
     return dataclasses.asdict(est), est.text()

@@ -115,24 +115,28 @@ class Lengths:
                 i += 1
         return tuple(dict.fromkeys(out))
 
-    def first_met(self, requests: int, new_tokens: int) -> float:
+    def first_met(self, requests: int, new_tokens: int, static: bool = False) -> float:
         """The expected number of shapes a run of ``requests`` requests meets for the first time: each
         request's prompt length (its prefill) and the key lengths of its decode steps (prompt + 1 to prompt
-        + ``new_tokens`` - 1). Exact for lengths drawn independently from the distribution:
-        ``sum over shapes of 1 - (1 - p)^requests``, ``p`` the chance that one request meets it."""
-        return sum(self.first_met_phases(requests, new_tokens))
+        + ``new_tokens`` - 1; with a ``static`` cache, one: the cache's). Exact for lengths drawn independently
+        from the distribution: ``sum over shapes of 1 - (1 - p)^requests``, ``p`` the chance that one request
+        meets it."""
+        return sum(self.first_met_phases(requests, new_tokens, static))
 
-    def first_met_phases(self, requests: int, new_tokens: int) -> tuple[float, float]:
+    def first_met_phases(self, requests: int, new_tokens: int, static: bool = False) -> tuple[float, float]:
         """``first_met`` apart: the prompt lengths, and the decode steps' key lengths."""
         if requests <= 0:
             return 0.0, 0.0
         prompts = sum(_met(w, requests) for _, w in self.weights)
-        steps = sum(k * _met(p, requests) for k, p in self.step_segments(new_tokens))
+        steps = sum(k * _met(p, requests) for k, p in self.step_segments(new_tokens, static))
         return prompts, steps
 
-    def step_segments(self, new_tokens: int) -> tuple[tuple[int, float], ...]:
+    def step_segments(self, new_tokens: int, static: bool = False) -> tuple[tuple[int, float], ...]:
         """The decode steps' key lengths in runs of equal chance: ``(how many key lengths, the chance that one
-        request meets each)``. A request of prompt length n meets n + 1 to n + ``new_tokens`` - 1."""
+        request meets each)``. A request of prompt length n meets n + 1 to n + ``new_tokens`` - 1; with a
+        ``static`` cache, its decode steps all meet one, the cache's length (n + ``new_tokens``)."""
+        if static:
+            return tuple((1, w) for _, w in self.weights) if new_tokens > 1 else ()
         return _step_segments(self.weights, new_tokens)
 
 

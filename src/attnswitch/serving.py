@@ -242,10 +242,10 @@ class _Runs:
     """The shapes runs of requests meet first, for many run lengths at once: each prompt length's expected
     count and the decode steps' total (``Lengths.first_met_phases``, split by prompt length)."""
 
-    def __init__(self, lengths: Lengths, new_tokens: int):
+    def __init__(self, lengths: Lengths, new_tokens: int, static: bool = False):
         self.lens = torch.tensor(lengths.lengths, dtype=torch.float64)  # ascending
         self.weights = torch.tensor([w for _, w in lengths.weights], dtype=torch.float64)
-        segments = lengths.step_segments(new_tokens)
+        segments = lengths.step_segments(new_tokens, static)
         self.counts = torch.tensor([k for k, _ in segments], dtype=torch.float64)
         self.chances = torch.tensor([p for _, p in segments], dtype=torch.float64)
 
@@ -328,9 +328,10 @@ def _held(steady: dict, tied: tuple[str, ...]) -> dict:
     return {n: (low if n in tied else ms) for n, ms in steady.items()}
 
 
-def serving_estimate(points, lengths: Lengths, requests: int, new_tokens: int) -> Serving | None:
-    """The estimate over a generate sweep's ``points`` (each a prompt length, ``new_tokens`` each); None
-    where no backend ran at every length."""
+def serving_estimate(points, lengths: Lengths, requests: int, new_tokens: int,
+                     cache: str = "dynamic") -> Serving | None:
+    """The estimate over a generate sweep's ``points`` (each a prompt length, ``new_tokens`` each, with the KV
+    ``cache`` measured); None where no backend ran at every length."""
     options.check_requests(requests)
     requests = int(requests)
     points = sorted(points, key=lambda p: p.seq)
@@ -341,7 +342,7 @@ def serving_estimate(points, lengths: Lengths, requests: int, new_tokens: int) -
         return None
     tied = _tied(points, steady)
     held = _held(steady, tied)
-    runs = _Runs(lengths, new_tokens)
+    runs = _Runs(lengths, new_tokens, static=cache == "static")
     # what a request costs each: the steady cost the pick is made on (tied candidates held to one), and its
     # share of the shapes met first; ``steady_ms`` keeps each one's own median
     names, costs = runs.costs(held, first, [requests])
