@@ -176,6 +176,29 @@ def test_a_measurement_started_during_another_compares_numerics_pass_is_refused_
     assert got["report"]["math"].ok
 
 
+def test_a_measurement_a_model_hook_starts_inside_a_measured_step_is_refused_and_the_outer_one_finishes():
+    # the lock let its own thread in again (for compare's call of profile), so a compare started by a model's
+    # hook ran inside the outer one's profiled step: two traces at once, a segmentation fault
+    m, inner = tiny("llama"), tiny("llama")
+    batch = batch_for(m, batch=1, seq=8)
+    tried = []
+
+    def hook(module, args):
+        if not tried:
+            try:
+                attnswitch.compare(inner, batch_for(inner, batch=1, seq=8), backends=["math"], iters=1, rounds=1)
+                tried.append("ran")
+            except RuntimeError as e:
+                tried.append(str(e))
+    handle = m.register_forward_pre_hook(hook)
+    try:
+        r = attnswitch.compare(m, batch, backends=["math"], iters=1, rounds=1, time_budget_s=0)
+    finally:
+        handle.remove()
+    assert tried and tried[0].startswith("another attnswitch measurement is running in this process (this thread)")
+    assert r["math"].ok
+
+
 # -- 2. no silent non-switch ------------------------------------------------------------------------
 
 def gpt_oss():

@@ -24,7 +24,7 @@ from .kinds import KINDS, kind_of
 from .lengths import Lengths
 from .numerics import REFERENCES, grad_numerics, numerics, token_agreement
 from .profiling import profile
-from .profiling.capture import measured_alone
+from .profiling.capture import measured_alone, within_measurement
 from .profiling.compiled import compiled_forward
 from .ranking import BUSY_PREFIX, busy_over, rank, ranked, verdict
 from .request import DEFAULT, Request
@@ -119,10 +119,11 @@ def compare(model: nn.Module | Callable[[], Any], batch: Workload | dict[str, An
         _not_switched(model)
     if isinstance(batch, dict) and isinstance(model, nn.Module):
         batch = Workload.of(model, batch)
-    report = profile(model, batch, backends=backends, warmup=warmup, iters=iters, trace_dir=trace_dir,
-                     progress=progress, model_name=model_name, rounds=rounds, profile_steps=profile_steps,
-                     host_iters=host_iters, time_budget_s=time_budget_s, compile=compile, deployed=deployed,
-                     time_before=time_before)
+    with within_measurement():  # (this call holds the one-measurement lock: profile is let in under it, once)
+        report = profile(model, batch, backends=backends, warmup=warmup, iters=iters, trace_dir=trace_dir,
+                         progress=progress, model_name=model_name, rounds=rounds, profile_steps=profile_steps,
+                         host_iters=host_iters, time_budget_s=time_budget_s, compile=compile, deployed=deployed,
+                         time_before=time_before)
     results = list(report.backends)
     settings = dict(report.settings)
     if check_numerics and batch is not None:  # (a callable has no model to copy and run with eager attention)
@@ -213,8 +214,9 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
             progress(f"batch {batch}, {'prompt' if new else 'seq'} {seq}"
                      + (f", {counted(new, 'new token')}" if new else ""))
         point = SweepPoint(batch, seq, (), new_tokens=new)
-        last = compare(model, work, progress=progress, deployed=deployed,
-                       trace_dir=None if trace_dir is None else Path(trace_dir) / point.folder, **kw)
+        with within_measurement():  # (the lock is this sweep's)
+            last = compare(model, work, progress=progress, deployed=deployed,
+                           trace_dir=None if trace_dir is None else Path(trace_dir) / point.folder, **kw)
         points.append(dataclasses.replace(point, backends=tuple(_compact(b) for b in last.backends),
                                           ranking=last.ranking, ties=last.ties))
         verdicts.append(verdict(last.backends, last.settings.get("host")))
@@ -224,8 +226,7 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
             spent[k] = round(spent.get(k, 0) + v, 3)
     if "total" in spent:  # each shape's total is its own: the time spent before the sweep counts once more
         spent["total"] = round(spent["total"] + sum(before.values()), 3)
-    shapes = counted(len(points), "shape")
-    description = f"sweep of {shapes}, {mode}" + (", padded" if padding else "")
+    description = f"sweep of {counted(len(points), 'shape')}, {mode}" + (", padded" if padding else "")
     workload = {**last.workload, "description": description, "shapes": [[b, s] for b, s, _ in shapes3]}
     if KINDS[mode].generates:
         workload.update(new_tokens=sorted({n for _, _, n in shapes3}), prompt_lens=sorted({s for _, s, _ in shapes3}))

@@ -33,7 +33,7 @@ from ..request import Request, Steps
 from ..results import Report
 from ..switch import backend as use_backend
 from . import perkind
-from .capture import Target, frozen_heap, one_at_a_time, prepare_backend, release_memory, timed_rounds
+from .capture import Target, frozen_heap, measured_alone, prepare_backend, release_memory, timed_rounds
 from .ceiling import measure as measure_ceiling
 from .compiled import merged_modes, paid_back
 from .distributed import agree_ok, distribution_of, merged_report_backends
@@ -238,6 +238,7 @@ def _prepared_modes(t: Target, modes, names: list[str], progress, spent: dict, *
     return runs
 
 
+@measured_alone
 def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
             backends: Iterable[str] | str | None = None, warmup: int | None = None, iters: int | None = None,
             trace_dir: str | Path | None = None, progress: Callable[[str], None] | None = None,
@@ -284,7 +285,7 @@ def profile(target: nn.Module | Callable[[], Any], batch: dict | Any = None, *,
     modes, backends, deployed = request.compile, request.backends, request.deployed
     warmup, iters, rounds, time_budget_s, host_iters, profile_steps = dataclasses.astuple(_counts(t, steps))
     names, progress, t0 = _checked_names(t, backends), progress or (lambda step: None), time.perf_counter()
-    with one_at_a_time(), t.context(), frozen_heap():  # (the model's modes and gradients as found, on any exit)
+    with t.context(), frozen_heap():  # (the model's modes and the user's gradients as found after, on any exit)
         spent["collecting garbage"] = time.perf_counter() - t0  # once, before everything alive is frozen
         runs = _prepared_modes(t, modes, names, progress, spent, warmup=warmup, iters=host_iters, trace_dir=trace_dir,
                                profile_steps=profile_steps)

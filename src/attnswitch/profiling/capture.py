@@ -66,9 +66,9 @@ from .stepstats import mode_fields, prompt_units
 from .summarize import backend_fields
 from .trace import Trace
 
-__all__ = ["one_at_a_time", "measured_alone", "annotate_modules", "prepare_backend", "timed_rounds",
-           "steps_per_round", "frozen_heap", "remove_temporary", "Target", "Profiled", "PROGRESS_EVERY_S",
-           "release_memory"]
+__all__ = ["one_at_a_time", "measured_alone", "within_measurement", "annotate_modules", "prepare_backend",
+           "timed_rounds", "steps_per_round", "frozen_heap", "remove_temporary", "Target", "Profiled",
+           "PROGRESS_EVERY_S", "release_memory"]
 
 
 try:  # a C++ range: about a tenth of record_function's host cost, which matters once per module call
@@ -272,20 +272,37 @@ _MEASURING = threading.Lock()
 _measuring_in: list[tuple[int, str] | None] = [None]  # the thread that holds it: its ident and name
 
 
+_LET_IN = threading.local()  # ``once``: the library's own next measurement in this thread enters a held lock
+
+
+@contextlib.contextmanager
+def within_measurement():
+    """The library's own call of one measurement inside another's body (``compare`` runs ``profile``, a sweep
+    ``compare``): it is let into the lock this thread holds, once; a measurement its steps start (a model's hook)
+    is not."""
+    _LET_IN.once = True
+    try:
+        yield
+    finally:
+        _LET_IN.once = False
+
+
 @contextlib.contextmanager
 def one_at_a_time():
-    """One measurement per process, refused at once while another thread's runs: the profiler is one per process
-    (two traces at once crash Kineto, the process with them), and two measurements would time each other. The
-    thread that holds it enters again (``compare`` holds it around ``profile`` and its numerics pass)."""
+    """One measurement per process, refused at once while another runs (in this thread too: a model's hook that
+    starts one inside a measured step): the profiler is one per process (two traces at once crash Kineto, the
+    process with them), and two measurements would time each other."""
     held = _measuring_in[0]
-    if held is not None and held[0] == threading.get_ident():
+    if held is not None and held[0] == threading.get_ident() and getattr(_LET_IN, "once", False):
+        _LET_IN.once = False
         yield
         return
     if not _MEASURING.acquire(blocking=False):
         held = _measuring_in[0]
-        raise RuntimeError(f"another attnswitch measurement is running in this process (thread "
-                           f"{held[1] if held else '?'!r}): measurements run one at a time per process; wait for it "
-                           "to return, or measure in another process")
+        where = "this thread" if held is not None and held[0] == threading.get_ident() else \
+            f"thread {held[1] if held else '?'!r}"
+        raise RuntimeError(f"another attnswitch measurement is running in this process ({where}): measurements "
+                           "run one at a time per process; wait for it to return, or measure in another process")
     _measuring_in[0] = (threading.get_ident(), threading.current_thread().name)
     try:
         yield
@@ -295,7 +312,7 @@ def one_at_a_time():
 
 
 def measured_alone(fn):
-    """``fn`` run inside ``one_at_a_time``: a measurement from its first step to its answer."""
+    """``fn`` run inside ``one_at_a_time``, from its first step to its answer."""
     @functools.wraps(fn)
     def alone(*args, **kwargs):
         with one_at_a_time():
