@@ -138,3 +138,15 @@ def test_a_policy_per_phase_refused_for_a_one_phase_step_names_the_backend_its_q
     assert "runs only its prefill phase: name that backend (math)" in said("train", (4,), "prefill=math/decode=flash")
     text = said("prefill", (8, 16), wide)
     assert "one phase (at each length, the one its query length falls in)" in text and "(naive or flash)" in text
+
+
+def test_the_library_names_the_phase_a_workloads_query_length_runs_as_the_command_line_does():
+    # compare, profile and compare_sweep build their request without --seq: they fell back to the prefill phase
+    m = tiny("llama")
+    p = "prefill=math/decode=naive/decode_max_query=8"
+    calls = (lambda: attnswitch.compare(m, make_workload(m, seq=8), backends=[p]),
+             lambda: attnswitch.profile(m, make_workload(m, seq=8), backends=[p]),
+             lambda: compare_sweep(m, [(1, 4), (1, 8)], backends=[p]))
+    for call in calls:
+        with pytest.raises(options.OptionError, match=r"runs only its decode phase: name that backend \(naive\)"):
+            call()

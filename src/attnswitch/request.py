@@ -160,7 +160,8 @@ class Request:
         modes = parse_compile(self.compile)
         if any(m is not None for m in modes) and (self.device_map is not None or self.tp):
             raise OptionError("{compile} runs one process's model on one device; not with {device_map} or {tp}")
-        _one_phase(self.mode, candidate.check_backends(backends, registered), self.seq)
+        _one_phase(self.mode, candidate.check_backends(backends, registered),
+                   self.seq or tuple(s for _, s in self.shapes))
         if self.dtype is not None:
             options.dtype_name(self.dtype)
         options.check_placement(self.device_map, self.tp)

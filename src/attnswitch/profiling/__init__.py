@@ -35,6 +35,7 @@ from ..switch import backend as use_backend
 from . import perkind
 from .capture import Target, frozen_heap, measured_alone, prepare_backend, release_memory, timed_rounds
 from .ceiling import measure as measure_ceiling
+from .clock import query_length
 from .compiled import merged_modes, paid_back
 from .distributed import agree_ok, distribution_of, merged_report_backends
 from .host import probe
@@ -216,8 +217,10 @@ def _request(t: Target, placed: dict | None, backends, compile, steps: Steps, de
     mode = t.workload.mode if t.workload is not None else None
     device_map = placed["device_map"] if placed and placed["mode"] == "device_map" else None
     tp = bool(placed) and placed["mode"] == "tensor_parallel"
+    # a prefill's or a training step's query length: the phase a backend per phase would run it in
+    q = query_length((), t.workload.kwargs) if mode in ("prefill", "train") else None
     request = Request(kind="profile", mode=mode, backends=backends, compile=compile, steps=steps,
-                      device_map=device_map, tp=tp, deployed=deployed).check(registered())
+                      device_map=device_map, tp=tp, deployed=deployed, seq=(q,) if q else ()).check(registered())
     if t.model is None and any(m is not None for m in request.compile):  # (what would it compile?)
         raise OptionError("{compile} compiles a model's forward; a callable is profiled as it is (compile it "
                           "yourself, inside it)")
