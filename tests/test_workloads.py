@@ -237,6 +237,24 @@ def test_a_prefill_call_is_slow_against_prefill_calls_not_against_decode_steps(r
     assert decode.step > 0 and decode.steady_us == pytest.approx(10e6, rel=0.01)
 
 
+def test_a_static_caches_first_decode_step_at_each_cache_length_is_a_new_shape(registered, vclock):
+    # a static cache's decode calls run at the cache's length, which its prefill met first: keyed on the key length
+    # alone no decode step was ever new, and the cost per shape came from the first generate's warm-up instead
+    seen = set()
+
+    def fn(q, k, v, **kw):
+        if (q.shape[2], k.shape[2]) not in seen:  # a plan per (query, key) length, as cuDNN's graphs are
+            seen.add((q.shape[2], k.shape[2]))
+            vclock.sleep(800.0)
+        return _naive(q, k, v, **kw)
+    registered("plannedqk", fn)
+    m = tiny("llama")
+    w = make_workload(m, batch=1, mode="generate", new_tokens=NEW, prompt_lens=(8, 10, 12), cache="static")
+    g = compare(m, w, backends=["plannedqk"], warmup=1, iters=2, rounds=1)["plannedqk"].generate
+    assert g.new_shape_steps == 2  # the later prompts' first decode steps, at their caches' lengths
+    assert g.new_shape_step_ms - g.seen_shape_step_ms == pytest.approx(800_000, abs=SLACK_MS)
+
+
 def test_a_policy_per_phase_is_measured_when_prefill_and_decode_winners_differ(registered, spy, vclock):
     m = tiny("llama")
     registered("fastprefill", slow(vclock, 200.0, when=lambda q: q.shape[2] == 1))  # slow decode steps

@@ -86,8 +86,8 @@ def prompt_units(forwards: list, end_s: float,
 
 
 def _new_shape_steps(cold) -> tuple[list[float], list[float]]:
-    """First-workload decode intervals whose forward met a key length for the first time, and the rest. The
-    first generate's are neither where later ones meet new lengths: every length is new there, and so is
+    """First-workload decode intervals whose forward met a key length (in its phase) for the first time, and the
+    rest. The first generate's are neither where later ones meet new lengths: every length is new there, and so is
     everything else (allocations, caches, the first calls of each op), which its new lengths would be charged
     with; later prompts, longer by a quarter of the new tokens each, meet new lengths at their ends. Where none
     does (prompts a token apart, one prompt), the first generate's steps after its first are the new ones. A
@@ -98,7 +98,10 @@ def _new_shape_steps(cold) -> tuple[list[float], list[float]]:
     new, old, first = [], [], []
     for k, gen in enumerate(split_generates(cold.forwards)):
         for i, f in enumerate(gen):
-            lens = {a[2] for a in cold.attn[f.calls_before:f.calls_after]}
+            # a shape is a key length in its phase: a decode step (one query) at a prefill's key length is new,
+            # as a kernel's plans see it, and as the length mix counts shapes (a static cache's decode steps meet
+            # one, the cache's, which its prefill met before them)
+            lens = {(f.q_len > 1, a[2]) for a in cold.attn[f.calls_before:f.calls_after]}
             fresh = bool(lens - seen) if lens else bool(f.graphs)
             seen |= lens
             if not 1 <= i < len(gen) - 1:
