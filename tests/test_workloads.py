@@ -997,3 +997,7 @@ def test_a_generate_runs_greedy_with_the_cache_named_whatever_the_checkpoints_ge
     finally:
         hook.remove()
     assert m.generation_config.num_beams == 3 and m.generation_config.cache_implementation == "static"  # as found
+    # nor another decoding it asks for: contrastive search raised, prompt lookup refused a batch of 2
+    m.generation_config.penalty_alpha, m.generation_config.prompt_lookup_num_tokens = 0.6, 3
+    out = make_workload(m, batch=2, mode="generate", new_tokens=3, prompt_lens=(8,)).step()
+    assert [tuple(o.shape) for o in out] == [(2, 11)] and m.generation_config.penalty_alpha == 0.6

@@ -28,6 +28,9 @@ from .words import counted
 __all__ = ["Workload", "Generation", "make_workload", "position_limit", "cache_kwarg", "task_of", "loss_of",
            "prompt_lengths", "caches", "cached", "fresh", "kept", "check_runnable", "MODES", "CACHES"]
 
+#: generation_config fields that ask for another decoding than greedy search (set: None where given)
+_OTHER_DECODING = ("penalty_alpha", "prompt_lookup_num_tokens", "assistant_early_exit", "dola_layers")
+
 MODES, CACHES = options.MODES, options.CACHES
 prompt_lengths = options.prompt_lengths
 
@@ -200,6 +203,8 @@ class Workload:
                               "num_beams": 1, "num_return_sequences": 1,
                               "pad_token_id": pad[0] if isinstance(pad, list) else (pad if pad is not None else 0),
                               "disable_compile": True}
+        # nor another decoding the checkpoint asks for (contrastive search, prompt lookup), where it does
+        kw.update({k: None for k in _OTHER_DECODING if getattr(config, k, None) is not None})
         if caches(self.model):
             kw["use_cache"] = True
         # the cache named, whatever the checkpoint's generation_config says (Gemma-3's: "hybrid"); dynamic: None,
