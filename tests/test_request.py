@@ -137,7 +137,7 @@ def test_a_policy_per_phase_refused_for_a_one_phase_step_names_the_backend_its_q
     assert "runs only its decode phase: name that backend (flash)" in said("decode", (16,), wide)
     assert "runs only its prefill phase: name that backend (math)" in said("train", (4,), "prefill=math/decode=flash")
     text = said("prefill", (8, 16), wide)
-    assert "one phase (at each length, the one its query length falls in)" in text and "(naive or flash)" in text
+    assert "runs one phase, the one its query length falls in (flash at 8; naive at 16)" in text, text
 
 
 def test_the_library_names_the_phase_a_workloads_query_length_runs_as_the_command_line_does():

@@ -208,13 +208,18 @@ def _one_phase(mode: str | None, names: list[str], seqs: tuple[int, ...] = ()) -
         if policy is None:
             continue
         queries = (1,) if mode == "decode" else seqs
-        phases = {"decode" if q <= policy.decode_max_query else "prefill" for q in queries} or \
-            {"decode" if mode == "decode" else "prefill"}
-        backend = " or ".join(getattr(policy, p) for p in sorted(phases, reverse=True))
-        raise OptionError("{given!r} is a backend per phase, and a {which} step runs only {phase}: name that "
-                          "backend ({backend}), or measure both phases with {mode} generate", given=name,
-                          which=mode, backend=backend, phase=f"its {phases.pop()} phase" if len(phases) == 1 else
-                          "one phase (at each length, the one its query length falls in)")
+        at = {q: "decode" if q <= policy.decode_max_query else "prefill" for q in queries}
+        phases = set(at.values()) or {"decode" if mode == "decode" else "prefill"}
+        if len(phases) == 1:
+            phase = phases.pop()
+            raise OptionError("{given!r} is a backend per phase, and a {which} step runs only its {phase} phase: "
+                              "name that backend ({backend}), or measure both phases with {mode} generate",
+                              given=name, which=mode, phase=phase, backend=getattr(policy, phase))
+        runs = "; ".join(f"{getattr(policy, p)} at {', '.join(str(q) for q in sorted(at) if at[q] == p)}"
+                         for p in ("decode", "prefill"))
+        raise OptionError("{given!r} is a backend per phase, and a {which} step runs one phase, the one its query "
+                          "length falls in ({runs}): measure each backend at its lengths, or both phases with {mode} "
+                          "generate", given=name, which=mode, runs=runs)
 
 
 def _combinations(r: Request) -> None:
