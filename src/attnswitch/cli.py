@@ -114,7 +114,7 @@ def _model_options(p: argparse.ArgumentParser) -> None:
                         "{\"512\": 120, ...}): a sweep at its representative lengths, weighted as the file says")
     p.add_argument("--requests", type=int, default=None, metavar="N",
                    help="with --prompt-lens-from: the run of requests to charge each backend's first-met shapes "
-                        f"over (default: {REQUESTS})")
+                        f"over (default: {REQUESTS}); a request is one generate of --batch prompts of one length")
     p.add_argument("--new-tokens", type=_ints, default=None,
                    help=f"generate: exactly this many new tokens per prompt (default: {_GPU.new_tokens} on a GPU, "
                         f"{_CPU.new_tokens} on a CPU), or a list for a sweep")
