@@ -85,7 +85,7 @@ def prompt_units(forwards: list, end_s: float,
     return units, figures
 
 
-def _new_shape_steps(cold) -> tuple[list[float], list[float]]:
+def _new_shape_steps(cold) -> tuple[list[float], list[float], list[tuple[int, int]]]:
     """First-workload decode intervals whose forward met a key length (in its phase) for the first time, and the
     rest. The first generate's are neither where later ones meet new lengths: every length is new there, and so is
     everything else (allocations, caches, the first calls of each op), which its new lengths would be charged
@@ -93,9 +93,9 @@ def _new_shape_steps(cold) -> tuple[list[float], list[float]]:
     does (prompts a token apart, one prompt), the first generate's steps after its first are the new ones. A
     compiled step records no attention call: it is new where Dynamo compiled while it ran (a first shape, a
     recompile; a graph of dynamic shapes meets later lengths without one), and seen otherwise, in every
-    generate."""
+    generate. Also where the new ones were: ``(generate, step)`` (none for the fallback)."""
     seen: set[int] = set()
-    new, old, first = [], [], []
+    new, old, first, at = [], [], [], []
     for k, gen in enumerate(split_generates(cold.forwards)):
         for i, f in enumerate(gen):
             # a shape is a key length in its phase: a decode step (one query) at a prefill's key length is new,
@@ -111,7 +111,18 @@ def _new_shape_steps(cold) -> tuple[list[float], list[float]]:
                 first += [step] if i > 1 else []  # (the first decode step of all: the warm-up's most)
             else:
                 (new if fresh else old).append(step)
-    return new or first, old
+                at += [(k, i)] if fresh else []
+    return (new, old, at) if new else (first, old, [])
+
+
+def _same_steps(steady: list, at: list[tuple[int, int]]) -> list[float]:
+    """The steady runs' decode intervals at the places ``at`` (``(generate, step)``): those steps once warm."""
+    out = []
+    for r in steady:
+        gens = split_generates(r.forwards)
+        out += [(gens[k][i + 1].host_start - gens[k][i].host_start) * 1e3 for k, i in at
+                if k < len(gens) and i + 1 < len(gens[k])]
+    return out
 
 
 def _steady_call_us(steady: list) -> dict[tuple[int, bool], float]:
@@ -144,7 +155,11 @@ def generate_stats(workload, cold, steady: list, rss_grown_mb: float | None) -> 
     decode = [f for g in gens for f in g[1:]]
     intervals = [x for g in gens for x in _intervals_ms(g)]
     ttft = [_ttft_ms(g) for g in gens if len(g) > 1]
-    new, old = _new_shape_steps(cold)
+    new, old, at = _new_shape_steps(cold)
+    if workload.generation.cache == "static" and at:
+        # a static cache's decode steps meet one shape, the cache's, at each generate's first decode step, which
+        # is slower than later ones warm too: set against those same steps once warm, not later ones
+        old = _same_steps(steady, at) or old
     slow = _slow_calls(cold, _steady_call_us(steady))
     gpu = [f.gpu_ms() for f in decode if f.start is not None]
     g = workload.generation
