@@ -150,3 +150,13 @@ def test_the_library_names_the_phase_a_workloads_query_length_runs_as_the_comman
     for call in calls:
         with pytest.raises(options.OptionError, match=r"runs only its decode phase: name that backend \(naive\)"):
             call()
+    # a sweep over lengths of both phases: said of the whole sweep, in any order, before any workload is made
+    for shapes in ([(1, 4), (1, 16)], [(1, 16), (1, 4)]):
+        with pytest.raises(options.OptionError, match=r"the one its query length falls in \(naive at 4; math at 16\)"):
+            compare_sweep(m, shapes, backends=[p])
+    name = attnswitch.register_backend("mine", lambda q, k, v, **kw: q)  # (a sweep's check knows a user's names)
+    try:
+        with pytest.raises(options.OptionError, match=r"name that backend \(mine\)"):
+            compare_sweep(m, [(1, 4), (1, 8)], backends=[f"prefill=math/decode={name}/decode_max_query=8"])
+    finally:
+        attnswitch.unregister_backend(name)

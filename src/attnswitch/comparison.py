@@ -18,6 +18,7 @@ from typing import Any
 import torch.nn as nn
 
 from . import finite, options
+from .backends import names as backend_names
 from .decision import decide, decide_sweep, recommend, sweep_choice
 from .device import device_of
 from .kinds import KINDS, kind_of
@@ -152,7 +153,7 @@ def _swept(model: nn.Module, shapes, mode: str, new_tokens, **asked) -> tuple[li
     given."""
     shapes = tuple((b, s) for b, s in shapes)
     news = (new_tokens,) if isinstance(new_tokens, numbers.Integral) else tuple(new_tokens or ())
-    req = Request(sweep=True, mode=mode, shapes=shapes, new_tokens=news, **asked).check()
+    req = Request(sweep=True, mode=mode, shapes=shapes, new_tokens=news, **asked).check(backend_names())
     req = req.resolved(device_of(model).type)
     out = list(dict.fromkeys((int(b), int(s), n) for b, s in shapes
                              for n in (req.new_tokens if KINDS[mode].generates else (None,))))
@@ -194,9 +195,9 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
     ``new_tokens`` takes the device's default (``request.DEFAULTS``). Traces go to one folder per shape under
     ``trace_dir``."""
     _not_switched(model)
-    shapes3, req = _swept(model, shapes, mode, new_tokens, padding=padding, cache=cache, lengths=lengths,
-                          requests=requests)
     kw.update({k: list(v) for k, v in kw.items() if isinstance(v, Iterator)})  # (every shape reads them)
+    shapes3, req = _swept(model, shapes, mode, new_tokens, padding=padding, cache=cache, lengths=lengths,
+                          requests=requests, **({"backends": kw["backends"]} if kw.get("backends") else {}))
     named = set(options.check_deployed(kw.pop("deployed", ())))  # lengths deployed besides the sweep's own
     requests = req.requests
     if lengths is not None:
