@@ -160,3 +160,14 @@ def test_the_library_names_the_phase_a_workloads_query_length_runs_as_the_comman
             compare_sweep(m, [(1, 4), (1, 8)], backends=[f"prefill=math/decode={name}/decode_max_query=8"])
     finally:
         attnswitch.unregister_backend(name)
+
+
+def test_an_encoder_decoder_step_whose_calls_fall_in_both_phases_is_measured_under_a_policy_per_phase():
+    # its encoder's calls (16 queries) run the prefill backend, its decoder's (1) the decode backend: both measured,
+    # where it was refused as a step of one phase and told to name one backend
+    import torch
+
+    t5 = tiny("t5")
+    step = {"input_ids": torch.randint(0, 50, (1, 16)), "decoder_input_ids": torch.randint(0, 50, (1, 1))}
+    r = attnswitch.profile(t5, step, backends=["prefill=math/decode=naive"], iters=1, rounds=1, time_budget_s=0)
+    assert r["prefill=math/decode=naive"].ok

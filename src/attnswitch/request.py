@@ -133,6 +133,7 @@ class Request:
     steps: Steps = field(default_factory=Steps)
     numerics: bool = True
     deployed: object = ()  # lengths a deployment meets besides the measured ones (the known defects' check)
+    step_queries: tuple[int, ...] = ()  # the query lengths one step of a given workload runs (encoder, decoder)
 
     @property
     def sweeps(self) -> bool:
@@ -161,7 +162,7 @@ class Request:
         if any(m is not None for m in modes) and (self.device_map is not None or self.tp):
             raise OptionError("{compile} runs one process's model on one device; not with {device_map} or {tp}")
         _one_phase(self.mode, candidate.check_backends(backends, registered),
-                   self.seq or tuple(s for _, s in self.shapes))
+                   self.seq or tuple(s for _, s in self.shapes), self.step_queries)
         if self.dtype is not None:
             options.dtype_name(self.dtype)
         options.check_placement(self.device_map, self.tp)
@@ -195,10 +196,11 @@ def _given(r: Request) -> list[str]:
     return out + (["cache"] if r.cache != "dynamic" else [])
 
 
-def _one_phase(mode: str | None, names: list[str], seqs: tuple[int, ...] = ()) -> None:
+def _one_phase(mode: str | None, names: list[str], seqs: tuple[int, ...] = (), step: tuple[int, ...] = ()) -> None:
     """A backend per phase only where both phases run (a generate): a prefill, training or decode step runs one,
     and the policy's other backend would be recommended unmeasured. Which one: its query length's (``seqs``, a
-    decode step's 1) against the policy's ``decode_max_query``."""
+    decode step's 1) against the policy's ``decode_max_query``; a step whose own calls fall in both (``step``: an
+    encoder-decoder's encoder and decoder) runs both, and is measured whole."""
     if mode in (None, "generate"):
         return
     for name in (n for n in names if n != "all"):
@@ -207,7 +209,9 @@ def _one_phase(mode: str | None, names: list[str], seqs: tuple[int, ...] = ()) -
         policy = next((s for s in sels if isinstance(s, candidate.Policy) and s.prefill != s.decode), None)
         if policy is None:
             continue
-        queries = (1,) if mode == "decode" else seqs
+        if len({q <= policy.decode_max_query for q in step}) > 1:
+            continue
+        queries = (1,) if mode == "decode" else step or seqs
         at = {q: "decode" if q <= policy.decode_max_query else "prefill" for q in queries}
         phases = set(at.values()) or {"decode" if mode == "decode" else "prefill"}
         if len(phases) == 1:

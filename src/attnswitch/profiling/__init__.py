@@ -217,14 +217,24 @@ def _request(t: Target, placed: dict | None, backends, compile, steps: Steps, de
     mode = t.workload.mode if t.workload is not None else None
     device_map = placed["device_map"] if placed and placed["mode"] == "device_map" else None
     tp = bool(placed) and placed["mode"] == "tensor_parallel"
-    # a prefill's or a training step's query length: the phase a backend per phase would run it in
-    q = query_length((), t.workload.kwargs) if mode in ("prefill", "train") else None
     request = Request(kind="profile", mode=mode, backends=backends, compile=compile, steps=steps,
-                      device_map=device_map, tp=tp, deployed=deployed, seq=(q,) if q else ()).check(registered())
+                      device_map=device_map, tp=tp, deployed=deployed, step_queries=_queries(t)).check(registered())
     if t.model is None and any(m is not None for m in request.compile):  # (what would it compile?)
         raise OptionError("{compile} compiles a model's forward; a callable is profiled as it is (compile it "
                           "yourself, inside it)")
     return request
+
+
+def _queries(t: Target) -> tuple[int, ...]:
+    """The query lengths a prefill's or a training step's calls run at (the phase a backend per phase runs them in):
+    its decoder's, and an encoder-decoder's encoder's too."""
+    if t.workload is None or t.workload.mode not in ("prefill", "train"):
+        return ()
+    kw = t.workload.kwargs
+    decoder = query_length((), kw)
+    encoder = next((x.shape[1] for k in ("input_ids", "inputs_embeds") if isinstance(x := kw.get(k), torch.Tensor)
+                    and x.dim() >= 2), None)
+    return tuple(q for q in {decoder, encoder} if q)
 
 
 def _prepared_modes(t: Target, modes, names: list[str], progress, spent: dict, **kw) -> dict:
