@@ -197,7 +197,7 @@ def compare_sweep(model: nn.Module, shapes: Iterable[tuple[int, int]], *, mode: 
     _not_switched(model)
     kw.update({k: list(v) for k, v in kw.items() if isinstance(v, Iterator)})  # (every shape reads them)
     shapes3, req = _swept(model, shapes, mode, new_tokens, padding=padding, cache=cache, lengths=lengths,
-                          requests=requests, **({"backends": kw["backends"]} if kw.get("backends") else {}))
+                          requests=requests, backends=kw.get("backends"))
     named = set(options.check_deployed(kw.pop("deployed", ())))  # lengths deployed besides the sweep's own
     requests = req.requests
     if lengths is not None:

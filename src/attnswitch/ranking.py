@@ -42,14 +42,13 @@ BUSY_PREFIX = "The machine was busy while measuring"
 
 @dataclass(frozen=True)
 class Verdict:
-    """The ranking of one set of results: every backend that ran with acceptable numerics, the pick first,
-    then the candidates tied with it, then the rest, each by its median ratio to the pick (``order``, eager
-    included as the reference); the pick and the
-    candidates tied with it (``ties``, the pick first); each ranked backend's margin against the pick;
-    ``fastest``, the top candidate its paired rounds find fastest (the pick where nothing is preferred over
-    it); ``cycled``: tied candidates faster than the pick in their paired rounds, held tied because their order
-    cycled (each was faster than another); ``behind``: candidates not told apart from the pick but decidedly
-    slower than a tied one (name -> that one): never tied; cautions."""
+    """The ranking of one set of results: every backend that ran with acceptable numerics, the pick first, then the
+    candidates tied with it, then the rest, each by its median ratio to the pick (``order``, eager included as the
+    reference); the pick and the candidates tied with it (``ties``, the pick first); each ranked backend's margin
+    against the pick; ``fastest``, the top candidate its paired rounds find fastest (the pick where nothing is
+    preferred over it); ``cycled``: tied candidates faster than the pick in their paired rounds, held tied because
+    their order cycled (each was faster than another); ``behind``: candidates not told apart from the pick but
+    decidedly slower than a tied one (name -> that one): never tied; cautions."""
 
     order: tuple[str, ...]
     ties: tuple[str, ...]

@@ -29,8 +29,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterf
 
 __all__ = ["ATTENTION", "MASKS", "MISSING", "FNS", "CALL", "GET_INTERFACE", "REPLICATE", "PARALLEL_APPLY",
            "standard_keys", "override", "restore", "installed_entries", "hold_only", "original", "builds_masks",
-           "original_call",
-           "original_attr", "snapshot"]
+           "original_call", "original_attr", "snapshot"]
 
 ATTENTION = ALL_ATTENTION_FUNCTIONS
 MASKS = ALL_MASK_ATTENTION_FUNCTIONS

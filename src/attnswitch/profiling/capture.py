@@ -270,8 +270,6 @@ def _event(cuda: bool):
 
 _MEASURING = threading.Lock()
 _measuring_in: list[tuple[int, str] | None] = [None]  # the thread that holds it: its ident and name
-
-
 _LET_IN = threading.local()  # ``once``: the library's own next measurement in this thread enters a held lock
 
 

@@ -94,7 +94,7 @@ def _new_shape_steps(cold) -> tuple[list[float], list[float], list[tuple[int, in
     compiled step records no attention call: it is new where Dynamo compiled while it ran (a first shape, a
     recompile; a graph of dynamic shapes meets later lengths without one), and seen otherwise, in every
     generate. Also where the new ones were: ``(generate, step)`` (none for the fallback)."""
-    seen: set[int] = set()
+    seen: set[tuple[bool, int]] = set()  # (a prefill's, key length)
     new, old, first, at = [], [], [], []
     for k, gen in enumerate(split_generates(cold.forwards)):
         for i, f in enumerate(gen):
